@@ -1,0 +1,47 @@
+"""The small error hierarchy of gpushare-node.
+
+Errors are translated where they enter (NVML, SQLite, YAML, gRPC) into one of
+these, with the original chained, and carry what an operator needs: which
+card, which pod, how much, what to do.
+"""
+
+
+class GpushareError(Exception):
+    """Base of every error gpushare-node raises on purpose."""
+
+
+class ConfigError(GpushareError):
+    """The configuration file or a value in it is unusable.
+
+    ``key`` is the dotted path of the offending key (``resources.placement``),
+    or the file itself when the file cannot be read or parsed.
+    """
+
+    def __init__(self, key: str, problem: str):
+        super().__init__(f"{key}: {problem}")
+        self.key = key
+        self.problem = problem
+
+
+class InventoryError(GpushareError):
+    """The GPUs cannot be enumerated (driver or NVML missing, bad simulated file)."""
+
+
+class LedgerError(GpushareError):
+    """The durable ledger cannot be opened, read or written."""
+
+
+class AllocationError(GpushareError):
+    """A kubelet request that cannot be honoured; the message goes to kubelet."""
+
+
+class NoFitError(AllocationError):
+    """No single card has room for the container's request."""
+
+
+class UnknownDeviceError(AllocationError):
+    """Device IDs that this node never advertised for the resource."""
+
+
+class ConflictError(AllocationError):
+    """Device IDs that disagree: two cards for one container, a card used both ways."""
