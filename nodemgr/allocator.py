@@ -1,0 +1,451 @@
+"""The allocation state of the node: devices, health, placement and the ledger.
+
+The gRPC servicers only translate messages and call this object; tests call
+it directly. Every decision happens under one lock and touches nothing slower
+than the local SQLite ledger, so Allocate's latency does not depend on the
+cluster (no API server, no kubelet call, no subprocess on that path).
+
+Identifying the container being admitted (without the Kubernetes API): kubelet
+admits pods one at a time and, for one container, allocates its resources one
+after another (GetPreferredAllocation then Allocate, per resource). So a
+shared Allocate that follows another container's first shared resource within
+``ADMISSION_WINDOW_SECONDS``, for the resource that container does not hold
+yet, is taken to be that container's second resource and is carried onto the
+same card. The guess can be wrong for two single-resource pods admitted back
+to back; kubelet's PodResources record corrects the ledger at the next
+reconcile (reconcile.py splits such an allocation).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from nodemgr.config import Settings
+from nodemgr.deviceids import CORE_DEVICES_PER_CARD, ResourceKind, card_device_ids, card_of
+from nodemgr.deviceids import id_sort_key as _id_order
+from nodemgr.envs import shared_envs, whole_envs
+from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
+from nodemgr.inventory import Card
+from nodemgr.ledger import Ledger
+from nodemgr.model import Allocation, ContainerRef
+from nodemgr.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
+from nodemgr.reconcile import ReconcilePlan, plan_reconcile
+
+log = logging.getLogger(__name__)
+
+# kubelet allocates a container's resources back to back, in milliseconds;
+# five seconds leaves room for a slow node without linking unrelated pods.
+ADMISSION_WINDOW_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    id: str
+    healthy: bool
+    numa_node: int | None
+
+
+@dataclass(frozen=True)
+class AllocateResult:
+    allocation_id: str
+    envs: dict[str, str]
+
+
+def new_allocation_id() -> str:
+    """Short, unguessable, unique: the runtime hook matches containers by it."""
+    return "ga-" + secrets.token_hex(8)
+
+
+class Allocator:
+    def __init__(
+        self,
+        settings: Settings,
+        cards: Sequence[Card],
+        ledger: Ledger,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ):
+        res = settings.resources
+        self.node_name = settings.node_name
+        self.resource_names = {ResourceKind.MEMORY: res.memory, ResourceKind.CORE: res.core}
+        if res.whole:
+            self.resource_names[ResourceKind.WHOLE] = res.whole
+        self._kind_of_resource = {name: kind for kind, name in self.resource_names.items()}
+        self._policy = res.placement
+        self._unit_mib = res.memory_unit_mib
+        self._grace_seconds = settings.kubelet.allocation_grace_seconds
+        self.cards = tuple(cards)
+        self._cards = {card.uuid: card for card in self.cards}
+        self._units = {card.uuid: card.memory_mib // self._unit_mib for card in self.cards}
+        self._describe = NoFitDescriber(settings.node_name, self._unit_mib)
+        self._ledger = ledger
+        self._clock = clock
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)
+        self._generation = 0
+        # (allocation id, monotonic time) of the container whose second shared
+        # resource may come next; see the module docstring.
+        self._open: tuple[str, float] | None = None
+        # Set by PreStartContainer: kubelet's record now shows a new container.
+        self.reconcile_requested = threading.Event()
+        self._allocations = {a.id: a for a in ledger.load()}
+        self._check_memory_unit()
+
+    def _check_memory_unit(self) -> None:
+        """Memory device IDs count units: changing the unit under live allocations corrupts them."""
+        stored = self._ledger.get_meta("memory_unit_mib")
+        holding = [a for a in self._allocations.values() if a.memory_units]
+        if stored is not None and int(stored) != self._unit_mib and holding:
+            raise LedgerError(
+                f"resources.memory_unit_mib is {self._unit_mib} but {len(holding)} live "
+                f"allocations in {self._ledger.path} were made with {stored}: set it back to "
+                f"{stored}, or drain the node's GPU pods before changing it"
+            )
+        self._ledger.set_meta("memory_unit_mib", str(self._unit_mib))
+
+    # -- devices and health (ListAndWatch) ---------------------------------
+
+    def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
+        """The full device list of one resource, with linkage health."""
+        with self._lock:
+            shared_cards, whole_cards = self._cards_in_use()
+        listing = []
+        for card in self.cards:
+            if kind is ResourceKind.WHOLE:
+                healthy = card.uuid not in shared_cards
+            else:
+                healthy = card.uuid not in whole_cards
+            for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
+                listing.append(DeviceInfo(device_id, healthy, card.numa_node))
+        return listing
+
+    def wait_for_change(self, seen_generation: int, timeout: float) -> int:
+        """Block until the state changes after ``seen_generation`` (or timeout); the new one."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._generation != seen_generation, timeout)
+            return self._generation
+
+    @property
+    def generation(self) -> int:
+        with self._lock:
+            return self._generation
+
+    def wake_watchers(self) -> None:
+        """Let ListAndWatch streams re-check (e.g. because the server is stopping)."""
+        with self._changed:
+            self._changed.notify_all()
+
+    # -- admission -------------------------------------------------------------
+
+    def preferred(
+        self, kind: ResourceKind, available: Sequence[str], must_include: Sequence[str], size: int
+    ) -> list[str]:
+        """The IDs kubelet should pick: all on the card placement chooses."""
+        with self._lock:
+            self._resolve(kind, must_include)
+            free_ids = [i for i in available if card_of(kind, i) in self._cards]
+            if kind is ResourceKind.WHOLE:
+                rest = sorted(set(free_ids) - set(must_include), key=self._card_order)
+                return list(must_include) + rest[: max(size - len(must_include), 0)]
+            free_here = Counter(card_of(kind, i) for i in free_ids)
+            carried = self._open_allocation(kind)
+            if must_include:
+                card_uuid = card_of(kind, must_include[0])
+            elif carried is not None:
+                card_uuid = carried.cards[0]
+                if free_here[card_uuid] < size:
+                    self._open = None
+                    raise NoFitError(self._carry_refusal(kind, carried, size, free_here))
+            else:
+                request = self._request(kind, size)
+                card_uuid = choose_card(
+                    self._loads(kind, free_here), request, self._policy, self._describe
+                ).uuid
+            on_card = sorted(
+                (i for i in free_ids if card_of(kind, i) == card_uuid and i not in must_include),
+                key=_id_order,
+            )
+            return list(must_include) + on_card[: max(size - len(must_include), 0)]
+
+    def allocate(self, kind: ResourceKind, device_ids: Sequence[str]) -> AllocateResult:
+        """Record the container's devices durably, then give its env."""
+        with self._lock:
+            cards = self._resolve(kind, device_ids)
+            if not device_ids:
+                raise UnknownDeviceError(f"{self.resource_names[kind]}: Allocate with no device IDs")
+            if len(set(device_ids)) != len(device_ids):
+                raise UnknownDeviceError(
+                    f"{self.resource_names[kind]}: the same device ID is requested twice"
+                )
+            if kind is ResourceKind.WHOLE:
+                allocation = self._new_whole(device_ids, cards)
+            else:
+                allocation = self._new_or_carried_shared(kind, device_ids, cards)
+            self._store(allocation)
+            if allocation.whole:
+                envs = whole_envs(allocation, sorted(set(cards), key=self._card_index))
+            else:
+                card = self._cards[allocation.cards[0]]
+                envs = shared_envs(allocation, card.uuid, card.index, self._units[card.uuid])
+            log.info(
+                "allocated %s %s to allocation %s (%s)",
+                self.resource_names[kind], _describe_ids(device_ids), allocation.id,
+                ", ".join(f"{k}={v}" for k, v in sorted(envs.items())),
+            )
+            return AllocateResult(allocation.id, envs)
+
+    def check_known(self, kind: ResourceKind, device_ids: Sequence[str]) -> None:
+        """PreStartContainer: the IDs must be ours; asks for a reconcile to learn the owner."""
+        with self._lock:
+            self._resolve(kind, device_ids)
+        self.reconcile_requested.set()
+
+    def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
+        shared_cards, _ = self._cards_in_use(ignore=set((ResourceKind.WHOLE, i) for i in device_ids))
+        busy = [self._card_label(c) for c in cards if c in shared_cards]
+        if busy:
+            raise ConflictError(
+                f"{self.resource_names[ResourceKind.WHOLE]}: {', '.join(busy)} already hold "
+                "shared allocations, so they cannot be given out whole"
+            )
+        return Allocation(
+            id=new_allocation_id(),
+            devices={ResourceKind.WHOLE: tuple(sorted(device_ids))},
+            memory_mib=0,
+            created_at=self._clock(),
+        )
+
+    def _new_or_carried_shared(
+        self, kind: ResourceKind, device_ids: Sequence[str], cards: list[str]
+    ) -> Allocation:
+        name = self.resource_names[kind]
+        distinct = sorted(set(cards), key=self._card_index)
+        if len(distinct) > 1:
+            loads = self._loads(kind, Counter())
+            raise NoFitError(
+                self._describe(self._request(kind, len(device_ids)), loads)
+                + f" (kubelet offered {name} IDs on "
+                + ", ".join(f"GPU{self._card_index(c)}" for c in distinct)
+                + "; one container's share must be on one card)"
+            )
+        card_uuid = distinct[0]
+        _, whole_cards = self._cards_in_use()
+        if card_uuid in whole_cards:
+            raise ConflictError(f"{name}: {self._card_label(card_uuid)} is given out whole")
+        carried = self._open_allocation(kind)
+        self._open = None
+        if carried is not None:
+            if carried.cards[0] != card_uuid:
+                other = next(iter(k for k in carried.devices))
+                raise ConflictError(
+                    f"{name} IDs are on {self._card_label(card_uuid)} but this container's "
+                    f"{self.resource_names[other]} is on {self._card_label(carried.cards[0])}: "
+                    "both must be on one card"
+                )
+            allocation = carried.with_devices(kind, list(device_ids))
+        else:
+            allocation = Allocation(
+                id=new_allocation_id(),
+                devices={kind: tuple(sorted(device_ids))},
+                memory_mib=0,
+                created_at=self._clock(),
+            )
+            # Only a container's first shared resource can be carried over.
+            self._open = (allocation.id, self._monotonic())
+        return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
+
+    def _store(self, allocation: Allocation) -> None:
+        """Write the allocation, taking its devices from stale holders (kubelet's choice wins)."""
+        puts, deletes = [allocation], []
+        holders = self._holders()
+        for key in allocation.device_pairs():
+            holder_id = holders.get(key)
+            if holder_id is None or holder_id == allocation.id:
+                continue
+            stale = self._allocations[holder_id]
+            for earlier in puts[1:]:
+                if earlier.id == holder_id:
+                    stale = earlier
+            puts = [p for p in puts if p.id != holder_id]
+            remaining = stale.with_devices(key[0], [i for i in stale.devices[key[0]] if i != key[1]])
+            log.warning(
+                "kubelet gave %s %s, which allocation %s (%s) held: kubelet's record wins, "
+                "that allocation was stale", self.resource_names[key[0]], key[1], holder_id,
+                stale.owner or "owner unknown",
+            )
+            if remaining.devices:
+                puts.append(remaining)
+            elif holder_id not in deletes:
+                deletes.append(holder_id)
+        self._apply(puts, deletes)
+
+    def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
+        """Commit to the ledger first; only then change what is served."""
+        self._ledger.commit(put=puts, delete=deletes)
+        for allocation_id in deletes:
+            self._allocations.pop(allocation_id, None)
+        for allocation in puts:
+            self._allocations[allocation.id] = allocation
+        self._generation += 1
+        self._changed.notify_all()
+
+    # -- reconcile with kubelet ---------------------------------------------
+
+    def reconcile(self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]) -> ReconcilePlan:
+        """Make the ledger say what kubelet's PodResources List says."""
+        reported = {}
+        for ref, resources in kubelet_record.items():
+            for resource_name, device_ids in resources.items():
+                kind = self._kind_of_resource.get(resource_name)
+                if kind is None:
+                    continue
+                for device_id in device_ids:
+                    if self._is_known(kind, device_id):
+                        reported[(kind, device_id)] = ref
+                    else:
+                        log.warning(
+                            "kubelet reports %s device %s for %s, which this node does not "
+                            "advertise (GPU removed or memory unit changed?)",
+                            resource_name, device_id, ref,
+                        )
+        with self._lock:
+            plan = plan_reconcile(
+                list(self._allocations.values()), reported, self._clock(), self._grace_seconds,
+                self._unit_mib, new_allocation_id,
+            )
+            if not plan.empty:
+                self._apply(plan.put, plan.delete)
+        for note in plan.notes:
+            log.info("reconcile: %s", note)
+        return plan
+
+    # -- views -------------------------------------------------------------------
+
+    def allocations(self) -> list[Allocation]:
+        with self._lock:
+            return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
+
+    def card_loads(self) -> list[CardLoad]:
+        with self._lock:
+            return self._loads(None, Counter())
+
+    # -- internals (callers hold the lock) -------------------------------------
+
+    def _resolve(self, kind: ResourceKind, device_ids: Sequence[str]) -> list[str]:
+        """The card of each ID; UnknownDeviceError naming the IDs this node never advertised."""
+        unknown = [i for i in device_ids if not self._is_known(kind, i)]
+        if unknown:
+            example = card_device_ids(kind, self.cards[0].uuid, 1)[0] if self.cards else "none"
+            raise UnknownDeviceError(
+                f"{self.resource_names[kind]}: unknown device IDs {_describe_ids(unknown)} on "
+                f"{self.node_name} (this node advertises IDs like {example}); were GPUs removed "
+                "or resources.memory_unit_mib changed while pods held them?"
+            )
+        return [card_of(kind, i) for i in device_ids]
+
+    def _is_known(self, kind: ResourceKind, device_id: str) -> bool:
+        card_uuid = card_of(kind, device_id)
+        if card_uuid not in self._cards:
+            return False
+        if kind is ResourceKind.WHOLE:
+            return True
+        index = int(device_id.rpartition("-_-")[2].lstrip("c"))
+        limit = self._units[card_uuid] if kind is ResourceKind.MEMORY else CORE_DEVICES_PER_CARD
+        return index < limit
+
+    def _open_allocation(self, kind: ResourceKind) -> Allocation | None:
+        if self._open is None:
+            return None
+        allocation_id, since = self._open
+        allocation = self._allocations.get(allocation_id)
+        if (
+            allocation is None
+            or kind in allocation.devices
+            or self._monotonic() - since > ADMISSION_WINDOW_SECONDS
+        ):
+            return None
+        return allocation
+
+    def _holders(self) -> dict[tuple[ResourceKind, str], str]:
+        return {key: a.id for a in self._allocations.values() for key in a.device_pairs()}
+
+    def _cards_in_use(self, ignore: set = frozenset()) -> tuple[set[str], set[str]]:
+        """(cards holding shared allocations, cards given out whole)."""
+        shared, whole = set(), set()
+        for allocation in self._allocations.values():
+            for kind, device_id in allocation.device_pairs():
+                if (kind, device_id) in ignore:
+                    continue
+                (whole if kind is ResourceKind.WHOLE else shared).add(card_of(kind, device_id))
+        return shared, whole
+
+    def _loads(self, kind: ResourceKind | None, kubelet_free: Counter) -> list[CardLoad]:
+        """Per-card room; for ``kind``, kubelet's free IDs are the truth for that resource."""
+        used_units, used_percent = Counter(), Counter()
+        for allocation in self._allocations.values():
+            if not allocation.whole:
+                used_units[allocation.cards[0]] += allocation.memory_units
+                used_percent[allocation.cards[0]] += allocation.core_percent
+        _, whole_cards = self._cards_in_use()
+        loads = []
+        for card in self.cards:
+            memory_free = self._units[card.uuid] - used_units[card.uuid]
+            core_free = CORE_DEVICES_PER_CARD - used_percent[card.uuid]
+            if kind is ResourceKind.MEMORY:
+                memory_free = kubelet_free[card.uuid]
+            elif kind is ResourceKind.CORE:
+                core_free = kubelet_free[card.uuid]
+            loads.append(
+                CardLoad(
+                    index=card.index,
+                    uuid=card.uuid,
+                    name=card.name,
+                    memory_units_total=self._units[card.uuid],
+                    memory_units_free=max(memory_free, 0),
+                    core_percent_free=max(core_free, 0),
+                    unavailable_reason="given out whole" if card.uuid in whole_cards else "",
+                )
+            )
+        return loads
+
+    def _request(self, kind: ResourceKind, size: int) -> SharedRequest:
+        if kind is ResourceKind.MEMORY:
+            return SharedRequest(memory_units=size)
+        return SharedRequest(core_percent=size)
+
+    def _carry_refusal(
+        self, kind: ResourceKind, carried: Allocation, size: int, kubelet_free: Counter
+    ) -> str:
+        request = SharedRequest(
+            memory_units=size if kind is ResourceKind.MEMORY else carried.memory_units,
+            core_percent=size if kind is ResourceKind.CORE else carried.core_percent,
+        )
+        loads = self._loads(kind, kubelet_free)
+        card = self._card_label(carried.cards[0])
+        return (
+            f"{self._describe(request, loads)}; this container's first GPU resource was "
+            f"already placed on {card} before its {self.resource_names[kind]} request was "
+            "known (without the Kubernetes API the daemon sees one resource at a time)"
+        )
+
+    def _card_index(self, card_uuid: str) -> int:
+        return self._cards[card_uuid].index
+
+    def _card_order(self, device_id: str) -> int:
+        return self._card_index(device_id)
+
+    def _card_label(self, card_uuid: str) -> str:
+        return f"GPU{self._card_index(card_uuid)} ({card_uuid})"
+
+
+def _describe_ids(device_ids: Sequence[str]) -> str:
+    shown = ", ".join(list(device_ids)[:4])
+    more = len(device_ids) - 4
+    return f"[{shown}{f', and {more} more' if more > 0 else ''}]"

@@ -1,0 +1,83 @@
+"""``nodemgr``: the operator's command line.
+
+Commands read what the daemon wrote; none of them changes state:
+- ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
+- ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from nodemgr.config import config_error_line, load_settings
+from nodemgr.errors import ConfigError, LedgerError
+from nodemgr.ledger import LEDGER_FILE, Ledger
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nodemgr", description="gpushare-node operator tool")
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check-config", help="validate the daemon's configuration file")
+    check.add_argument("--config", metavar="FILE")
+    allocs = sub.add_parser("allocations", help="list the allocations in the ledger")
+    allocs.add_argument("--config", metavar="FILE")
+    allocs.add_argument("--json", action="store_true", help="machine-readable output")
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(config_error_line(e), file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(f"{args.config or '(defaults)'}: ok (node {settings.node_name}, "
+              f"GPU backend {settings.gpus.backend})")
+        return 0
+    return _allocations(settings.state_dir, args.json)
+
+
+def _allocations(state_dir: str, as_json: bool) -> int:
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
+        print(f"nodemgr: no ledger in {state_dir}: gpushare-node has not run here with this "
+              "state_dir", file=sys.stderr)
+        return 1
+    try:
+        ledger = Ledger(state_dir, read_only=True)
+        allocations = ledger.load()
+        ledger.close()
+    except LedgerError as e:
+        print(f"nodemgr: {e}", file=sys.stderr)
+        return 1
+    rows = [
+        {
+            "id": a.id,
+            "cards": list(a.cards),
+            "whole": a.whole,
+            "memory_mib": a.memory_mib,
+            "core_percent": a.core_percent,
+            "namespace": a.owner.namespace if a.owner else None,
+            "pod": a.owner.pod if a.owner else None,
+            "container": a.owner.container if a.owner else None,
+            "created_at": a.created_at,
+            "confirmed_by_kubelet": a.confirmed_at is not None,
+        }
+        for a in allocations
+    ]
+    if as_json:
+        print(json.dumps({"allocations": rows}, indent=2))
+        return 0
+    print(f"{'ID':<20} {'CARD':<44} {'MEMORY':>8} {'CORE':>5}  {'OWNER':<40} AGE")
+    for row in rows:
+        owner = f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "(unconfirmed)"
+        memory = "whole" if row["whole"] else f"{row['memory_mib']}M"
+        core = "" if row["whole"] else f"{row['core_percent']}%"
+        age = f"{int(time.time() - row['created_at'])}s"
+        print(f"{row['id']:<20} {','.join(row['cards']):<44} {memory:>8} {core:>5}  {owner:<40} {age}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Device IDs of the three resources, and the card each ID names (pure).
+
+kubelet accounts devices by ID, so every ID names its card: the card of any
+allocation can be recovered from kubelet's own record. IDs are stable across
+restarts (built from the card UUID, never its index) and stay within
+kubelet's 63-character limit (card UUIDs are at most 52 characters).
+
+- memory: ``<UUID>-_-<j>``, one per memory unit, j from 0 (the gpushare
+  convention, so existing tools read them);
+- compute share: ``<UUID>-_-c<j>``, j from 0 to 99 (1 % of the card each);
+- whole card: ``<UUID>``.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+SEPARATOR = "-_-"
+CORE_DEVICES_PER_CARD = 100
+MAX_DEVICE_ID_LENGTH = 63
+
+_MEMORY_SUFFIX = re.compile(r"(0|[1-9][0-9]*)")
+_CORE_SUFFIX = re.compile(r"c(0|[1-9][0-9]?)")
+
+
+class ResourceKind(enum.StrEnum):
+    """The three things gpushare-node hands out; names in config say which resource is which."""
+
+    MEMORY = "memory"
+    CORE = "core"
+    WHOLE = "whole"
+
+    @property
+    def shared(self) -> bool:
+        return self is not ResourceKind.WHOLE
+
+
+def memory_device_id(card_uuid: str, unit_index: int) -> str:
+    return f"{card_uuid}{SEPARATOR}{unit_index}"
+
+
+def core_device_id(card_uuid: str, percent_index: int) -> str:
+    return f"{card_uuid}{SEPARATOR}c{percent_index}"
+
+
+def card_device_ids(kind: ResourceKind, card_uuid: str, memory_units: int) -> list[str]:
+    """Every ID of one card for one resource, in order."""
+    if kind is ResourceKind.MEMORY:
+        return [memory_device_id(card_uuid, j) for j in range(memory_units)]
+    if kind is ResourceKind.CORE:
+        return [core_device_id(card_uuid, j) for j in range(CORE_DEVICES_PER_CARD)]
+    return [card_uuid]
+
+
+def card_of(kind: ResourceKind, device_id: str) -> str | None:
+    """The card UUID an ID names, or None when the ID is not of this resource's form."""
+    if kind is ResourceKind.WHOLE:
+        return device_id if device_id and SEPARATOR not in device_id else None
+    card_uuid, sep, suffix = device_id.rpartition(SEPARATOR)
+    if not sep or not card_uuid:
+        return None
+    pattern = _MEMORY_SUFFIX if kind is ResourceKind.MEMORY else _CORE_SUFFIX
+    return card_uuid if pattern.fullmatch(suffix) else None
+
+
+def id_sort_key(device_id: str) -> tuple[str, int]:
+    """Order IDs by card, then numerically by unit (so 10 comes after 9)."""
+    card_uuid, _, suffix = device_id.rpartition(SEPARATOR)
+    digits = suffix.lstrip("c")
+    return (card_uuid or device_id, int(digits) if digits.isdigit() else -1)

@@ -1,0 +1,50 @@
+"""The env an Allocate response gives a container (pure).
+
+Only what is known goes in: kubelet keeps the first value it sees for an env
+name across a container's resources, so a placeholder written now could never
+be corrected later. Both responses of one container carry the same values for
+the names they share.
+"""
+
+from __future__ import annotations
+
+from nodemgr.model import Allocation
+
+VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
+PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ALLOCATION_ID = "GPUSHARE_ALLOCATION_ID"
+# gpushare compatibility (reference/gpushare-compat.md): workloads written for
+# the old plugin read these.
+GPU_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"
+GPU_MEM_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"
+GPU_MEM_DEV = "ALIYUN_COM_GPU_MEM_DEV"
+GPU_MEM_POD = "ALIYUN_COM_GPU_MEM_POD"
+
+
+def shared_envs(
+    allocation: Allocation, card_uuid: str, card_index: int, card_memory_units: int
+) -> dict[str, str]:
+    """Env of a container holding memory and/or share on one card.
+
+    ALIYUN_COM_GPU_MEM_POD (the pod's total) is left out: without the
+    Kubernetes API the daemon does not know the pod's other containers.
+    """
+    envs = {
+        VISIBLE_DEVICES: card_uuid,
+        ALLOCATION_ID: allocation.id,
+        GPU_MEM_IDX: str(card_index),
+        GPU_MEM_DEV: str(card_memory_units),
+    }
+    if allocation.memory_units:
+        # "0=" is the device ordinal inside the container, which sees one card.
+        envs[PINNED_MEM_LIMIT] = f"0={allocation.memory_mib}M"
+        envs[GPU_MEM_CONTAINER] = str(allocation.memory_units)
+    if allocation.core_percent:
+        envs[ACTIVE_THREAD_PERCENTAGE] = str(allocation.core_percent)
+    return envs
+
+
+def whole_envs(allocation: Allocation, card_uuids: list[str]) -> dict[str, str]:
+    """Env of a container given whole cards: the cards, outside MPS, no quota."""
+    return {VISIBLE_DEVICES: ",".join(card_uuids), ALLOCATION_ID: allocation.id}

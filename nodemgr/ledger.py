@@ -1,0 +1,193 @@
+"""The durable ledger of allocations: SQLite in WAL mode under ``state_dir``.
+
+Every change is one transaction, committed (``synchronous=FULL``) before
+Allocate answers kubelet, so a crash or kill -9 at any instant leaves either
+the whole change or none of it. The file is never rewritten or deleted by
+the daemon: a corrupt ledger stops start-up with a message saying how to
+recover (move it aside; kubelet's record is adopted at the next reconcile).
+
+What it must not do: decide anything; it stores what the allocator says.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+
+from nodemgr.deviceids import ResourceKind
+from nodemgr.errors import LedgerError
+from nodemgr.model import Allocation, ContainerRef
+
+SCHEMA_VERSION = "1"
+LEDGER_FILE = "ledger.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS allocations (
+    id TEXT PRIMARY KEY,
+    memory_mib INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    confirmed_at REAL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    kind TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    allocation_id TEXT NOT NULL REFERENCES allocations(id) ON DELETE CASCADE,
+    PRIMARY KEY (kind, device_id)
+);
+CREATE INDEX IF NOT EXISTS devices_by_allocation ON devices(allocation_id);
+"""
+
+
+class Ledger:
+    """Allocations on disk. Thread-safe; every method is one short transaction."""
+
+    def __init__(self, state_dir: str, *, read_only: bool = False):
+        self.path = os.path.join(state_dir, LEDGER_FILE)
+        self._lock = threading.Lock()
+        try:
+            if read_only:
+                uri = f"file:{self.path}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            else:
+                os.makedirs(state_dir, mode=0o700, exist_ok=True)
+                self._db = sqlite3.connect(
+                    self.path, isolation_level=None, check_same_thread=False
+                )
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._check_integrity()
+            if not read_only:
+                self._db.executescript(_SCHEMA)
+                self._check_schema_version()
+        except sqlite3.Error as e:
+            raise LedgerError(f"cannot open the ledger {self.path}: {e}{_RECOVERY_HINT}") from e
+
+    def _check_integrity(self) -> None:
+        result = self._db.execute("PRAGMA quick_check").fetchone()
+        if not result or result[0] != "ok":
+            raise LedgerError(f"the ledger {self.path} is corrupt ({result}){_RECOVERY_HINT}")
+
+    def _check_schema_version(self) -> None:
+        found = self.get_meta("schema_version")
+        if found is None:
+            self.set_meta("schema_version", SCHEMA_VERSION)
+        elif found != SCHEMA_VERSION:
+            raise LedgerError(
+                f"the ledger {self.path} has schema version {found}, this gpushare-node "
+                f"understands {SCHEMA_VERSION}: run the gpushare-node version that wrote it"
+            )
+
+    def load(self) -> list[Allocation]:
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT id, memory_mib, created_at, namespace, pod, container, confirmed_at"
+                    " FROM allocations ORDER BY created_at, id"
+                ).fetchall()
+                device_rows = self._db.execute(
+                    "SELECT allocation_id, kind, device_id FROM devices"
+                ).fetchall()
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
+        devices: dict[str, dict[ResourceKind, list[str]]] = {}
+        for allocation_id, kind, device_id in device_rows:
+            try:
+                resource_kind = ResourceKind(kind)
+            except ValueError as e:
+                raise LedgerError(
+                    f"the ledger {self.path} holds device {device_id} of unknown kind {kind!r}"
+                ) from e
+            devices.setdefault(allocation_id, {}).setdefault(resource_kind, []).append(device_id)
+        allocations = []
+        for id_, memory_mib, created_at, namespace, pod, container, confirmed_at in rows:
+            owner = ContainerRef(namespace, pod, container) if pod is not None else None
+            allocations.append(
+                Allocation(
+                    id=id_,
+                    devices={k: tuple(sorted(v)) for k, v in devices.get(id_, {}).items()},
+                    memory_mib=memory_mib,
+                    created_at=created_at,
+                    owner=owner,
+                    confirmed_at=confirmed_at,
+                )
+            )
+        return allocations
+
+    def commit(self, put: Iterable[Allocation] = (), delete: Iterable[str] = ()) -> None:
+        """Store new or changed allocations and drop released ones, all or nothing."""
+        put, delete = list(put), list(delete)
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for allocation_id in delete:
+                        self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
+                    for allocation in put:
+                        self._write_allocation(allocation)
+                    for allocation in put:
+                        self._write_devices(allocation)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot write the ledger {self.path}: {e}") from e
+
+    def _write_allocation(self, allocation: Allocation) -> None:
+        owner = allocation.owner
+        self._db.execute(
+            "INSERT INTO allocations (id, memory_mib, created_at, namespace, pod, container,"
+            " confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET memory_mib = excluded.memory_mib,"
+            " namespace = excluded.namespace, pod = excluded.pod,"
+            " container = excluded.container, confirmed_at = excluded.confirmed_at",
+            (
+                allocation.id,
+                allocation.memory_mib,
+                allocation.created_at,
+                owner.namespace if owner else None,
+                owner.pod if owner else None,
+                owner.container if owner else None,
+                allocation.confirmed_at,
+            ),
+        )
+
+    def _write_devices(self, allocation: Allocation) -> None:
+        self._db.execute("DELETE FROM devices WHERE allocation_id = ?", (allocation.id,))
+        self._db.executemany(
+            "INSERT INTO devices (kind, device_id, allocation_id) VALUES (?, ?, ?)",
+            [(str(kind), device_id, allocation.id) for kind, device_id in allocation.device_pairs()],
+        )
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+_RECOVERY_HINT = (
+    "; to recover, stop gpushare-node, move the file aside (keep it for a bug report) and "
+    "start again: allocations kubelet still reports are adopted from its PodResources record"
+)

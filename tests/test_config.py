@@ -1,0 +1,374 @@
+"""Pins nodemgr.config: what a valid file loads to, the documented defaults, the node name
+fallback, and that every invalid or useless setting is refused with a ConfigError naming the
+dotted key and saying what was wrong.
+"""
+
+import dataclasses
+import textwrap
+
+import pytest
+
+from nodemgr import config
+from nodemgr.config import (
+    GpuSettings,
+    KubeletSettings,
+    ResourceSettings,
+    Settings,
+    SimulatedDevice,
+    SimulatedSettings,
+    config_error_line,
+    load_settings,
+    settings_from_mapping,
+)
+from nodemgr.errors import ConfigError
+
+ENV = {"NODE_NAME": "node-a"}
+UUID = "GPU-6a7c0d3e-1111-2222-3333-444455556666"
+
+FULL_EXAMPLE = """\
+node_name: node-a
+kubelet:
+  device_plugin_dir: /var/lib/kubelet/device-plugins
+  pod_resources_socket: /var/lib/kubelet/pod-resources/kubelet.sock
+  reconcile_interval_seconds: 10
+  allocation_grace_seconds: 60
+state_dir: /var/lib/gpushare
+run_dir: /run/gpushare
+gpus:
+  backend: simulated
+  simulated:
+    devices:
+      - {uuid: GPU-6a7c0d3e-1111-2222-3333-444455556666, name: Tesla T4, memory_mib: 15360}
+    usage_file: /tmp/usage.json
+resources:
+  memory: aliyun.com/gpu-mem
+  memory_unit_mib: 1024
+  core: aliyun.com/gpu-core.percentage
+  whole: nvidia.com/gpu
+  placement: binpack
+"""
+
+
+def write(tmp_path, text: str) -> str:
+    path = tmp_path / "gpushare.yaml"
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def load(data: object) -> Settings:
+    return settings_from_mapping(data, environ=ENV)
+
+
+def simulated(*devices: dict, **extra: object) -> dict:
+    return {"gpus": {"backend": "simulated", "simulated": {"devices": list(devices), **extra}}}
+
+
+def device(uuid: str = UUID, name: str = "Tesla T4", memory_mib: object = 15360) -> dict:
+    return {"uuid": uuid, "name": name, "memory_mib": memory_mib}
+
+
+def refused(data: object) -> ConfigError:
+    with pytest.raises(ConfigError) as info:
+        load(data)
+    return info.value
+
+
+# --- what loads --------------------------------------------------------------------------
+
+
+def test_full_example_loads_exactly(tmp_path):
+    settings = load_settings(write(tmp_path, FULL_EXAMPLE), environ={})
+    assert settings == Settings(
+        node_name="node-a",
+        kubelet=KubeletSettings(
+            device_plugin_dir="/var/lib/kubelet/device-plugins",
+            pod_resources_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
+            reconcile_interval_seconds=10.0,
+            allocation_grace_seconds=60.0,
+        ),
+        state_dir="/var/lib/gpushare",
+        run_dir="/run/gpushare",
+        gpus=GpuSettings(
+            backend="simulated",
+            simulated=SimulatedSettings(
+                devices=(SimulatedDevice(uuid=UUID, name="Tesla T4", memory_mib=15360),),
+                usage_file="/tmp/usage.json",
+            ),
+        ),
+        resources=ResourceSettings(
+            memory="aliyun.com/gpu-mem",
+            memory_unit_mib=1024,
+            core="aliyun.com/gpu-core.percentage",
+            whole="nvidia.com/gpu",
+            placement="binpack",
+        ),
+    )
+    assert isinstance(settings.kubelet.reconcile_interval_seconds, float)
+    assert isinstance(settings.gpus.simulated.devices, tuple)
+
+
+DOCUMENTED_DEFAULTS = Settings(
+    node_name="node-a",
+    kubelet=KubeletSettings(
+        device_plugin_dir="/var/lib/kubelet/device-plugins",
+        pod_resources_socket="/var/lib/kubelet/pod-resources/kubelet.sock",
+        reconcile_interval_seconds=10.0,
+        allocation_grace_seconds=60.0,
+    ),
+    state_dir="/var/lib/gpushare",
+    run_dir="/run/gpushare",
+    gpus=GpuSettings(backend="nvml", simulated=SimulatedSettings(devices=(), usage_file="")),
+    resources=ResourceSettings(
+        memory="aliyun.com/gpu-mem",
+        memory_unit_mib=1024,
+        core="aliyun.com/gpu-core.percentage",
+        whole="nvidia.com/gpu",
+        placement="binpack",
+    ),
+)
+
+
+def test_no_path_gives_documented_defaults():
+    assert load_settings(None, environ=ENV) == DOCUMENTED_DEFAULTS
+
+
+@pytest.mark.parametrize("text", ["", "# only a comment\n", "{}\n"])
+def test_empty_file_gives_documented_defaults(tmp_path, text):
+    assert load_settings(write(tmp_path, text), environ=ENV) == DOCUMENTED_DEFAULTS
+
+
+@pytest.mark.parametrize("data", [None, {}, {"kubelet": None}, {"resources": {}}])
+def test_empty_mapping_or_section_gives_defaults(data):
+    assert load(data) == DOCUMENTED_DEFAULTS
+
+
+def test_public_names():
+    assert set(config.__all__) == {
+        "GpuSettings", "KubeletSettings", "ResourceSettings", "Settings", "SimulatedDevice",
+        "SimulatedSettings", "config_error_line", "load_settings", "settings_from_mapping",
+    }
+
+
+def test_settings_are_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        DOCUMENTED_DEFAULTS.state_dir = "/elsewhere"  # type: ignore[misc]
+
+
+def test_optional_values_accepted():
+    settings = load({
+        "kubelet": {"reconcile_interval_seconds": 0.5, "allocation_grace_seconds": 0},
+        "resources": {"whole": "", "placement": "spread"},
+        **simulated(device(uuid="A" * 52), device(uuid="b", memory_mib=1), usage_file=""),
+    })
+    assert settings.kubelet.reconcile_interval_seconds == 0.5
+    assert settings.kubelet.allocation_grace_seconds == 0.0
+    assert settings.resources.whole == ""
+    assert settings.resources.placement == "spread"
+    assert [d.uuid for d in settings.gpus.simulated.devices] == ["A" * 52, "b"]
+    assert settings.gpus.simulated.usage_file == ""
+
+
+# --- node name ---------------------------------------------------------------------------
+
+
+def test_node_name_from_environment():
+    assert settings_from_mapping({}, environ={"NODE_NAME": "gpu-7.example"}).node_name == (
+        "gpu-7.example")
+
+
+@pytest.mark.parametrize("environ", [{}, {"NODE_NAME": ""}])
+def test_node_name_falls_back_to_lowercased_hostname(monkeypatch, environ):
+    monkeypatch.setattr(config.socket, "gethostname", lambda: "Worker-3\n")
+    assert settings_from_mapping({}, environ=environ).node_name == "worker-3"
+
+
+def test_node_name_in_file_beats_environment():
+    assert settings_from_mapping({"node_name": "node-b"}, environ=ENV).node_name == "node-b"
+
+
+def test_environ_defaults_to_os_environ(monkeypatch):
+    monkeypatch.setenv("NODE_NAME", "from-os-environ")
+    assert settings_from_mapping({}).node_name == "from-os-environ"
+
+
+@pytest.mark.parametrize("name", ["Node-A", "node_a", "", "-node", "a" * 254, 42])
+def test_invalid_node_name_in_file_refused(name):
+    err = refused({"node_name": name})
+    assert err.key == "node_name"
+    assert "got" in err.problem
+
+
+def test_invalid_node_name_from_environment_says_where_it_came_from(monkeypatch):
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({}, environ={"NODE_NAME": "Bad_Name"})
+    assert info.value.key == "node_name"
+    assert "$NODE_NAME" in info.value.problem and '"Bad_Name"' in info.value.problem
+
+    monkeypatch.setattr(config.socket, "gethostname", lambda: "under_score")
+    with pytest.raises(ConfigError) as info:
+        settings_from_mapping({}, environ={})
+    assert "hostname" in info.value.problem
+
+
+# --- the file ----------------------------------------------------------------------------
+
+
+def test_missing_file_names_the_file(tmp_path):
+    path = str(tmp_path / "absent.yaml")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=ENV)
+    assert info.value.key == path
+    assert "cannot read" in info.value.problem
+
+
+def test_invalid_yaml_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "node_name: node-a\nkubelet: [unclosed\nstate_dir: /x\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=ENV)
+    assert info.value.key == path
+    assert "not valid YAML at line" in info.value.problem
+
+
+def test_duplicate_yaml_key_refused(tmp_path):
+    path = write(tmp_path, "run_dir: /a\nstate_dir: /b\nrun_dir: /c\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=ENV)
+    assert info.value.key == path
+    assert "line 3" in info.value.problem and '"run_dir" twice' in info.value.problem
+
+
+def test_top_level_not_a_mapping_refused(tmp_path):
+    path = write(tmp_path, "- node_name: node-a\n")
+    with pytest.raises(ConfigError) as info:
+        load_settings(path, environ=ENV)
+    assert info.value.key == path
+    assert "must be a YAML mapping" in info.value.problem
+    assert "must be a YAML mapping" in refused(["node_name"]).problem
+
+
+# --- unknown keys ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("data", "key"), [
+    ({"nodename": "x"}, "nodename"),
+    ({"kubelet": {"foo": 1}}, "kubelet.foo"),
+    ({"resources": {"memory_unit": 1}}, "resources.memory_unit"),
+    ({"gpus": {"simulated": {"devices": [{**device(), "cores": 1}]}, "backend": "simulated"}},
+     "gpus.simulated.devices[0].cores"),
+])
+def test_unknown_key_refused_with_known_keys(data, key):
+    err = refused(data)
+    assert err.key == key
+    assert err.problem.startswith("unknown key; known keys: ")
+
+
+def test_unknown_nested_key_lists_the_section_keys():
+    assert "device_plugin_dir, pod_resources_socket" in refused({"kubelet": {"foo": 1}}).problem
+
+
+@pytest.mark.parametrize("section", ["mps", "kubernetes", "enforcement", "status"])
+def test_future_section_refused_as_not_built(section):
+    err = refused({section: {"enabled": False}})
+    assert err.key == section
+    assert err.problem == (f"unknown key: the {section} section is not supported by this "
+                           "version of gpushare-node")
+
+
+# --- values ------------------------------------------------------------------------------
+
+INVALID = [
+    # (data, key, fragment of the problem)
+    ({"kubelet": []}, "kubelet", "must be a mapping"),
+    ({"kubelet": {"device_plugin_dir": "var/lib"}}, "kubelet.device_plugin_dir", "absolute"),
+    ({"kubelet": {"device_plugin_dir": ""}}, "kubelet.device_plugin_dir", "empty"),
+    ({"kubelet": {"pod_resources_socket": 5}}, "kubelet.pod_resources_socket", "string"),
+    ({"kubelet": {"reconcile_interval_seconds": 0}}, "kubelet.reconcile_interval_seconds", "> 0"),
+    ({"kubelet": {"reconcile_interval_seconds": -1.5}}, "kubelet.reconcile_interval_seconds",
+     "> 0"),
+    ({"kubelet": {"reconcile_interval_seconds": "10"}}, "kubelet.reconcile_interval_seconds",
+     'must be a finite number (got "10")'),
+    ({"kubelet": {"reconcile_interval_seconds": True}}, "kubelet.reconcile_interval_seconds",
+     "must be a finite number (got true)"),
+    ({"kubelet": {"reconcile_interval_seconds": float("inf")}},
+     "kubelet.reconcile_interval_seconds", "must be a finite number"),
+    ({"kubelet": {"reconcile_interval_seconds": float("nan")}},
+     "kubelet.reconcile_interval_seconds", "must be a finite number"),
+    ({"kubelet": {"allocation_grace_seconds": 10**400}}, "kubelet.allocation_grace_seconds",
+     "must be a finite number"),
+    ({"kubelet": {"allocation_grace_seconds": -1}}, "kubelet.allocation_grace_seconds", ">= 0"),
+    ({"kubelet": {"allocation_grace_seconds": False}}, "kubelet.allocation_grace_seconds",
+     "number"),
+    ({"state_dir": "gpushare"}, "state_dir", 'absolute path (got "gpushare")'),
+    ({"run_dir": ""}, "run_dir", "empty"),
+    ({"run_dir": None}, "run_dir", "must be a string (got null)"),
+    ({"gpus": {"backend": "cuda"}}, "gpus.backend", 'one of nvml, simulated (got "cuda")'),
+    ({"resources": {"placement": "bestfit"}}, "resources.placement",
+     'must be one of binpack, spread (got "bestfit")'),
+    ({"resources": {"memory_unit_mib": 0}}, "resources.memory_unit_mib", "> 0"),
+    ({"resources": {"memory_unit_mib": 1.5}}, "resources.memory_unit_mib", "integer"),
+    ({"resources": {"memory_unit_mib": True}}, "resources.memory_unit_mib",
+     "must be an integer (got true)"),
+    ({"resources": {"memory": ""}}, "resources.memory", "empty"),
+    ({"resources": {"core": ""}}, "resources.core", "empty"),
+    ({"resources": {"memory": "gpu-mem"}}, "resources.memory", "'/'"),
+    ({"resources": {"memory": "a.com/b/c"}}, "resources.memory", "'/'"),
+    ({"resources": {"memory": "kubernetes.io/gpu-mem"}}, "resources.memory", "reserved"),
+    ({"resources": {"core": "gpu.kubernetes.io/core"}}, "resources.core", "reserved"),
+    ({"resources": {"memory": "Aliyun.com/gpu-mem"}}, "resources.memory", "domain"),
+    ({"resources": {"memory": "aliyun.com/" + "m" * 64}}, "resources.memory", "63"),
+    ({"resources": {"memory": "aliyun.com/-mem"}}, "resources.memory", "63"),
+    ({"resources": {"whole": "nvidia.com/"}}, "resources.whole", "63"),
+    ({"resources": {"core": "aliyun.com/gpu-mem"}}, "resources.core",
+     "must differ from resources.memory"),
+    ({"resources": {"whole": "aliyun.com/gpu-core.percentage"}}, "resources.whole",
+     "must differ from resources.core"),
+    ({"gpus": {"simulated": {"devices": [device()]}}}, "gpus.simulated",
+     "only allowed with backend: simulated"),
+    ({"gpus": {"backend": "nvml", "simulated": {}}}, "gpus.simulated",
+     "only allowed with backend: simulated"),
+    ({"gpus": {"backend": "simulated"}}, "gpus.simulated.devices", "at least one device"),
+    (simulated(), "gpus.simulated.devices", "at least one device"),
+    ({"gpus": {"backend": "simulated", "simulated": {"devices": {"a": 1}}}},
+     "gpus.simulated.devices", "must be a list"),
+    (simulated(device(), "GPU-x"), "gpus.simulated.devices[1]", "must be a mapping"),
+    (simulated({"name": "T4", "memory_mib": 1}), "gpus.simulated.devices[0].uuid", "required"),
+    (simulated({"uuid": "a", "memory_mib": 1}), "gpus.simulated.devices[0].name", "required"),
+    (simulated({"uuid": "a", "name": "T4"}), "gpus.simulated.devices[0].memory_mib",
+     "required"),
+    (simulated(device(uuid="GPU_1")), "gpus.simulated.devices[0].uuid", "52 letters"),
+    (simulated(device(uuid="-GPU")), "gpus.simulated.devices[0].uuid", "52 letters"),
+    (simulated(device(uuid="A" * 53)), "gpus.simulated.devices[0].uuid", "52 letters"),
+    (simulated(device(uuid=12)), "gpus.simulated.devices[0].uuid", "string"),
+    (simulated(device(uuid="a"), device(uuid="b"), device(uuid="a")),
+     "gpus.simulated.devices[2].uuid", "already used by gpus.simulated.devices[0]"),
+    (simulated(device(name="")), "gpus.simulated.devices[0].name", "empty"),
+    (simulated(device(memory_mib=0)), "gpus.simulated.devices[0].memory_mib", "> 0"),
+    (simulated(device(memory_mib=True)), "gpus.simulated.devices[0].memory_mib", "integer"),
+    (simulated(device(memory_mib="16G")), "gpus.simulated.devices[0].memory_mib", "integer"),
+    (simulated(device(), usage_file="usage.json"), "gpus.simulated.usage_file", "absolute"),
+]
+
+
+@pytest.mark.parametrize(("data", "key", "fragment"), INVALID,
+                         ids=[f"{key}-{i}" for i, (_, key, _) in enumerate(INVALID)])
+def test_invalid_value_refused(data, key, fragment):
+    err = refused(data)
+    assert err.key == key
+    assert fragment in err.problem
+
+
+# --- the error line ----------------------------------------------------------------------
+
+
+def test_config_error_line_format():
+    err = refused({"resources": {"placement": "bestfit"}})
+    assert config_error_line(err) == ('gpushare-node: config error: resources.placement: '
+                                      'must be one of binpack, spread (got "bestfit")')
+
+
+def test_config_error_line_is_one_line(tmp_path):
+    err = ConfigError("kubelet", "first line\n  second line\r\n")
+    assert config_error_line(err) == "gpushare-node: config error: kubelet: first line second line"
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, "a: b: c\n"), environ=ENV)
+    assert "\n" not in config_error_line(info.value)
