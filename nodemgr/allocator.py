@@ -179,7 +179,9 @@ class Allocator:
         with self._lock:
             cards = self._resolve(kind, device_ids)
             if not device_ids:
-                raise UnknownDeviceError(f"{self.resource_names[kind]}: Allocate with no device IDs")
+                raise UnknownDeviceError(
+                    f"{self.resource_names[kind]}: Allocate with no device IDs"
+                )
             if len(set(device_ids)) != len(device_ids):
                 raise UnknownDeviceError(
                     f"{self.resource_names[kind]}: the same device ID is requested twice"
@@ -196,7 +198,9 @@ class Allocator:
                 envs = shared_envs(allocation, card.uuid, card.index, self._units[card.uuid])
             log.info(
                 "allocated %s %s to allocation %s (%s)",
-                self.resource_names[kind], _describe_ids(device_ids), allocation.id,
+                self.resource_names[kind],
+                _describe_ids(device_ids),
+                allocation.id,
                 ", ".join(f"{k}={v}" for k, v in sorted(envs.items())),
             )
             return AllocateResult(allocation.id, envs)
@@ -208,7 +212,9 @@ class Allocator:
         self.reconcile_requested.set()
 
     def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
-        shared_cards, _ = self._cards_in_use(ignore=set((ResourceKind.WHOLE, i) for i in device_ids))
+        shared_cards, _ = self._cards_in_use(
+            ignore=set((ResourceKind.WHOLE, i) for i in device_ids)
+        )
         busy = [self._card_label(c) for c in cards if c in shared_cards]
         if busy:
             raise ConflictError(
@@ -274,10 +280,15 @@ class Allocator:
                 if earlier.id == holder_id:
                     stale = earlier
             puts = [p for p in puts if p.id != holder_id]
-            remaining = stale.with_devices(key[0], [i for i in stale.devices[key[0]] if i != key[1]])
+            remaining = stale.with_devices(
+                key[0], [i for i in stale.devices[key[0]] if i != key[1]]
+            )
             log.warning(
                 "kubelet gave %s %s, which allocation %s (%s) held: kubelet's record wins, "
-                "that allocation was stale", self.resource_names[key[0]], key[1], holder_id,
+                "that allocation was stale",
+                self.resource_names[key[0]],
+                key[1],
+                holder_id,
                 stale.owner or "owner unknown",
             )
             if remaining.devices:
@@ -298,7 +309,9 @@ class Allocator:
 
     # -- reconcile with kubelet ---------------------------------------------
 
-    def reconcile(self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]) -> ReconcilePlan:
+    def reconcile(
+        self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]
+    ) -> ReconcilePlan:
         """Make the ledger say what kubelet's PodResources List says."""
         reported = {}
         for ref, resources in kubelet_record.items():
@@ -313,12 +326,18 @@ class Allocator:
                         log.warning(
                             "kubelet reports %s device %s for %s, which this node does not "
                             "advertise (GPU removed or memory unit changed?)",
-                            resource_name, device_id, ref,
+                            resource_name,
+                            device_id,
+                            ref,
                         )
         with self._lock:
             plan = plan_reconcile(
-                list(self._allocations.values()), reported, self._clock(), self._grace_seconds,
-                self._unit_mib, new_allocation_id,
+                list(self._allocations.values()),
+                reported,
+                self._clock(),
+                self._grace_seconds,
+                self._unit_mib,
+                new_allocation_id,
             )
             if not plan.empty:
                 self._apply(plan.put, plan.delete)

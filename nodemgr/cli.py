@@ -33,16 +33,21 @@ def main(argv: list[str] | None = None) -> int:
         print(config_error_line(e), file=sys.stderr)
         return 2
     if args.command == "check-config":
-        print(f"{args.config or '(defaults)'}: ok (node {settings.node_name}, "
-              f"GPU backend {settings.gpus.backend})")
+        print(
+            f"{args.config or '(defaults)'}: ok (node {settings.node_name}, "
+            f"GPU backend {settings.gpus.backend})"
+        )
         return 0
     return _allocations(settings.state_dir, args.json)
 
 
 def _allocations(state_dir: str, as_json: bool) -> int:
     if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
-        print(f"nodemgr: no ledger in {state_dir}: gpushare-node has not run here with this "
-              "state_dir", file=sys.stderr)
+        print(
+            f"nodemgr: no ledger in {state_dir}: gpushare-node has not run here with this "
+            "state_dir",
+            file=sys.stderr,
+        )
         return 1
     try:
         ledger = Ledger(state_dir, read_only=True)
@@ -71,11 +76,15 @@ def _allocations(state_dir: str, as_json: bool) -> int:
         return 0
     print(f"{'ID':<20} {'CARD':<44} {'MEMORY':>8} {'CORE':>5}  {'OWNER':<40} AGE")
     for row in rows:
-        owner = f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "(unconfirmed)"
+        owner = (
+            f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "(unconfirmed)"
+        )
         memory = "whole" if row["whole"] else f"{row['memory_mib']}M"
         core = "" if row["whole"] else f"{row['core_percent']}%"
         age = f"{int(time.time() - row['created_at'])}s"
-        print(f"{row['id']:<20} {','.join(row['cards']):<44} {memory:>8} {core:>5}  {owner:<40} {age}")
+        print(
+            f"{row['id']:<20} {','.join(row['cards']):<44} {memory:>8} {core:>5}  {owner:<40} {age}"
+        )
     return 0
 
 

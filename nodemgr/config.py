@@ -29,8 +29,15 @@ import yaml
 from nodemgr.errors import ConfigError
 
 __all__ = [
-    "GpuSettings", "KubeletSettings", "ResourceSettings", "Settings", "SimulatedDevice",
-    "SimulatedSettings", "config_error_line", "load_settings", "settings_from_mapping",
+    "GpuSettings",
+    "KubeletSettings",
+    "ResourceSettings",
+    "Settings",
+    "SimulatedDevice",
+    "SimulatedSettings",
+    "config_error_line",
+    "load_settings",
+    "settings_from_mapping",
 ]
 
 
@@ -136,16 +143,24 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
         raise ConfigError("(top level)", f"must be a YAML mapping of settings (got {_show(data)})")
     for name in _FUTURE_SECTIONS:
         if name in data:
-            raise ConfigError(name, f"unknown key: the {name} section is not supported by "
-                              "this version of gpushare-node")
-    values = _values("", data, Settings, {
-        "node_name": _node_name,
-        "kubelet": _kubelet,
-        "state_dir": _path,
-        "run_dir": _path,
-        "gpus": _gpus,
-        "resources": _resources,
-    })
+            raise ConfigError(
+                name,
+                f"unknown key: the {name} section is not supported by "
+                "this version of gpushare-node",
+            )
+    values = _values(
+        "",
+        data,
+        Settings,
+        {
+            "node_name": _node_name,
+            "kubelet": _kubelet,
+            "state_dir": _path,
+            "run_dir": _path,
+            "gpus": _gpus,
+            "resources": _resources,
+        },
+    )
     if "node_name" not in values:
         values["node_name"] = _default_node_name(os.environ if environ is None else environ)
     return Settings(**values)
@@ -160,8 +175,9 @@ def config_error_line(err: ConfigError) -> str:
 # --- sections -------------------------------------------------------------------------
 
 
-def _values(key: str, data: object, cls: type, checks: dict[str, _Check],
-            required: tuple[str, ...] = ()) -> dict[str, Any]:
+def _values(
+    key: str, data: object, cls: type, checks: dict[str, _Check], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Check that ``data`` is a mapping of ``cls``'s fields; return the checked values given.
 
     None counts as an empty mapping. Absent keys are left out (the dataclass
@@ -182,12 +198,19 @@ def _values(key: str, data: object, cls: type, checks: dict[str, _Check],
 
 
 def _kubelet(key: str, data: object) -> KubeletSettings:
-    return KubeletSettings(**_values(key, data, KubeletSettings, {
-        "device_plugin_dir": _path,
-        "pod_resources_socket": _path,
-        "reconcile_interval_seconds": _number,
-        "allocation_grace_seconds": partial(_number, zero_ok=True),
-    }))
+    return KubeletSettings(
+        **_values(
+            key,
+            data,
+            KubeletSettings,
+            {
+                "device_plugin_dir": _path,
+                "pod_resources_socket": _path,
+                "reconcile_interval_seconds": _number,
+                "allocation_grace_seconds": partial(_number, zero_ok=True),
+            },
+        )
+    )
 
 
 def _gpus(key: str, data: object) -> GpuSettings:
@@ -195,21 +218,36 @@ def _gpus(key: str, data: object) -> GpuSettings:
     if isinstance(data, Mapping) and "simulated" in data:  # refuse before looking inside
         if backend_check(f"{key}.backend", data.get("backend", "nvml")) != "simulated":
             raise ConfigError(f"{key}.simulated", "only allowed with backend: simulated")
-    gpus = GpuSettings(**_values(key, data, GpuSettings, {
-        "backend": backend_check,
-        "simulated": _simulated,
-    }))
+    gpus = GpuSettings(
+        **_values(
+            key,
+            data,
+            GpuSettings,
+            {
+                "backend": backend_check,
+                "simulated": _simulated,
+            },
+        )
+    )
     if gpus.backend == "simulated" and not gpus.simulated.devices:
-        raise ConfigError(f"{key}.simulated.devices",
-                          "at least one device is needed with backend: simulated")
+        raise ConfigError(
+            f"{key}.simulated.devices", "at least one device is needed with backend: simulated"
+        )
     return gpus
 
 
 def _simulated(key: str, data: object) -> SimulatedSettings:
-    return SimulatedSettings(**_values(key, data, SimulatedSettings, {
-        "devices": _devices,
-        "usage_file": partial(_path, empty_ok=True),
-    }))
+    return SimulatedSettings(
+        **_values(
+            key,
+            data,
+            SimulatedSettings,
+            {
+                "devices": _devices,
+                "usage_file": partial(_path, empty_ok=True),
+            },
+        )
+    )
 
 
 def _devices(key: str, data: object) -> tuple[SimulatedDevice, ...]:
@@ -219,33 +257,49 @@ def _devices(key: str, data: object) -> tuple[SimulatedDevice, ...]:
     index_of_uuid: dict[str, int] = {}
     for index, item in enumerate(data):
         item_key = f"{key}[{index}]"
-        device = SimulatedDevice(**_values(
-            item_key, item, SimulatedDevice,
-            {"uuid": _uuid, "name": _string, "memory_mib": partial(_number, integer=True)},
-            required=("uuid", "name", "memory_mib"),
-        ))
+        device = SimulatedDevice(
+            **_values(
+                item_key,
+                item,
+                SimulatedDevice,
+                {"uuid": _uuid, "name": _string, "memory_mib": partial(_number, integer=True)},
+                required=("uuid", "name", "memory_mib"),
+            )
+        )
         if device.uuid in index_of_uuid:
-            raise ConfigError(f"{item_key}.uuid", f"must be unique (got {_show(device.uuid)}, "
-                              f"already used by {key}[{index_of_uuid[device.uuid]}])")
+            raise ConfigError(
+                f"{item_key}.uuid",
+                f"must be unique (got {_show(device.uuid)}, "
+                f"already used by {key}[{index_of_uuid[device.uuid]}])",
+            )
         index_of_uuid[device.uuid] = index
         devices.append(device)
     return tuple(devices)
 
 
 def _resources(key: str, data: object) -> ResourceSettings:
-    resources = ResourceSettings(**_values(key, data, ResourceSettings, {
-        "memory": _resource_name,
-        "memory_unit_mib": partial(_number, integer=True),
-        "core": _resource_name,
-        "whole": partial(_resource_name, empty_ok=True),
-        "placement": _one_of("binpack", "spread"),
-    }))
+    resources = ResourceSettings(
+        **_values(
+            key,
+            data,
+            ResourceSettings,
+            {
+                "memory": _resource_name,
+                "memory_unit_mib": partial(_number, integer=True),
+                "core": _resource_name,
+                "whole": partial(_resource_name, empty_ok=True),
+                "placement": _one_of("binpack", "spread"),
+            },
+        )
+    )
     field_of_name: dict[str, str] = {}
     for field in ("memory", "core", "whole"):
         name = getattr(resources, field)
         if name in field_of_name:
-            raise ConfigError(f"{key}.{field}", f"must differ from {key}.{field_of_name[name]} "
-                              f"(both are {_show(name)})")
+            raise ConfigError(
+                f"{key}.{field}",
+                f"must differ from {key}.{field_of_name[name]} (both are {_show(name)})",
+            )
         if name:
             field_of_name[name] = field
     return resources
@@ -286,22 +340,28 @@ def _one_of(*choices: str) -> _Check:
         if not isinstance(value, str) or value not in choices:
             raise ConfigError(key, f"must be one of {', '.join(choices)} (got {_show(value)})")
         return value
+
     return check
 
 
 def _matching(pattern: re.Pattern[str], max_length: int, rule: str) -> _Check:
     """A check for a non-empty string of at most ``max_length`` that ``pattern`` matches."""
+
     def check(key: str, value: object) -> str:
         text = _string(key, value)
         if len(text) > max_length or not pattern.fullmatch(text):
             raise ConfigError(key, f"must be {rule} (got {_show(text)})")
         return text
+
     return check
 
 
 _uuid = _matching(_UUID, 52, "1 to 52 letters, digits and '-', starting with a letter or digit")
-_node_name = _matching(_DNS_SUBDOMAIN, 253, "a node name: lowercase letters, digits, '-' and '.', "
-                       "at most 253 characters")
+_node_name = _matching(
+    _DNS_SUBDOMAIN,
+    253,
+    "a node name: lowercase letters, digits, '-' and '.', at most 253 characters",
+)
 
 
 def _resource_name(key: str, value: object, *, empty_ok: bool = False) -> str:
@@ -317,12 +377,17 @@ def _resource_name(key: str, value: object, *, empty_ok: bool = False) -> str:
     elif domain == "kubernetes.io" or domain.endswith(".kubernetes.io"):
         problem = "the kubernetes.io domain is reserved for Kubernetes"
     elif len(name) > 63 or not _RESOURCE_NAME.fullmatch(name):
-        problem = ("the name must be at most 63 letters, digits, '-', '_', '.', "
-                   "starting and ending with a letter or digit")
+        problem = (
+            "the name must be at most 63 letters, digits, '-', '_', '.', "
+            "starting and ending with a letter or digit"
+        )
     else:
         return text
-    raise ConfigError(key, f"must be an extended resource name like example.com/gpu-mem: "
-                      f"{problem} (got {_show(text)})")
+    raise ConfigError(
+        key,
+        f"must be an extended resource name like example.com/gpu-mem: "
+        f"{problem} (got {_show(text)})",
+    )
 
 
 def _default_node_name(environ: Mapping[str, str]) -> str:
@@ -332,8 +397,9 @@ def _default_node_name(environ: Mapping[str, str]) -> str:
     try:
         return _node_name("node_name", name)
     except ConfigError as err:
-        raise ConfigError("node_name", f"{err.problem} from {source}; "
-                          "set node_name in the config file") from None
+        raise ConfigError(
+            "node_name", f"{err.problem} from {source}; set node_name in the config file"
+        ) from None
 
 
 # --- helpers --------------------------------------------------------------------------
@@ -363,11 +429,15 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
             key = loader.construct_object(key_node)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
-                    "while reading a mapping", node.start_mark,
-                    f"found the key {_show(key)} twice", key_node.start_mark)
+                    "while reading a mapping",
+                    node.start_mark,
+                    f"found the key {_show(key)} twice",
+                    key_node.start_mark,
+                )
             seen.add(key)
     return loader.construct_mapping(node)
 
 
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                              _mapping_without_duplicates)
+_StrictLoader.add_constructor(
+    yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
+)

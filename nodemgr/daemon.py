@@ -57,7 +57,9 @@ def run(settings: Settings, stop: threading.Event) -> None:
         next_reconcile = 0.0
         while not stop.is_set():
             servers = [
-                PluginServer(allocator, kind, os.path.join(settings.kubelet.device_plugin_dir, name))
+                PluginServer(
+                    allocator, kind, os.path.join(settings.kubelet.device_plugin_dir, name)
+                )
                 for kind, name in SOCKET_NAMES.items()
                 if kind in allocator.resource_names
             ]
@@ -68,7 +70,9 @@ def run(settings: Settings, stop: threading.Event) -> None:
                 if _inode(kubelet_socket) != kubelet_inode or not all(
                     s.socket_present() for s in servers
                 ):
-                    log.warning("kubelet restarted (sockets recreated): serving and registering again")
+                    log.warning(
+                        "kubelet restarted (sockets recreated): serving and registering again"
+                    )
                     break
                 if time.monotonic() >= next_reconcile or allocator.reconcile_requested.is_set():
                     allocator.reconcile_requested.clear()
@@ -97,7 +101,11 @@ def _register_all(servers: list[PluginServer], kubelet_socket: str, stop: thread
             try:
                 for server in servers:
                     register(kubelet_socket, server.resource_name, server.endpoint, OPTIONS)
-                    log.info("registered %s with kubelet (endpoint %s)", server.resource_name, server.endpoint)
+                    log.info(
+                        "registered %s with kubelet (endpoint %s)",
+                        server.resource_name,
+                        server.endpoint,
+                    )
                 return inode
             except KubeletUnavailable as e:
                 log.warning("%s; retrying", e)
@@ -142,7 +150,10 @@ def _log_inventory(allocator: Allocator) -> None:
     for card in allocator.cards:
         log.info(
             "GPU%d %s (%s): %d MiB, %d %s devices",
-            card.index, card.uuid, card.name, card.memory_mib,
+            card.index,
+            card.uuid,
+            card.name,
+            card.memory_mib,
             len([d for d in allocator.devices(ResourceKind.MEMORY) if d.id.startswith(card.uuid)]),
             allocator.resource_names[ResourceKind.MEMORY],
         )
@@ -160,8 +171,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="gpushare-node", description="GPU sharing node daemon: kubelet device plugin"
     )
-    parser.add_argument("--config", metavar="FILE", help="YAML configuration (default: built-in defaults)")
-    parser.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML configuration (default: built-in defaults)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config)

@@ -59,9 +59,7 @@ class Ledger:
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
             else:
                 os.makedirs(state_dir, mode=0o700, exist_ok=True)
-                self._db = sqlite3.connect(
-                    self.path, isolation_level=None, check_same_thread=False
-                )
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
                 self._db.execute("PRAGMA journal_mode=WAL")
                 self._db.execute("PRAGMA synchronous=FULL")
             self._db.execute("PRAGMA foreign_keys=ON")
@@ -135,6 +133,11 @@ class Ledger:
                         self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
                     for allocation in put:
                         self._write_allocation(allocation)
+                    # All old device rows go first: a device may move between
+                    # two allocations of this same change.
+                    self._db.executemany(
+                        "DELETE FROM devices WHERE allocation_id = ?", [(a.id,) for a in put]
+                    )
                     for allocation in put:
                         self._write_devices(allocation)
                     self._db.execute("COMMIT")
@@ -164,10 +167,12 @@ class Ledger:
         )
 
     def _write_devices(self, allocation: Allocation) -> None:
-        self._db.execute("DELETE FROM devices WHERE allocation_id = ?", (allocation.id,))
         self._db.executemany(
             "INSERT INTO devices (kind, device_id, allocation_id) VALUES (?, ?, ?)",
-            [(str(kind), device_id, allocation.id) for kind, device_id in allocation.device_pairs()],
+            [
+                (str(kind), device_id, allocation.id)
+                for kind, device_id in allocation.device_pairs()
+            ],
         )
 
     def get_meta(self, key: str) -> str | None:

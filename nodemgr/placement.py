@@ -103,7 +103,9 @@ class NoFitDescriber:
 
     def card(self, card: CardLoad) -> str:
         free = f"{self.memory(card.memory_units_free)}/{card.core_percent_free}%"
-        state = f"{free} free" if not card.unavailable_reason else f"none ({card.unavailable_reason})"
+        state = (
+            f"{free} free" if not card.unavailable_reason else f"none ({card.unavailable_reason})"
+        )
         return f"GPU{card.index} ({card.name}) has {state}"
 
     def __call__(self, request: SharedRequest, cards: Sequence[CardLoad]) -> str:

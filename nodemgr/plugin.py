@@ -66,8 +66,12 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         response = dp.PreferredAllocationResponse()
         for req in request.container_requests:
             ids = self._call(
-                context, self._allocator.preferred, self._kind, list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs), req.allocation_size,
+                context,
+                self._allocator.preferred,
+                self._kind,
+                list(req.available_deviceIDs),
+                list(req.must_include_deviceIDs),
+                req.allocation_size,
             )
             response.container_responses.add(deviceIDs=ids)
         return response
@@ -75,7 +79,9 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def Allocate(self, request, context):
         response = dp.AllocateResponse()
         for req in request.container_requests:
-            result = self._call(context, self._allocator.allocate, self._kind, list(req.devices_ids))
+            result = self._call(
+                context, self._allocator.allocate, self._kind, list(req.devices_ids)
+            )
             response.container_responses.add(envs=result.envs)
         return response
 

@@ -144,8 +144,15 @@ def test_empty_mapping_or_section_gives_defaults(data):
 
 def test_public_names():
     assert set(config.__all__) == {
-        "GpuSettings", "KubeletSettings", "ResourceSettings", "Settings", "SimulatedDevice",
-        "SimulatedSettings", "config_error_line", "load_settings", "settings_from_mapping",
+        "GpuSettings",
+        "KubeletSettings",
+        "ResourceSettings",
+        "Settings",
+        "SimulatedDevice",
+        "SimulatedSettings",
+        "config_error_line",
+        "load_settings",
+        "settings_from_mapping",
     }
 
 
@@ -155,11 +162,13 @@ def test_settings_are_frozen():
 
 
 def test_optional_values_accepted():
-    settings = load({
-        "kubelet": {"reconcile_interval_seconds": 0.5, "allocation_grace_seconds": 0},
-        "resources": {"whole": "", "placement": "spread"},
-        **simulated(device(uuid="A" * 52), device(uuid="b", memory_mib=1), usage_file=""),
-    })
+    settings = load(
+        {
+            "kubelet": {"reconcile_interval_seconds": 0.5, "allocation_grace_seconds": 0},
+            "resources": {"whole": "", "placement": "spread"},
+            **simulated(device(uuid="A" * 52), device(uuid="b", memory_mib=1), usage_file=""),
+        }
+    )
     assert settings.kubelet.reconcile_interval_seconds == 0.5
     assert settings.kubelet.allocation_grace_seconds == 0.0
     assert settings.resources.whole == ""
@@ -173,7 +182,8 @@ def test_optional_values_accepted():
 
 def test_node_name_from_environment():
     assert settings_from_mapping({}, environ={"NODE_NAME": "gpu-7.example"}).node_name == (
-        "gpu-7.example")
+        "gpu-7.example"
+    )
 
 
 @pytest.mark.parametrize("environ", [{}, {"NODE_NAME": ""}])
@@ -249,13 +259,23 @@ def test_top_level_not_a_mapping_refused(tmp_path):
 # --- unknown keys ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("data", "key"), [
-    ({"nodename": "x"}, "nodename"),
-    ({"kubelet": {"foo": 1}}, "kubelet.foo"),
-    ({"resources": {"memory_unit": 1}}, "resources.memory_unit"),
-    ({"gpus": {"simulated": {"devices": [{**device(), "cores": 1}]}, "backend": "simulated"}},
-     "gpus.simulated.devices[0].cores"),
-])
+@pytest.mark.parametrize(
+    ("data", "key"),
+    [
+        ({"nodename": "x"}, "nodename"),
+        ({"kubelet": {"foo": 1}}, "kubelet.foo"),
+        ({"resources": {"memory_unit": 1}}, "resources.memory_unit"),
+        (
+            {
+                "gpus": {
+                    "simulated": {"devices": [{**device(), "cores": 1}]},
+                    "backend": "simulated",
+                }
+            },
+            "gpus.simulated.devices[0].cores",
+        ),
+    ],
+)
 def test_unknown_key_refused_with_known_keys(data, key):
     err = refused(data)
     assert err.key == key
@@ -270,8 +290,9 @@ def test_unknown_nested_key_lists_the_section_keys():
 def test_future_section_refused_as_not_built(section):
     err = refused({section: {"enabled": False}})
     assert err.key == section
-    assert err.problem == (f"unknown key: the {section} section is not supported by this "
-                           "version of gpushare-node")
+    assert err.problem == (
+        f"unknown key: the {section} section is not supported by this version of gpushare-node"
+    )
 
 
 # --- values ------------------------------------------------------------------------------
@@ -283,31 +304,58 @@ INVALID = [
     ({"kubelet": {"device_plugin_dir": ""}}, "kubelet.device_plugin_dir", "empty"),
     ({"kubelet": {"pod_resources_socket": 5}}, "kubelet.pod_resources_socket", "string"),
     ({"kubelet": {"reconcile_interval_seconds": 0}}, "kubelet.reconcile_interval_seconds", "> 0"),
-    ({"kubelet": {"reconcile_interval_seconds": -1.5}}, "kubelet.reconcile_interval_seconds",
-     "> 0"),
-    ({"kubelet": {"reconcile_interval_seconds": "10"}}, "kubelet.reconcile_interval_seconds",
-     'must be a finite number (got "10")'),
-    ({"kubelet": {"reconcile_interval_seconds": True}}, "kubelet.reconcile_interval_seconds",
-     "must be a finite number (got true)"),
-    ({"kubelet": {"reconcile_interval_seconds": float("inf")}},
-     "kubelet.reconcile_interval_seconds", "must be a finite number"),
-    ({"kubelet": {"reconcile_interval_seconds": float("nan")}},
-     "kubelet.reconcile_interval_seconds", "must be a finite number"),
-    ({"kubelet": {"allocation_grace_seconds": 10**400}}, "kubelet.allocation_grace_seconds",
-     "must be a finite number"),
+    (
+        {"kubelet": {"reconcile_interval_seconds": -1.5}},
+        "kubelet.reconcile_interval_seconds",
+        "> 0",
+    ),
+    (
+        {"kubelet": {"reconcile_interval_seconds": "10"}},
+        "kubelet.reconcile_interval_seconds",
+        'must be a finite number (got "10")',
+    ),
+    (
+        {"kubelet": {"reconcile_interval_seconds": True}},
+        "kubelet.reconcile_interval_seconds",
+        "must be a finite number (got true)",
+    ),
+    (
+        {"kubelet": {"reconcile_interval_seconds": float("inf")}},
+        "kubelet.reconcile_interval_seconds",
+        "must be a finite number",
+    ),
+    (
+        {"kubelet": {"reconcile_interval_seconds": float("nan")}},
+        "kubelet.reconcile_interval_seconds",
+        "must be a finite number",
+    ),
+    (
+        {"kubelet": {"allocation_grace_seconds": 10**400}},
+        "kubelet.allocation_grace_seconds",
+        "must be a finite number",
+    ),
     ({"kubelet": {"allocation_grace_seconds": -1}}, "kubelet.allocation_grace_seconds", ">= 0"),
-    ({"kubelet": {"allocation_grace_seconds": False}}, "kubelet.allocation_grace_seconds",
-     "number"),
+    (
+        {"kubelet": {"allocation_grace_seconds": False}},
+        "kubelet.allocation_grace_seconds",
+        "number",
+    ),
     ({"state_dir": "gpushare"}, "state_dir", 'absolute path (got "gpushare")'),
     ({"run_dir": ""}, "run_dir", "empty"),
     ({"run_dir": None}, "run_dir", "must be a string (got null)"),
     ({"gpus": {"backend": "cuda"}}, "gpus.backend", 'one of nvml, simulated (got "cuda")'),
-    ({"resources": {"placement": "bestfit"}}, "resources.placement",
-     'must be one of binpack, spread (got "bestfit")'),
+    (
+        {"resources": {"placement": "bestfit"}},
+        "resources.placement",
+        'must be one of binpack, spread (got "bestfit")',
+    ),
     ({"resources": {"memory_unit_mib": 0}}, "resources.memory_unit_mib", "> 0"),
     ({"resources": {"memory_unit_mib": 1.5}}, "resources.memory_unit_mib", "integer"),
-    ({"resources": {"memory_unit_mib": True}}, "resources.memory_unit_mib",
-     "must be an integer (got true)"),
+    (
+        {"resources": {"memory_unit_mib": True}},
+        "resources.memory_unit_mib",
+        "must be an integer (got true)",
+    ),
     ({"resources": {"memory": ""}}, "resources.memory", "empty"),
     ({"resources": {"core": ""}}, "resources.core", "empty"),
     ({"resources": {"memory": "gpu-mem"}}, "resources.memory", "'/'"),
@@ -318,29 +366,46 @@ INVALID = [
     ({"resources": {"memory": "aliyun.com/" + "m" * 64}}, "resources.memory", "63"),
     ({"resources": {"memory": "aliyun.com/-mem"}}, "resources.memory", "63"),
     ({"resources": {"whole": "nvidia.com/"}}, "resources.whole", "63"),
-    ({"resources": {"core": "aliyun.com/gpu-mem"}}, "resources.core",
-     "must differ from resources.memory"),
-    ({"resources": {"whole": "aliyun.com/gpu-core.percentage"}}, "resources.whole",
-     "must differ from resources.core"),
-    ({"gpus": {"simulated": {"devices": [device()]}}}, "gpus.simulated",
-     "only allowed with backend: simulated"),
-    ({"gpus": {"backend": "nvml", "simulated": {}}}, "gpus.simulated",
-     "only allowed with backend: simulated"),
+    (
+        {"resources": {"core": "aliyun.com/gpu-mem"}},
+        "resources.core",
+        "must differ from resources.memory",
+    ),
+    (
+        {"resources": {"whole": "aliyun.com/gpu-core.percentage"}},
+        "resources.whole",
+        "must differ from resources.core",
+    ),
+    (
+        {"gpus": {"simulated": {"devices": [device()]}}},
+        "gpus.simulated",
+        "only allowed with backend: simulated",
+    ),
+    (
+        {"gpus": {"backend": "nvml", "simulated": {}}},
+        "gpus.simulated",
+        "only allowed with backend: simulated",
+    ),
     ({"gpus": {"backend": "simulated"}}, "gpus.simulated.devices", "at least one device"),
     (simulated(), "gpus.simulated.devices", "at least one device"),
-    ({"gpus": {"backend": "simulated", "simulated": {"devices": {"a": 1}}}},
-     "gpus.simulated.devices", "must be a list"),
+    (
+        {"gpus": {"backend": "simulated", "simulated": {"devices": {"a": 1}}}},
+        "gpus.simulated.devices",
+        "must be a list",
+    ),
     (simulated(device(), "GPU-x"), "gpus.simulated.devices[1]", "must be a mapping"),
     (simulated({"name": "T4", "memory_mib": 1}), "gpus.simulated.devices[0].uuid", "required"),
     (simulated({"uuid": "a", "memory_mib": 1}), "gpus.simulated.devices[0].name", "required"),
-    (simulated({"uuid": "a", "name": "T4"}), "gpus.simulated.devices[0].memory_mib",
-     "required"),
+    (simulated({"uuid": "a", "name": "T4"}), "gpus.simulated.devices[0].memory_mib", "required"),
     (simulated(device(uuid="GPU_1")), "gpus.simulated.devices[0].uuid", "52 letters"),
     (simulated(device(uuid="-GPU")), "gpus.simulated.devices[0].uuid", "52 letters"),
     (simulated(device(uuid="A" * 53)), "gpus.simulated.devices[0].uuid", "52 letters"),
     (simulated(device(uuid=12)), "gpus.simulated.devices[0].uuid", "string"),
-    (simulated(device(uuid="a"), device(uuid="b"), device(uuid="a")),
-     "gpus.simulated.devices[2].uuid", "already used by gpus.simulated.devices[0]"),
+    (
+        simulated(device(uuid="a"), device(uuid="b"), device(uuid="a")),
+        "gpus.simulated.devices[2].uuid",
+        "already used by gpus.simulated.devices[0]",
+    ),
     (simulated(device(name="")), "gpus.simulated.devices[0].name", "empty"),
     (simulated(device(memory_mib=0)), "gpus.simulated.devices[0].memory_mib", "> 0"),
     (simulated(device(memory_mib=True)), "gpus.simulated.devices[0].memory_mib", "integer"),
@@ -349,8 +414,11 @@ INVALID = [
 ]
 
 
-@pytest.mark.parametrize(("data", "key", "fragment"), INVALID,
-                         ids=[f"{key}-{i}" for i, (_, key, _) in enumerate(INVALID)])
+@pytest.mark.parametrize(
+    ("data", "key", "fragment"),
+    INVALID,
+    ids=[f"{key}-{i}" for i, (_, key, _) in enumerate(INVALID)],
+)
 def test_invalid_value_refused(data, key, fragment):
     err = refused(data)
     assert err.key == key
@@ -362,8 +430,10 @@ def test_invalid_value_refused(data, key, fragment):
 
 def test_config_error_line_format():
     err = refused({"resources": {"placement": "bestfit"}})
-    assert config_error_line(err) == ('gpushare-node: config error: resources.placement: '
-                                      'must be one of binpack, spread (got "bestfit")')
+    assert config_error_line(err) == (
+        "gpushare-node: config error: resources.placement: "
+        'must be one of binpack, spread (got "bestfit")'
+    )
 
 
 def test_config_error_line_is_one_line(tmp_path):

@@ -12,7 +12,11 @@ UUID = "GPU-6a7c0d3e-1111-2222-3333-444455556666"
 
 
 def test_memory_ids_follow_the_gpushare_convention():
-    assert card_device_ids(ResourceKind.MEMORY, UUID, 3) == [f"{UUID}-_-0", f"{UUID}-_-1", f"{UUID}-_-2"]
+    assert card_device_ids(ResourceKind.MEMORY, UUID, 3) == [
+        f"{UUID}-_-0",
+        f"{UUID}-_-1",
+        f"{UUID}-_-2",
+    ]
 
 
 def test_each_card_has_100_share_ids_and_one_whole_id():

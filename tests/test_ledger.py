@@ -72,7 +72,9 @@ def test_kill_9_in_the_middle_of_a_write_leaves_no_partial_allocation(tmp_path):
         ledger.commit(put=[allocation("ga-torn", units=4, percent=30)])
     """)
     child = subprocess.Popen(
-        [sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
         cwd=os.path.dirname(os.path.dirname(__file__)),
     )
     assert child.stdout.readline().strip() == "row written"

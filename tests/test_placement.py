@@ -52,8 +52,11 @@ def test_fragmentation_refuses_although_the_node_total_would_fit():
 
 def test_refusal_names_both_amounts_and_unavailable_cards():
     cards = [card(0, 15, 12, core_free=70), card(1, 15, 15, reason="given out whole")]
-    with pytest.raises(NoFitError, match=r"has 16 GiB and 30% free: GPU0 \(Tesla T4\) has "
-                       r"12 GiB/70% free, GPU1 \(Tesla T4\) has none \(given out whole\)"):
+    with pytest.raises(
+        NoFitError,
+        match=r"has 16 GiB and 30% free: GPU0 \(Tesla T4\) has "
+        r"12 GiB/70% free, GPU1 \(Tesla T4\) has none \(given out whole\)",
+    ):
         choose_card(cards, SharedRequest(16, 30), "binpack", DESCRIBE)
 
 

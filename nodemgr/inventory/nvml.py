@@ -23,7 +23,9 @@ class NvmlInventory:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError_LibraryNotFound as e:
-            raise InventoryError(f"NVML library (libnvidia-ml.so.1) not found: {_NO_DRIVER_HINT}") from e
+            raise InventoryError(
+                f"NVML library (libnvidia-ml.so.1) not found: {_NO_DRIVER_HINT}"
+            ) from e
         except pynvml.NVMLError_DriverNotLoaded as e:
             raise InventoryError(f"NVIDIA kernel driver not loaded: {_NO_DRIVER_HINT}") from e
         except pynvml.NVMLError_NoPermission as e:
