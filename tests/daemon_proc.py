@@ -1,0 +1,116 @@
+"""Runs the real ``gpushare-node`` process for end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+GPU0 = "GPU-e2e00000-0000-4000-8000-000000000000"
+GPU1 = "GPU-e2e00001-0000-4000-8000-000000000001"
+MEMORY = "aliyun.com/gpu-mem"
+CORE = "aliyun.com/gpu-core.percentage"
+WHOLE = "nvidia.com/gpu"
+
+
+def _console_script(name: str) -> list[str]:
+    """The installed console script next to this Python, else the module."""
+    script = os.path.join(os.path.dirname(sys.executable), name)
+    if os.path.exists(script):
+        return [script]
+    module = {"gpushare-node": "nodemgr.daemon", "nodemgr": "nodemgr.cli"}[name]
+    return [sys.executable, "-m", module]
+
+
+class Node:
+    """A node's directories, its config, and the gpushare-node process on it."""
+
+    def __init__(self, **overrides):
+        # Unix socket paths must stay under 108 bytes: pytest's tmp_path is too long.
+        self.root = tempfile.mkdtemp(prefix="gs-", dir="/tmp")
+        self.device_plugin_dir = os.path.join(self.root, "dp")
+        self.pod_resources_socket = os.path.join(self.root, "pr", "kubelet.sock")
+        self.config_path = os.path.join(self.root, "config.yaml")
+        self.log_path = os.path.join(self.root, "daemon.log")
+        config = {
+            "node_name": "node-a",
+            "kubelet": {
+                "device_plugin_dir": self.device_plugin_dir,
+                "pod_resources_socket": self.pod_resources_socket,
+                "reconcile_interval_seconds": 0.5,
+                "allocation_grace_seconds": 3,
+            },
+            "state_dir": os.path.join(self.root, "state"),
+            "run_dir": os.path.join(self.root, "run"),
+            "gpus": {
+                "backend": "simulated",
+                "simulated": {
+                    "devices": [
+                        {"uuid": GPU0, "name": "Tesla T4", "memory_mib": 15360},
+                        {"uuid": GPU1, "name": "Tesla T4", "memory_mib": 15360},
+                    ]
+                },
+            },
+        }
+        for key, value in overrides.items():
+            config[key] = value
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(config, f)
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        log = open(self.log_path, "a")
+        self.process = subprocess.Popen(
+            [*_console_script("gpushare-node"), "--config", self.config_path],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        log.close()
+
+    def signal(self, signum: int) -> None:
+        self.process.send_signal(signum)
+
+    def wait(self, timeout: float) -> int:
+        return self.process.wait(timeout)
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+    def log(self) -> str:
+        with open(self.log_path) as f:
+            return f.read()
+
+    def allocations(self) -> list[dict]:
+        out = subprocess.run(
+            [*_console_script("nodemgr"), "allocations", "--config", self.config_path, "--json"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return json.loads(out.stdout)["allocations"]
+
+    def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = predicate()
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}; daemon log:\n{self.log()}")
+
+    def cleanup(self) -> None:
+        self.stop()
+        shutil.rmtree(self.root, ignore_errors=True)
