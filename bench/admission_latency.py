@@ -23,7 +23,11 @@ from tests.daemon_proc import CORE, MEMORY, Node
 from tests.kubelet_sim import ContainerSpec, TestKubelet
 
 CARDS = [
-    {"uuid": f"GPU-bench{i:03d}-0000-4000-8000-000000000000", "name": "A100 80GB", "memory_mib": 81920}
+    {
+        "uuid": f"GPU-bench{i:03d}-0000-4000-8000-000000000000",
+        "name": "A100 80GB",
+        "memory_mib": 81920,
+    }
     for i in range(8)
 ]
 

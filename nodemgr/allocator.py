@@ -57,6 +57,42 @@ class AllocateResult:
     envs: dict[str, str]
 
 
+class _Usage:
+    """Per-card totals of the allocations, kept up to date change by change.
+
+    Admission reads these instead of walking every allocation, so its cost
+    does not grow with the number of containers on the node.
+    """
+
+    def __init__(self) -> None:
+        self.memory_units: Counter[str] = Counter()
+        self.core_percent: Counter[str] = Counter()
+        self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
+        self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
+        self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
+
+    def add(self, allocation: Allocation, sign: int = 1) -> None:
+        for key in allocation.device_pairs():
+            if sign > 0:
+                self.holders[key] = allocation.id
+            elif self.holders.get(key) == allocation.id:
+                del self.holders[key]
+        if allocation.whole:
+            for card_uuid in allocation.cards:
+                self.whole_allocations[card_uuid] += sign
+        elif allocation.devices:
+            card_uuid = allocation.cards[0]
+            self.shared_allocations[card_uuid] += sign
+            self.memory_units[card_uuid] += sign * allocation.memory_units
+            self.core_percent[card_uuid] += sign * allocation.core_percent
+
+    def shared_cards(self) -> set[str]:
+        return {card for card, n in self.shared_allocations.items() if n > 0}
+
+    def whole_cards(self) -> set[str]:
+        return {card for card, n in self.whole_allocations.items() if n > 0}
+
+
 def new_allocation_id() -> str:
     """Short, unguessable, unique: the runtime hook matches containers by it."""
     return "ga-" + secrets.token_hex(8)
@@ -96,6 +132,11 @@ class Allocator:
         # Set by PreStartContainer: kubelet's record now shows a new container.
         self.reconcile_requested = threading.Event()
         self._allocations = {a.id: a for a in ledger.load()}
+        self._usage = _Usage()
+        for allocation in self._allocations.values():
+            self._usage.add(allocation)
+        # kind -> (generation, device list): every ListAndWatch stream shares one build.
+        self._device_lists: dict[ResourceKind, tuple[int, list[DeviceInfo]]] = {}
         self._check_memory_unit()
 
     def _check_memory_unit(self) -> None:
@@ -115,7 +156,11 @@ class Allocator:
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
         """The full device list of one resource, with linkage health."""
         with self._lock:
-            shared_cards, whole_cards = self._cards_in_use()
+            generation = self._generation
+            cached = self._device_lists.get(kind)
+            if cached is not None and cached[0] == generation:
+                return cached[1]
+            shared_cards, whole_cards = self._usage.shared_cards(), self._usage.whole_cards()
         listing = []
         for card in self.cards:
             if kind is ResourceKind.WHOLE:
@@ -124,6 +169,9 @@ class Allocator:
                 healthy = card.uuid not in whole_cards
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
+        with self._lock:
+            if self._generation == generation:
+                self._device_lists[kind] = (generation, listing)
         return listing
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
@@ -212,9 +260,7 @@ class Allocator:
         self.reconcile_requested.set()
 
     def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
-        shared_cards, _ = self._cards_in_use(
-            ignore=set((ResourceKind.WHOLE, i) for i in device_ids)
-        )
+        shared_cards = self._usage.shared_cards()
         busy = [self._card_label(c) for c in cards if c in shared_cards]
         if busy:
             raise ConflictError(
@@ -242,8 +288,7 @@ class Allocator:
                 + "; one container's share must be on one card)"
             )
         card_uuid = distinct[0]
-        _, whole_cards = self._cards_in_use()
-        if card_uuid in whole_cards:
+        if self._usage.whole_allocations[card_uuid] > 0:
             raise ConflictError(f"{name}: {self._card_label(card_uuid)} is given out whole")
         carried = self._open_allocation(kind)
         self._open = None
@@ -270,7 +315,7 @@ class Allocator:
     def _store(self, allocation: Allocation) -> None:
         """Write the allocation, taking its devices from stale holders (kubelet's choice wins)."""
         puts, deletes = [allocation], []
-        holders = self._holders()
+        holders = self._usage.holders
         for key in allocation.device_pairs():
             holder_id = holders.get(key)
             if holder_id is None or holder_id == allocation.id:
@@ -300,10 +345,13 @@ class Allocator:
     def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
         """Commit to the ledger first; only then change what is served."""
         self._ledger.commit(put=puts, delete=deletes)
-        for allocation_id in deletes:
-            self._allocations.pop(allocation_id, None)
+        for allocation_id in deletes + [a.id for a in puts]:
+            old = self._allocations.pop(allocation_id, None)
+            if old is not None:
+                self._usage.add(old, -1)
         for allocation in puts:
             self._allocations[allocation.id] = allocation
+            self._usage.add(allocation)
         self._generation += 1
         self._changed.notify_all()
 
@@ -392,31 +440,13 @@ class Allocator:
             return None
         return allocation
 
-    def _holders(self) -> dict[tuple[ResourceKind, str], str]:
-        return {key: a.id for a in self._allocations.values() for key in a.device_pairs()}
-
-    def _cards_in_use(self, ignore: set = frozenset()) -> tuple[set[str], set[str]]:
-        """(cards holding shared allocations, cards given out whole)."""
-        shared, whole = set(), set()
-        for allocation in self._allocations.values():
-            for kind, device_id in allocation.device_pairs():
-                if (kind, device_id) in ignore:
-                    continue
-                (whole if kind is ResourceKind.WHOLE else shared).add(card_of(kind, device_id))
-        return shared, whole
-
     def _loads(self, kind: ResourceKind | None, kubelet_free: Counter) -> list[CardLoad]:
         """Per-card room; for ``kind``, kubelet's free IDs are the truth for that resource."""
-        used_units, used_percent = Counter(), Counter()
-        for allocation in self._allocations.values():
-            if not allocation.whole:
-                used_units[allocation.cards[0]] += allocation.memory_units
-                used_percent[allocation.cards[0]] += allocation.core_percent
-        _, whole_cards = self._cards_in_use()
+        usage = self._usage
         loads = []
         for card in self.cards:
-            memory_free = self._units[card.uuid] - used_units[card.uuid]
-            core_free = CORE_DEVICES_PER_CARD - used_percent[card.uuid]
+            memory_free = self._units[card.uuid] - usage.memory_units[card.uuid]
+            core_free = CORE_DEVICES_PER_CARD - usage.core_percent[card.uuid]
             if kind is ResourceKind.MEMORY:
                 memory_free = kubelet_free[card.uuid]
             elif kind is ResourceKind.CORE:
@@ -429,7 +459,9 @@ class Allocator:
                     memory_units_total=self._units[card.uuid],
                     memory_units_free=max(memory_free, 0),
                     core_percent_free=max(core_free, 0),
-                    unavailable_reason="given out whole" if card.uuid in whole_cards else "",
+                    unavailable_reason="given out whole"
+                    if usage.whole_allocations[card.uuid] > 0
+                    else "",
                 )
             )
         return loads
