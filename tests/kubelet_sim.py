@@ -666,6 +666,10 @@ class TestKubelet:
         as in kubelet.
         """
         key = (namespace, pod)
+        for spec in containers:
+            for resource, count in spec.requests.items():
+                if count < 0:
+                    raise ValueError(f"negative request for {resource} in container {spec.name}")
         with self._admit_lock:
             with self._lock:
                 if key in self._pods:
@@ -699,8 +703,6 @@ class TestKubelet:
     ) -> None:
         """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate)."""
         count = spec.requests[resource]
-        if count < 0:
-            raise ValueError(f"negative request for {resource} in container {spec.name}")
         if count == 0:
             return  # kubelet makes no call for a zero request
 
