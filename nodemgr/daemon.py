@@ -71,7 +71,8 @@ def run(settings: Settings, stop: threading.Event) -> None:
                     s.socket_present() for s in servers
                 ):
                     log.warning(
-                        "kubelet restarted (sockets recreated): serving and registering again"
+                        "kubelet restarted or stopped (its socket or ours was removed or "
+                        "recreated): serving and registering again"
                     )
                     break
                 if time.monotonic() >= next_reconcile or allocator.reconcile_requested.is_set():
@@ -100,7 +101,10 @@ def _register_all(servers: list[PluginServer], kubelet_socket: str, stop: thread
         else:
             try:
                 for server in servers:
-                    register(kubelet_socket, server.resource_name, server.endpoint, OPTIONS)
+                    if not register(
+                        kubelet_socket, server.resource_name, server.endpoint, OPTIONS, stop
+                    ):
+                        return None
                     log.info(
                         "registered %s with kubelet (endpoint %s)",
                         server.resource_name,
@@ -178,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     args = parser.parse_args(argv)
+    # gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to
+    # stderr at INFO; the daemon says what matters in its own log lines.
+    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         settings = load_settings(args.config)
     except ConfigError as e:

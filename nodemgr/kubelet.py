@@ -6,6 +6,8 @@ Both speak gRPC over kubelet's unix sockets. Failures become
 
 from __future__ import annotations
 
+import threading
+
 import grpc
 
 from nodemgr.errors import GpushareError
@@ -28,19 +30,28 @@ def register(
     resource_name: str,
     endpoint: str,
     options: dp.DevicePluginOptions,
+    stop: threading.Event,
     timeout_seconds: float = 15.0,
-) -> None:
+) -> bool:
     """Register one resource; our server at ``endpoint`` must already be serving.
 
     kubelet dials back and calls GetDevicePluginOptions before it answers, so
-    the timeout is longer than kubelet's own 10 s dial-back timeout.
+    the timeout is longer than kubelet's own 10 s dial-back timeout. A hung
+    kubelet never delays a stop: the call is abandoned when ``stop`` is set
+    (returns False).
     """
     request = dp.RegisterRequest(
         version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=options
     )
     with grpc.insecure_channel(f"unix://{kubelet_socket}") as channel:
+        call = dp_grpc.RegistrationStub(channel).Register.future(request, timeout=timeout_seconds)
+        while not call.done():
+            if stop.wait(0.1):
+                call.cancel()
+                return False
         try:
-            dp_grpc.RegistrationStub(channel).Register(request, timeout=timeout_seconds)
+            call.result()
+            return True
         except grpc.RpcError as e:
             raise KubeletUnavailable(
                 f"registering {resource_name} with kubelet at {kubelet_socket} failed: "
@@ -51,7 +62,7 @@ def register(
 class PodResourcesClient:
     """kubelet's own record of which container holds which device IDs."""
 
-    def __init__(self, socket_path: str, timeout_seconds: float = 5.0):
+    def __init__(self, socket_path: str, timeout_seconds: float = 2.0):
         self.socket_path = socket_path
         self._timeout_seconds = timeout_seconds
         # The channel reconnects by path, so it survives kubelet recreating the socket.

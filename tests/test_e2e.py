@@ -6,10 +6,15 @@ kubelet restart, and daemon restart after SIGTERM and kill -9."""
 import os
 import signal
 import subprocess
+import threading
 import time
+from concurrent import futures
 
+import grpc
 import pytest
 
+from nodemgr.kubeapi import deviceplugin_v1beta1_pb2 as dp
+from nodemgr.kubeapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from tests.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node, _console_script
 from tests.kubelet_sim import ContainerSpec, TestKubelet
 
@@ -194,3 +199,43 @@ def test_bad_config_exits_2_with_one_line_naming_the_key():
         assert len(lines) == 1 and "resources.placement" in lines[0]
     finally:
         node.cleanup()
+
+
+def test_sigterm_stops_within_5_s_while_kubelet_hangs_in_register():
+    hung = threading.Event()
+
+    class HangingRegistration(dp_grpc.RegistrationServicer):
+        def Register(self, request, context):  # noqa: N802 (gRPC method name)
+            hung.set()
+            time.sleep(30)  # a kubelet that never answers
+            return dp.Empty()
+
+    node = Node()
+    os.makedirs(node.device_plugin_dir)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    dp_grpc.add_RegistrationServicer_to_server(HangingRegistration(), server)
+    server.add_insecure_port(f"unix://{os.path.join(node.device_plugin_dir, 'kubelet.sock')}")
+    server.start()
+    try:
+        node.start()
+        assert hung.wait(20), node.log()
+        started = time.monotonic()
+        node.signal(signal.SIGTERM)
+        assert node.wait(timeout=10) == 0
+        assert time.monotonic() - started < 5
+    finally:
+        server.stop(0)
+        node.cleanup()
+
+
+def test_admission_goes_on_and_nothing_is_released_while_pod_resources_is_down(node):
+    kubelet = node.kubelet
+    assert shared_pod(kubelet, "first", 2, 10).ok
+    node.wait_for(lambda: [a for a in node.allocations() if a["pod"]], what="owner")
+    kubelet.set_pod_resources_available(False)
+    assert shared_pod(kubelet, "second", 2, 10).ok
+    time.sleep(4)  # past the grace period: unconfirmed, but kubelet could not be asked
+    assert len(node.allocations()) == 2
+    assert "reconcile skipped" in node.log()
+    kubelet.set_pod_resources_available(True)
+    node.wait_for(lambda: all(a["pod"] for a in node.allocations()), what="both confirmed")
