@@ -22,7 +22,7 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
@@ -313,32 +313,36 @@ class Allocator:
         return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
 
     def _store(self, allocation: Allocation) -> None:
-        """Write the allocation, taking its devices from stale holders (kubelet's choice wins)."""
-        puts, deletes = [allocation], []
-        holders = self._usage.holders
+        """Write the allocation, taking its devices from stale holders (kubelet's choice wins).
+
+        kubelet only hands out devices it considers free; if the ledger still
+        has a holder, that pod is gone (or was an init container) and the next
+        reconcile would have released it anyway.
+        """
+        taken: dict[str, set[tuple[ResourceKind, str]]] = defaultdict(set)
         for key in allocation.device_pairs():
-            holder_id = holders.get(key)
-            if holder_id is None or holder_id == allocation.id:
-                continue
+            holder_id = self._usage.holders.get(key)
+            if holder_id is not None and holder_id != allocation.id:
+                taken[holder_id].add(key)
+        puts, deletes = [allocation], []
+        for holder_id, keys in taken.items():
             stale = self._allocations[holder_id]
-            for earlier in puts[1:]:
-                if earlier.id == holder_id:
-                    stale = earlier
-            puts = [p for p in puts if p.id != holder_id]
-            remaining = stale.with_devices(
-                key[0], [i for i in stale.devices[key[0]] if i != key[1]]
-            )
             log.warning(
-                "kubelet gave %s %s, which allocation %s (%s) held: kubelet's record wins, "
-                "that allocation was stale",
-                self.resource_names[key[0]],
-                key[1],
+                "kubelet gave %d device(s) held by allocation %s (%s) to allocation %s: "
+                "kubelet's record wins, the old holder was stale",
+                len(keys),
                 holder_id,
                 stale.owner or "owner unknown",
+                allocation.id,
             )
+            devices = {
+                kind: tuple(i for i in ids if (kind, i) not in keys)
+                for kind, ids in stale.devices.items()
+            }
+            remaining = replace(stale, devices={k: ids for k, ids in devices.items() if ids})
             if remaining.devices:
-                puts.append(remaining)
-            elif holder_id not in deletes:
+                puts.append(replace(remaining, memory_mib=remaining.memory_units * self._unit_mib))
+            else:
                 deletes.append(holder_id)
         self._apply(puts, deletes)
 

@@ -195,8 +195,10 @@ def test_kubelet_reassigning_a_stale_device_takes_it_from_the_stale_holder(alloc
     clock.now += ADMISSION_WINDOW_SECONDS + 1
     # kubelet freed the pod (our reconcile has not run yet) and hands the IDs out again.
     result = allocator.allocate(MEM, card_device_ids(MEM, GPU0, 1))
-    remaining = {a.id: a.memory_units for a in allocator.allocations()}
-    assert remaining[result.allocation_id] == 1 and sum(remaining.values()) == 2
+    remaining = {a.id: a for a in allocator.allocations()}
+    assert remaining[result.allocation_id].memory_units == 1
+    [stale] = [a for i, a in remaining.items() if i != result.allocation_id]
+    assert stale.memory_units == 1 and stale.memory_mib == 1024
 
 
 def test_reconcile_fills_owner_from_kubelet(allocator):
