@@ -239,3 +239,27 @@ def test_admission_goes_on_and_nothing_is_released_while_pod_resources_is_down(n
     assert "reconcile skipped" in node.log()
     kubelet.set_pod_resources_available(True)
     node.wait_for(lambda: all(a["pod"] for a in node.allocations()), what="both confirmed")
+
+
+def test_bad_requests_get_grpc_errors_a_cluster_admin_understands(node):
+    def call(socket_name, ids):
+        path = os.path.join(node.device_plugin_dir, socket_name)
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            request = dp.AllocateRequest(
+                container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)]
+            )
+            with pytest.raises(grpc.RpcError) as refused:
+                dp_grpc.DevicePluginStub(channel).Allocate(request, timeout=10)
+            return refused.value
+
+    unknown = call("gpushare-memory.sock", ["GPU-gone-_-0"])
+    assert unknown.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown device IDs [GPU-gone-_-0] on node-a" in unknown.details()
+
+    # The memory lands on GPU0; the same container's share then names GPU1.
+    ok = node.kubelet.admit_pod("default", "m", [ContainerSpec("main", {MEMORY: 1})])
+    assert ok.ok
+    disagree = call("gpushare-core.sock", [f"{GPU1}-_-c0"])
+    assert disagree.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert "both must be on one card" in disagree.details()
+    assert len(node.allocations()) == 1
