@@ -26,6 +26,7 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from mps.layout import CONTAINER_PIPE_DIRECTORY, MpsLayout
 from nodemgr.config import Settings
 from nodemgr.deviceids import CORE_DEVICES_PER_CARD, ResourceKind, card_device_ids, card_of
 from nodemgr.deviceids import id_sort_key as _id_order
@@ -33,7 +34,7 @@ from nodemgr.envs import shared_envs, whole_envs
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import Card
 from nodemgr.ledger import Ledger
-from nodemgr.model import Allocation, ContainerRef
+from nodemgr.model import Allocation, ContainerRef, Mount
 from nodemgr.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
 from nodemgr.reconcile import ReconcilePlan, plan_reconcile
 
@@ -55,6 +56,7 @@ class DeviceInfo:
 class AllocateResult:
     allocation_id: str
     envs: dict[str, str]
+    mounts: tuple[Mount, ...] = ()
 
 
 class _Usage:
@@ -106,6 +108,7 @@ class Allocator:
         ledger: Ledger,
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
+        mps_layout: MpsLayout | None = None,
     ):
         res = settings.resources
         self.node_name = settings.node_name
@@ -129,6 +132,10 @@ class Allocator:
         # (allocation id, monotonic time) of the container whose second shared
         # resource may come next; see the module docstring.
         self._open: tuple[str, float] | None = None
+        # None: MPS off, shared containers get env quotas only.
+        self._mps_layout = mps_layout
+        # card UUID -> why it takes no shared work now (its MPS daemon is down, ...).
+        self._card_problems: dict[str, str] = {}
         # Set by PreStartContainer: kubelet's record now shows a new container.
         self.reconcile_requested = threading.Event()
         self._allocations = {a.id: a for a in ledger.load()}
@@ -161,12 +168,13 @@ class Allocator:
             if cached is not None and cached[0] == generation:
                 return cached[1]
             shared_cards, whole_cards = self._usage.shared_cards(), self._usage.whole_cards()
+            problems = set(self._card_problems)
         listing = []
         for card in self.cards:
             if kind is ResourceKind.WHOLE:
                 healthy = card.uuid not in shared_cards
             else:
-                healthy = card.uuid not in whole_cards
+                healthy = card.uuid not in whole_cards and card.uuid not in problems
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
@@ -239,11 +247,14 @@ class Allocator:
             else:
                 allocation = self._new_or_carried_shared(kind, device_ids, cards)
             self._store(allocation)
+            mounts: tuple[Mount, ...] = ()
             if allocation.whole:
                 envs = whole_envs(allocation, sorted(set(cards), key=self._card_index))
             else:
                 card = self._cards[allocation.cards[0]]
-                envs = shared_envs(allocation, card.uuid, card.index, self._units[card.uuid])
+                pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
+                envs = shared_envs(allocation, card.uuid, card.index, self._units[card.uuid], pipe)
+                mounts = self._mps_mounts(card.uuid)
             log.info(
                 "allocated %s %s to allocation %s (%s)",
                 self.resource_names[kind],
@@ -251,7 +262,39 @@ class Allocator:
                 allocation.id,
                 ", ".join(f"{k}={v}" for k, v in sorted(envs.items())),
             )
-            return AllocateResult(allocation.id, envs)
+            return AllocateResult(allocation.id, envs, mounts)
+
+    def _mps_mounts(self, card_uuid: str) -> tuple[Mount, ...]:
+        """The card's pipe directory and the shared MPS /dev/shm; the same for both resources."""
+        if self._mps_layout is None:
+            return ()
+        return (
+            Mount(CONTAINER_PIPE_DIRECTORY, self._mps_layout.pipe_dir(card_uuid)),
+            Mount("/dev/shm", self._mps_layout.shm_dir),
+        )
+
+    # -- card state from the MPS supervisor -------------------------------------
+
+    def whole_cards(self) -> set[str]:
+        """UUIDs of the cards given out whole (they must leave MPS)."""
+        with self._lock:
+            return self._usage.whole_cards()
+
+    def set_card_problem(self, card_uuid: str, problem: str | None) -> None:
+        """Mark a card unable (problem) or able (None) to take shared work."""
+        with self._lock:
+            if self._card_problems.get(card_uuid) == problem:
+                return
+            if problem is None:
+                del self._card_problems[card_uuid]
+            else:
+                self._card_problems[card_uuid] = problem
+            self._generation += 1
+            self._changed.notify_all()
+
+    def card_problems(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._card_problems)
 
     def check_known(self, kind: ResourceKind, device_ids: Sequence[str]) -> None:
         """PreStartContainer: the IDs must be ours; asks for a reconcile to learn the owner."""
@@ -465,7 +508,7 @@ class Allocator:
                     core_percent_free=max(core_free, 0),
                     unavailable_reason="given out whole"
                     if usage.whole_allocations[card.uuid] > 0
-                    else "",
+                    else self._card_problems.get(card.uuid, ""),
                 )
             )
         return loads

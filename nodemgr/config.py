@@ -31,6 +31,7 @@ from nodemgr.errors import ConfigError
 __all__ = [
     "GpuSettings",
     "KubeletSettings",
+    "MpsSettings",
     "ResourceSettings",
     "Settings",
     "SimulatedDevice",
@@ -88,6 +89,21 @@ class ResourceSettings:
 
 
 @dataclass(frozen=True)
+class MpsSettings:
+    """One NVIDIA MPS control daemon per shared card, and what containers get of it."""
+
+    enabled: bool = True  # false: no MPS; shared containers get env quotas only
+    # The control binary: a name looked up in $PATH, or an absolute path.
+    control_binary: str = "nvidia-cuda-mps-control"
+    # Who keeps the control daemons alive: "process" (started detached by
+    # gpushare-node, adopted after its restart). "systemd" is not built yet.
+    supervisor: str = "process"
+    shm_size_mib: int = 0  # size of the shared /dev/shm tmpfs; 0 = half of RAM
+    health_check_interval_seconds: float = 5.0  # how often each control daemon is asked
+    command_timeout_seconds: float = 5.0  # a control command slower than this marks it hung
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpushare-node is configured with."""
 
@@ -97,10 +113,11 @@ class Settings:
     run_dir: str = "/run/gpushare"  # absolute; runtime files, lost on reboot
     gpus: GpuSettings = GpuSettings()
     resources: ResourceSettings = ResourceSettings()
+    mps: MpsSettings = MpsSettings()
 
 
 # Sections of later versions: refused by name so that nobody believes they work.
-_FUTURE_SECTIONS = ("mps", "kubernetes", "enforcement", "status")
+_FUTURE_SECTIONS = ("kubernetes", "enforcement", "status")
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -159,6 +176,7 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
             "run_dir": _path,
             "gpus": _gpus,
             "resources": _resources,
+            "mps": _mps,
         },
     )
     if "node_name" not in values:
@@ -305,6 +323,33 @@ def _resources(key: str, data: object) -> ResourceSettings:
     return resources
 
 
+def _mps(key: str, data: object) -> MpsSettings:
+    return MpsSettings(
+        **_values(
+            key,
+            data,
+            MpsSettings,
+            {
+                "enabled": _boolean,
+                "control_binary": _command,
+                "supervisor": _supervisor,
+                "shm_size_mib": partial(_number, integer=True, zero_ok=True),
+                "health_check_interval_seconds": _number,
+                "command_timeout_seconds": _number,
+            },
+        )
+    )
+
+
+def _supervisor(key: str, value: object) -> str:
+    if value == "systemd":
+        raise ConfigError(
+            key,
+            'systemd is not supported by this version of gpushare-node yet (use "process")',
+        )
+    return _one_of("process")(key, value)
+
+
 # --- values ---------------------------------------------------------------------------
 
 
@@ -314,6 +359,22 @@ def _string(key: str, value: object, *, empty_ok: bool = False) -> str:
     if not value and not empty_ok:
         raise ConfigError(key, 'must not be empty (got "")')
     return value
+
+
+def _boolean(key: str, value: object) -> bool:
+    if not isinstance(value, bool):
+        raise ConfigError(key, f"must be true or false (got {_show(value)})")
+    return value
+
+
+def _command(key: str, value: object) -> str:
+    """A program: a bare name (looked up in $PATH when run) or an absolute path."""
+    command = _string(key, value)
+    if "/" in command and not os.path.isabs(command):
+        raise ConfigError(
+            key, f"must be a name in $PATH or an absolute path (got {_show(command)})"
+        )
+    return command
 
 
 def _path(key: str, value: object, *, empty_ok: bool = False) -> str:

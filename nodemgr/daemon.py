@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 
+from mps import MpsLayout
 from nodemgr.allocator import Allocator
 from nodemgr.config import Settings, config_error_line, load_settings
 from nodemgr.deviceids import ResourceKind
@@ -28,6 +29,7 @@ from nodemgr.errors import ConfigError, GpushareError
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
 from nodemgr.ledger import Ledger
+from nodemgr.mps_supervisor import MpsSupervisor
 from nodemgr.plugin import OPTIONS, PluginServer
 
 log = logging.getLogger("gpushare-node")
@@ -46,13 +48,25 @@ MAX_LIST_BYTES = 1024 * 1024
 def run(settings: Settings, stop: threading.Event) -> None:
     inventory = open_inventory(settings.gpus)
     ledger = None
+    supervisor = None
+    supervisor_stop = threading.Event()
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
     try:
         cards = inventory.cards()
         check_device_list_size(cards, settings.resources.memory_unit_mib)
         ledger = Ledger(settings.state_dir)
-        allocator = Allocator(settings, cards, ledger)
+        layout = MpsLayout(settings.run_dir) if settings.mps.enabled else None
+        allocator = Allocator(settings, cards, ledger, mps_layout=layout)
         _log_inventory(allocator)
+        if layout is not None:
+            # Before serving: the first shared container must not wait for MPS.
+            supervisor = MpsSupervisor(
+                settings.mps, layout, inventory, allocator, settings.resources.memory_unit_mib
+            )
+            supervisor.prepare()
+            supervisor.start(supervisor_stop)
+        else:
+            log.warning("mps.enabled is false: shared containers get env quotas only, no MPS")
         kubelet_socket = os.path.join(settings.kubelet.device_plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
         while not stop.is_set():
@@ -83,6 +97,11 @@ def run(settings: Settings, stop: threading.Event) -> None:
                 server.stop()
         log.info("stopped; sockets removed")
     finally:
+        # MPS control daemons are left running: their clients outlive us.
+        supervisor_stop.set()
+        if supervisor is not None:
+            allocator.wake_watchers()
+            supervisor.join(timeout=2)
         podresources.close()
         if ledger is not None:
             ledger.close()

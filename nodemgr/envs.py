@@ -14,6 +14,7 @@ VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ALLOCATION_ID = "GPUSHARE_ALLOCATION_ID"
+PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 # gpushare compatibility (reference/gpushare-compat.md): workloads written for
 # the old plugin read these.
 GPU_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"
@@ -23,7 +24,11 @@ GPU_MEM_POD = "ALIYUN_COM_GPU_MEM_POD"
 
 
 def shared_envs(
-    allocation: Allocation, card_uuid: str, card_index: int, card_memory_units: int
+    allocation: Allocation,
+    card_uuid: str,
+    card_index: int,
+    card_memory_units: int,
+    mps_pipe_directory: str | None = None,
 ) -> dict[str, str]:
     """Env of a container holding memory and/or share on one card.
 
@@ -42,6 +47,8 @@ def shared_envs(
         envs[GPU_MEM_CONTAINER] = str(allocation.memory_units)
     if allocation.core_percent:
         envs[ACTIVE_THREAD_PERCENTAGE] = str(allocation.core_percent)
+    if mps_pipe_directory:
+        envs[PIPE_DIRECTORY] = mps_pipe_directory
     return envs
 
 

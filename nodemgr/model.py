@@ -73,3 +73,12 @@ class Allocation:
         else:
             devices.pop(kind, None)
         return replace(self, devices=devices)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path mounted into the container (Allocate's ContainerAllocateResponse.mounts)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False

@@ -82,7 +82,13 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             result = self._call(
                 context, self._allocator.allocate, self._kind, list(req.devices_ids)
             )
-            response.container_responses.add(envs=result.envs)
+            container = response.container_responses.add(envs=result.envs)
+            for mount in result.mounts:
+                container.mounts.add(
+                    container_path=mount.container_path,
+                    host_path=mount.host_path,
+                    read_only=mount.read_only,
+                )
         return response
 
     def PreStartContainer(self, request, context):

@@ -11,6 +11,7 @@ import sys
 import tempfile
 import time
 
+import psutil
 import yaml
 
 GPU0 = "GPU-e2e00000-0000-4000-8000-000000000000"
@@ -18,6 +19,9 @@ GPU1 = "GPU-e2e00001-0000-4000-8000-000000000001"
 MEMORY = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
 WHOLE = "nvidia.com/gpu"
+MPS_STANDIN = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "fakes", "nvidia-cuda-mps-control"
+)
 
 
 def _console_script(name: str) -> list[str]:
@@ -49,6 +53,12 @@ class Node:
             },
             "state_dir": os.path.join(self.root, "state"),
             "run_dir": os.path.join(self.root, "run"),
+            "mps": {
+                "control_binary": MPS_STANDIN,
+                "health_check_interval_seconds": 0.5,
+                "command_timeout_seconds": 2,
+                "shm_size_mib": 64,
+            },
             "gpus": {
                 "backend": "simulated",
                 "simulated": {
@@ -111,6 +121,28 @@ class Node:
             time.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}; daemon log:\n{self.log()}")
 
+    def mps_daemons(self) -> dict[str, int]:
+        """Card UUID -> PID of each MPS control daemon serving a pipe dir of this node."""
+        found = {}
+        for proc in psutil.process_iter(["cmdline"]):
+            if "-d" not in (proc.info["cmdline"] or []):
+                continue
+            try:
+                pipe = proc.environ().get("CUDA_MPS_PIPE_DIRECTORY", "")
+            except (psutil.Error, OSError):
+                continue
+            if pipe.startswith(self.root + "/"):
+                found[proc.environ()["CUDA_VISIBLE_DEVICES"]] = proc.pid
+        return found
+
     def cleanup(self) -> None:
         self.stop()
+        for pid in self.mps_daemons().values():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        shm = os.path.join(self.root, "run", "mps", "shm")
+        if os.path.ismount(shm):
+            subprocess.run(["umount", "-l", shm], check=False)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -146,6 +146,7 @@ def test_public_names():
     assert set(config.__all__) == {
         "GpuSettings",
         "KubeletSettings",
+        "MpsSettings",
         "ResourceSettings",
         "Settings",
         "SimulatedDevice",
@@ -286,7 +287,7 @@ def test_unknown_nested_key_lists_the_section_keys():
     assert "device_plugin_dir, pod_resources_socket" in refused({"kubelet": {"foo": 1}}).problem
 
 
-@pytest.mark.parametrize("section", ["mps", "kubernetes", "enforcement", "status"])
+@pytest.mark.parametrize("section", ["kubernetes", "enforcement", "status"])
 def test_future_section_refused_as_not_built(section):
     err = refused({section: {"enabled": False}})
     assert err.key == section
@@ -442,3 +443,43 @@ def test_config_error_line_is_one_line(tmp_path):
     with pytest.raises(ConfigError) as info:
         load_settings(write(tmp_path, "a: b: c\n"), environ=ENV)
     assert "\n" not in config_error_line(info.value)
+
+
+def test_mps_section_loads_with_defaults_and_values():
+    assert load({}).mps == config.MpsSettings()
+    mps = load(
+        {
+            "mps": {
+                "enabled": False,
+                "control_binary": "/opt/mps/nvidia-cuda-mps-control",
+                "supervisor": "process",
+                "shm_size_mib": 4096,
+                "health_check_interval_seconds": 1,
+                "command_timeout_seconds": 2.5,
+            }
+        }
+    ).mps
+    assert (mps.enabled, mps.control_binary, mps.shm_size_mib) == (
+        False,
+        "/opt/mps/nvidia-cuda-mps-control",
+        4096,
+    )
+    assert mps.health_check_interval_seconds == 1.0 and mps.command_timeout_seconds == 2.5
+
+
+@pytest.mark.parametrize(
+    "mps, key, problem",
+    [
+        ({"enabled": "yes"}, "mps.enabled", "must be true or false"),
+        ({"control_binary": "bin/mps"}, "mps.control_binary", "absolute path"),
+        ({"control_binary": ""}, "mps.control_binary", "must not be empty"),
+        ({"supervisor": "systemd"}, "mps.supervisor", "systemd is not supported"),
+        ({"supervisor": "runit"}, "mps.supervisor", "must be one of process"),
+        ({"shm_size_mib": -1}, "mps.shm_size_mib", ">= 0"),
+        ({"command_timeout_seconds": 0}, "mps.command_timeout_seconds", "> 0"),
+        ({"pipe": "/x"}, "mps.pipe", "unknown key"),
+    ],
+)
+def test_bad_mps_values_name_the_key(mps, key, problem):
+    err = refused({"mps": mps})
+    assert err.key == key and problem in err.problem

@@ -29,6 +29,12 @@ class ProcessUsage:
     used_mib: int
 
 
+# Compute modes gpushare-node sets: MPS cards run EXCLUSIVE_PROCESS so that the
+# MPS server is the only context (a process bypassing MPS fails instead of
+# escaping its limits); cards given out whole go back to DEFAULT.
+COMPUTE_MODES = ("DEFAULT", "EXCLUSIVE_PROCESS")
+
+
 class Inventory(Protocol):
     """What the daemon needs from the GPUs."""
 
@@ -38,6 +44,10 @@ class Inventory(Protocol):
 
     def process_usage(self) -> list[ProcessUsage]:
         """Current per-process GPU memory on every card."""
+        ...
+
+    def set_compute_mode(self, card_uuid: str, mode: str) -> None:
+        """Set a card's compute mode (one of COMPUTE_MODES); InventoryError if refused."""
         ...
 
     def close(self) -> None: ...

@@ -70,6 +70,21 @@ class NvmlInventory:
             raise InventoryError(f"NVML could not read per-process GPU memory: {e}") from e
         return usage
 
+    def set_compute_mode(self, card_uuid: str, mode: str) -> None:
+        nvml_mode = {
+            "DEFAULT": pynvml.NVML_COMPUTEMODE_DEFAULT,
+            "EXCLUSIVE_PROCESS": pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS,
+        }[mode]
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByUUID(card_uuid)
+            pynvml.nvmlDeviceSetComputeMode(handle, nvml_mode)
+        except pynvml.NVMLError_NoPermission as e:
+            raise InventoryError(
+                f"setting compute mode {mode} on {card_uuid} needs root: run gpushare-node as root"
+            ) from e
+        except pynvml.NVMLError as e:
+            raise InventoryError(f"setting compute mode {mode} on {card_uuid} failed: {e}") from e
+
     def close(self) -> None:
         try:
             pynvml.nvmlShutdown()

@@ -12,7 +12,7 @@ import json
 
 from nodemgr.config import SimulatedSettings
 from nodemgr.errors import InventoryError
-from nodemgr.inventory.base import Card, ProcessUsage
+from nodemgr.inventory.base import COMPUTE_MODES, Card, ProcessUsage
 
 
 class SimulatedInventory:
@@ -22,6 +22,8 @@ class SimulatedInventory:
             for i, d in enumerate(settings.devices)
         )
         self._usage_file = settings.usage_file
+        # What NVML would hold; simulated cards start in DEFAULT like real ones.
+        self.compute_modes = {card.uuid: "DEFAULT" for card in self._cards}
 
     def cards(self) -> tuple[Card, ...]:
         return self._cards
@@ -37,6 +39,11 @@ class SimulatedInventory:
         except (OSError, ValueError) as e:
             raise InventoryError(f"simulated usage file {self._usage_file}: {e}") from e
         return parse_usage(document, self._usage_file, {c.uuid for c in self._cards})
+
+    def set_compute_mode(self, card_uuid: str, mode: str) -> None:
+        if card_uuid not in self.compute_modes or mode not in COMPUTE_MODES:
+            raise InventoryError(f"cannot set compute mode {mode!r} on {card_uuid!r}")
+        self.compute_modes[card_uuid] = mode
 
     def close(self) -> None:
         pass

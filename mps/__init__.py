@@ -1,0 +1,33 @@
+"""MPS control library: one NVIDIA MPS control daemon per card.
+
+Start, adopt, health-check and stop ``nvidia-cuda-mps-control`` for one card
+(``CUDA_VISIBLE_DEVICES=<card UUID>``, its own pipe and log directories), send
+it control commands and parse the answers. Every call has a timeout: a hung
+control daemon or binary is reported as an error, never waited on.
+
+What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
+part of it); kill MPS clients or servers (a health check only reads); keep
+state beyond what the running control daemon and the file system hold.
+"""
+
+from mps.control import (
+    ControlClient,
+    MpsError,
+    MpsProtocolError,
+    MpsTimeout,
+    MpsUnavailable,
+)
+from mps.daemon import CardDaemon, Health, HealthState
+from mps.layout import MpsLayout
+
+__all__ = [
+    "CardDaemon",
+    "ControlClient",
+    "Health",
+    "HealthState",
+    "MpsError",
+    "MpsLayout",
+    "MpsProtocolError",
+    "MpsTimeout",
+    "MpsUnavailable",
+]
