@@ -109,10 +109,11 @@ class CardDaemon:
             )
 
     def stop(self) -> None:
-        """``quit`` the daemon and wait until it is gone."""
+        """``quit`` the daemon and wait until it no longer answers and its process has exited."""
+        pid = self.pid()
         self.client.quit()
         deadline = time.monotonic() + self.timeout_seconds
-        while self.probe().state is not HealthState.DOWN:
+        while self.probe().state is not HealthState.DOWN or _alive(pid):
             if time.monotonic() > deadline:
                 raise MpsError(f"MPS control daemon at {self.pipe_dir} did not quit in time")
             time.sleep(0.05)
@@ -132,3 +133,13 @@ class CardDaemon:
             except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
                 continue
         return None
+
+
+def _alive(pid: int | None) -> bool:
+    """True while the process runs (a zombie, exited but not reaped, counts as gone)."""
+    if pid is None:
+        return False
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
