@@ -21,6 +21,11 @@ import sys
 import threading
 import time
 
+# gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to
+# stderr; it reads this once, when grpc is first imported, so it is set before
+# the imports below bring grpc in. The daemon says what matters in its own log.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
 from mps import MpsLayout
 from nodemgr.allocator import Allocator
 from nodemgr.config import Settings, config_error_line, load_settings
@@ -201,9 +206,6 @@ def main(argv: list[str] | None = None) -> int:
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
     args = parser.parse_args(argv)
-    # gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to
-    # stderr at INFO; the daemon says what matters in its own log lines.
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
