@@ -29,7 +29,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from mps import MpsLayout
 from nodemgr.allocator import Allocator
 from nodemgr.config import Settings, config_error_line, load_settings
-from nodemgr.deviceids import ResourceKind
+from nodemgr.deviceids import ResourceKind, card_device_ids
 from nodemgr.errors import ConfigError, GpushareError
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
@@ -157,8 +157,6 @@ def _reconcile(allocator: Allocator, podresources: PodResourcesClient) -> None:
 
 def check_device_list_size(cards: tuple[Card, ...] | list[Card], memory_unit_mib: int) -> None:
     """Refuse a memory unit so small that kubelet could not read the device list."""
-    from nodemgr.deviceids import card_device_ids
-
     devices = sum(card.memory_mib // memory_unit_mib for card in cards)
     approx_bytes = sum(
         (len(card_device_ids(ResourceKind.MEMORY, card.uuid, 1)[0]) + 16)
