@@ -208,7 +208,7 @@ class Allocator:
             self._resolve(kind, must_include)
             free_ids = [i for i in available if card_of(kind, i) in self._cards]
             if kind is ResourceKind.WHOLE:
-                rest = sorted(set(free_ids) - set(must_include), key=self._card_order)
+                rest = sorted(set(free_ids) - set(must_include), key=self._card_index)
                 return list(must_include) + rest[: max(size - len(must_include), 0)]
             free_here = Counter(card_of(kind, i) for i in free_ids)
             carried = self._open_allocation(kind)
@@ -446,10 +446,6 @@ class Allocator:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
 
-    def card_loads(self) -> list[CardLoad]:
-        with self._lock:
-            return self._loads(None, Counter())
-
     # -- internals (callers hold the lock) -------------------------------------
 
     def _resolve(self, kind: ResourceKind, device_ids: Sequence[str]) -> list[str]:
@@ -535,9 +531,6 @@ class Allocator:
 
     def _card_index(self, card_uuid: str) -> int:
         return self._cards[card_uuid].index
-
-    def _card_order(self, device_id: str) -> int:
-        return self._card_index(device_id)
 
     def _card_label(self, card_uuid: str) -> str:
         return f"GPU{self._card_index(card_uuid)} ({card_uuid})"
