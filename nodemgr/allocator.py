@@ -442,6 +442,14 @@ class Allocator:
 
     # -- views -------------------------------------------------------------------
 
+    def card_label(self, card_uuid: str) -> str:
+        """How operators see a card in messages: GPU<index> (<UUID>)."""
+        return self._card_label(card_uuid) if card_uuid in self._cards else card_uuid
+
+    def allocation(self, allocation_id: str) -> Allocation | None:
+        with self._lock:
+            return self._allocations.get(allocation_id)
+
     def allocations(self) -> list[Allocation]:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))

@@ -29,6 +29,7 @@ import yaml
 from nodemgr.errors import ConfigError
 
 __all__ = [
+    "EnforcementSettings",
     "GpuSettings",
     "KubeletSettings",
     "MpsSettings",
@@ -104,6 +105,20 @@ class MpsSettings:
 
 
 @dataclass(frozen=True)
+class EnforcementSettings:
+    """The runtime hook's socket and the watchdog that holds GPU processes to their quotas."""
+
+    # What the watchdog does to a violation: "kill" (SIGKILL the offending
+    # processes, newest first, until the container is within quota) or "log".
+    action: str = "kill"
+    interval_seconds: float = 1.0  # > 0: period of the full scan of GPU processes
+    # >= 0: MiB a container may hold above its quota before it is a violation;
+    # covers the driver's per-context overhead that NVML counts for the process.
+    grace_mib: int = 128
+    hook_socket: str = ""  # absolute path of the runtime hook's socket; "" = <run_dir>/hook.sock
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpushare-node is configured with."""
 
@@ -114,10 +129,15 @@ class Settings:
     gpus: GpuSettings = GpuSettings()
     resources: ResourceSettings = ResourceSettings()
     mps: MpsSettings = MpsSettings()
+    enforcement: EnforcementSettings = EnforcementSettings()
+
+    @property
+    def hook_socket(self) -> str:
+        return self.enforcement.hook_socket or os.path.join(self.run_dir, "hook.sock")
 
 
 # Sections of later versions: refused by name so that nobody believes they work.
-_FUTURE_SECTIONS = ("kubernetes", "enforcement", "status")
+_FUTURE_SECTIONS = ("kubernetes", "status")
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -177,6 +197,7 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
             "gpus": _gpus,
             "resources": _resources,
             "mps": _mps,
+            "enforcement": _enforcement,
         },
     )
     if "node_name" not in values:
@@ -336,6 +357,22 @@ def _mps(key: str, data: object) -> MpsSettings:
                 "shm_size_mib": partial(_number, integer=True, zero_ok=True),
                 "health_check_interval_seconds": _number,
                 "command_timeout_seconds": _number,
+            },
+        )
+    )
+
+
+def _enforcement(key: str, data: object) -> EnforcementSettings:
+    return EnforcementSettings(
+        **_values(
+            key,
+            data,
+            EnforcementSettings,
+            {
+                "action": _one_of("kill", "log"),
+                "interval_seconds": _number,
+                "grace_mib": partial(_number, integer=True, zero_ok=True),
+                "hook_socket": partial(_path, empty_ok=True),
             },
         )
     )

@@ -27,15 +27,20 @@ import time
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from mps import MpsLayout
+from mps.layout import CONTAINER_PIPE_DIRECTORY
 from nodemgr.allocator import Allocator
 from nodemgr.config import Settings, config_error_line, load_settings
+from nodemgr.containers import ContainerRegistry
 from nodemgr.deviceids import ResourceKind, card_device_ids
 from nodemgr.errors import ConfigError, GpushareError
+from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
 from nodemgr.ledger import Ledger
 from nodemgr.mps_supervisor import MpsSupervisor
 from nodemgr.plugin import OPTIONS, PluginServer
+from nodemgr.procevents import ProcEvents
+from nodemgr.watchdog import Watchdog
 
 log = logging.getLogger("gpushare-node")
 
@@ -52,9 +57,8 @@ MAX_LIST_BYTES = 1024 * 1024
 
 def run(settings: Settings, stop: threading.Event) -> None:
     inventory = open_inventory(settings.gpus)
-    ledger = None
-    supervisor = None
-    supervisor_stop = threading.Event()
+    ledger = supervisor = hook_server = watchdog = None
+    workers_stop = threading.Event()  # the MPS supervisor's and the watchdog's
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
     try:
         cards = inventory.cards()
@@ -69,9 +73,24 @@ def run(settings: Settings, stop: threading.Event) -> None:
                 settings.mps, layout, inventory, allocator, settings.resources.memory_unit_mib
             )
             supervisor.prepare()
-            supervisor.start(supervisor_stop)
+            supervisor.start(workers_stop)
         else:
             log.warning("mps.enabled is false: shared containers get env quotas only, no MPS")
+        # Before serving too: a container admitted now is checked at its creation.
+        registry = ContainerRegistry(
+            ledger, allocator, CONTAINER_PIPE_DIRECTORY if layout is not None else None
+        )
+        hook_server = HookServer(registry, settings.hook_socket)
+        hook_server.start()
+        watchdog = Watchdog(
+            settings.enforcement,
+            registry,
+            allocator,
+            inventory,
+            ledger,
+            supervisor.control_pids if supervisor is not None else set,
+        )
+        watchdog.start(workers_stop, ProcEvents)
         kubelet_socket = os.path.join(settings.kubelet.device_plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
         while not stop.is_set():
@@ -103,7 +122,11 @@ def run(settings: Settings, stop: threading.Event) -> None:
         log.info("stopped; sockets removed")
     finally:
         # MPS control daemons are left running: their clients outlive us.
-        supervisor_stop.set()
+        workers_stop.set()
+        if hook_server is not None:
+            hook_server.stop()
+        if watchdog is not None:
+            watchdog.join(timeout=2)
         if supervisor is not None:
             allocator.wake_watchers()
             supervisor.join(timeout=2)

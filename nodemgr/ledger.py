@@ -1,4 +1,4 @@
-"""The durable ledger of allocations: SQLite in WAL mode under ``state_dir``.
+"""The durable ledger: allocations, registered containers and the violation history.
 
 Every change is one transaction, committed (``synchronous=FULL``) before
 Allocate answers kubelet, so a crash or kill -9 at any instant leaves either
@@ -6,7 +6,8 @@ the whole change or none of it. The file is never rewritten or deleted by
 the daemon: a corrupt ledger stops start-up with a message saying how to
 recover (move it aside; kubelet's record is adopted at the next reconcile).
 
-What it must not do: decide anything; it stores what the allocator says.
+What it must not do: decide anything; it stores what the allocator and the
+enforcement say.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Iterable
 
 from nodemgr.deviceids import ResourceKind
 from nodemgr.errors import LedgerError
-from nodemgr.model import Allocation, ContainerRef
+from nodemgr.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.violations import Violation
 
 SCHEMA_VERSION = "1"
 LEDGER_FILE = "ledger.sqlite"
@@ -44,7 +46,37 @@ CREATE TABLE IF NOT EXISTS devices (
     PRIMARY KEY (kind, device_id)
 );
 CREATE INDEX IF NOT EXISTS devices_by_allocation ON devices(allocation_id);
+CREATE TABLE IF NOT EXISTS containers (
+    id TEXT PRIMARY KEY,
+    allocation_id TEXT NOT NULL,
+    cgroup_hierarchy TEXT NOT NULL,
+    cgroup_path TEXT NOT NULL,
+    init_pid INTEGER NOT NULL,
+    init_start_ticks INTEGER NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    registered_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS violations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    action TEXT NOT NULL,
+    card TEXT NOT NULL,
+    allocation_id TEXT,
+    container_id TEXT,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    pids TEXT NOT NULL,
+    used_mib INTEGER NOT NULL,
+    quota_mib INTEGER NOT NULL,
+    detail TEXT NOT NULL
+);
 """
+# The violation history keeps this many rows, oldest dropped first.
+VIOLATION_HISTORY_ROWS = 10000
 
 
 class Ledger:
@@ -174,6 +206,106 @@ class Ledger:
                 for kind, device_id in allocation.device_pairs()
             ],
         )
+
+    def load_registrations(self) -> list[Registration]:
+        rows = self._read(
+            "SELECT id, allocation_id, cgroup_hierarchy, cgroup_path, init_pid, init_start_ticks,"
+            " namespace, pod, container, registered_at FROM containers ORDER BY registered_at, id"
+        )
+        return [
+            Registration(
+                container_id=row[0],
+                allocation_id=row[1],
+                cgroup=CgroupKey(row[2], row[3]),
+                init_pid=row[4],
+                init_start_ticks=row[5],
+                identity=ContainerRef(row[6], row[7], row[8]) if row[7] is not None else None,
+                registered_at=row[9],
+            )
+            for row in rows
+        ]
+
+    def put_registration(self, registration: Registration) -> None:
+        identity = registration.identity
+        self._write(
+            "INSERT OR REPLACE INTO containers (id, allocation_id, cgroup_hierarchy, cgroup_path,"
+            " init_pid, init_start_ticks, namespace, pod, container, registered_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                registration.container_id,
+                registration.allocation_id,
+                registration.cgroup.hierarchy,
+                registration.cgroup.path,
+                registration.init_pid,
+                registration.init_start_ticks,
+                identity.namespace if identity else None,
+                identity.pod if identity else None,
+                identity.container if identity else None,
+                registration.registered_at,
+            ),
+        )
+
+    def delete_registration(self, container_id: str) -> None:
+        self._write("DELETE FROM containers WHERE id = ?", (container_id,))
+
+    def add_violation(self, violation: Violation, action: str, at: float) -> None:
+        """Append to the violation history (bounded: the oldest rows go first)."""
+        owner = violation.owner
+        self._write(
+            "INSERT INTO violations (at, kind, action, card, allocation_id, container_id,"
+            " namespace, pod, container, pids, used_mib, quota_mib, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                at,
+                violation.kind,
+                action,
+                violation.card_uuid,
+                violation.allocation_id,
+                violation.container_id,
+                owner.namespace if owner else None,
+                owner.pod if owner else None,
+                owner.container if owner else None,
+                ",".join(str(pid) for pid in violation.pids),
+                violation.used_mib,
+                violation.quota_mib,
+                violation.detail,
+            ),
+            "DELETE FROM violations WHERE seq <= (SELECT MAX(seq) FROM violations) - ?",
+            (VIOLATION_HISTORY_ROWS,),
+        )
+
+    def violations(self, limit: int = 100) -> list[dict]:
+        """The newest ``limit`` violations, newest first, as plain dicts."""
+        names = (
+            "at", "kind", "action", "card", "allocation_id", "container_id", "namespace", "pod",
+            "container", "pids", "used_mib", "quota_mib", "detail",
+        )  # fmt: skip
+        rows = self._read(
+            f"SELECT {', '.join(names)} FROM violations ORDER BY seq DESC LIMIT ?", (limit,)
+        )
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
+
+    def _write(self, *statements) -> None:
+        """Run (sql, params) pairs as one transaction."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    for sql, params in zip(statements[::2], statements[1::2], strict=True):
+                        self._db.execute(sql, params)
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot write the ledger {self.path}: {e}") from e
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()

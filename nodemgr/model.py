@@ -82,3 +82,36 @@ class Mount:
     container_path: str
     host_path: str
     read_only: bool = False
+
+
+@dataclass(frozen=True)
+class CgroupKey:
+    """Where a container's processes are: one cgroup hierarchy and a path in it.
+
+    ``hierarchy`` is the controller list of a /proc/PID/cgroup line ("" for
+    the cgroup v2 unified hierarchy, "memory" for a v1 one).
+    """
+
+    hierarchy: str
+    path: str
+
+    def contains(self, cgroups: dict[str, str]) -> bool:
+        """Whether a process with these cgroups (``parse_cgroups``) is inside."""
+        path = cgroups.get(self.hierarchy)
+        return path is not None and (path == self.path or path.startswith(self.path + "/"))
+
+    def __str__(self) -> str:
+        return f"{self.hierarchy or 'unified'}:{self.path}"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A container the runtime hook let start, and the allocation it uses."""
+
+    container_id: str
+    allocation_id: str
+    cgroup: CgroupKey
+    init_pid: int
+    init_start_ticks: int  # /proc/PID/stat starttime: tells a reused PID apart
+    identity: ContainerRef | None
+    registered_at: float  # Unix seconds

@@ -78,6 +78,10 @@ class MpsSupervisor:
         }
         self._thread: threading.Thread | None = None
 
+    def control_pids(self) -> set[int]:
+        """PIDs of the control daemons this supervisor configured (their MPS servers are theirs)."""
+        return {s.configured_pid for s in self._states.values() if s.configured_pid is not None}
+
     def prepare(self) -> None:
         """Once at start, before serving: the shared /dev/shm and every card's first tend."""
         self._ensure_shm()

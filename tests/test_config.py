@@ -144,6 +144,7 @@ def test_empty_mapping_or_section_gives_defaults(data):
 
 def test_public_names():
     assert set(config.__all__) == {
+        "EnforcementSettings",
         "GpuSettings",
         "KubeletSettings",
         "MpsSettings",
@@ -287,7 +288,7 @@ def test_unknown_nested_key_lists_the_section_keys():
     assert "device_plugin_dir, pod_resources_socket" in refused({"kubelet": {"foo": 1}}).problem
 
 
-@pytest.mark.parametrize("section", ["kubernetes", "enforcement", "status"])
+@pytest.mark.parametrize("section", ["kubernetes", "status"])
 def test_future_section_refused_as_not_built(section):
     err = refused({section: {"enabled": False}})
     assert err.key == section

@@ -1,0 +1,12 @@
+"""The OCI runtime hook ``gpushare-hook`` and its runtime configurations.
+
+The runtime (runc through containerd, CRI-O or podman) runs the hook on every
+container creation on the node, so it is small and fast and imports only the
+standard library: a container that asks for no GPU is let through without
+even a connection to the daemon. GPU containers are checked by the daemon
+over ``<run_dir>/hook.sock`` (see :mod:`hooks.protocol`).
+
+What it must not do: import anything outside the standard library (not even
+``nodemgr``), decide about a GPU container itself, or ever block a creation
+longer than a couple of seconds.
+"""

@@ -1,0 +1,162 @@
+"""``gpushare-hook --socket PATH STAGE``: the OCI runtime hook.
+
+The runtime passes the container's state JSON on stdin (``id``, ``pid``,
+``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``.
+
+- ``createRuntime``: a container that asks for no GPU (and claims no
+  gpushare allocation) exits 0 at once. Any other is sent to the daemon, which
+  checks its GPU env against a live allocation and registers its cgroup;
+  exit 0 if allowed, else exit 1 with one line on stderr. If the daemon cannot
+  be reached the GPU container is refused (fail closed).
+- ``poststop``: tells the daemon the container is gone; always exits 0 (the
+  daemon also drops registrations of containers that stopped unseen).
+
+Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
+(also a refusal: the runtime stops the container either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+from hooks import gpuenv, protocol
+
+DEFAULT_SOCKET = "/run/gpushare/hook.sock"
+# The daemon answers from memory and one SQLite write; this bounds a hung one.
+TIMEOUT_SECONDS = 2.0
+
+# Pod identity as the CRI runtimes write it into the OCI annotations.
+_IDENTITY_KEYS = {
+    "namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
+    "pod": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
+    "container": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
+}
+
+
+class Refusal(Exception):
+    """Why the container must not start; exit status in ``code``."""
+
+    def __init__(self, message: str, code: int = 1):
+        super().__init__(message)
+        self.code = code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-hook", description="OCI runtime hook of gpushare-node"
+    )
+    parser.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's hook socket")
+    parser.add_argument("stage", choices=[protocol.CREATE, protocol.POSTSTOP])
+    args = parser.parse_args(argv)
+    try:
+        state = _read_state(sys.stdin.buffer.read(protocol.MAX_MESSAGE_BYTES + 1))
+        if args.stage == protocol.POSTSTOP:
+            _poststop(args.socket, state)
+            return 0
+        return _create(args.socket, state)
+    except Refusal as e:
+        print(f"gpushare-hook: {e}", file=sys.stderr)
+        return e.code
+
+
+def _create(socket_path: str, state: dict) -> int:
+    config = _read_config(state["bundle"])
+    process = config.get("process") or {}
+    try:
+        env = gpuenv.env_from_list(process.get("env") or [])
+    except gpuenv.EnvError as e:
+        raise Refusal(f"container {state['id']}: {e}") from None
+    if not gpuenv.needs_daemon(env):
+        return 0
+    annotations = {**(config.get("annotations") or {}), **(state.get("annotations") or {})}
+    request = {
+        "stage": protocol.CREATE,
+        "container_id": state["id"],
+        "pid": state.get("pid"),
+        "env": env,
+        "identity": _identity(annotations),
+        "cgroup": _read_cgroup(state),
+    }
+    try:
+        answer = protocol.call(socket_path, request, TIMEOUT_SECONDS)
+    except (OSError, protocol.ProtocolError) as e:
+        raise Refusal(
+            f"refused container {state['id']}: it asks for GPUs and the gpushare-node daemon "
+            f"did not answer at {socket_path} ({e}); GPU containers cannot start until it "
+            "runs (check: systemctl status gpushare-node)"
+        ) from None
+    if not answer["allowed"]:
+        raise Refusal(answer["message"])
+    return 0
+
+
+def _poststop(socket_path: str, state: dict) -> None:
+    try:
+        protocol.call(
+            socket_path,
+            {"stage": protocol.POSTSTOP, "container_id": state["id"]},
+            TIMEOUT_SECONDS,
+        )
+    except (OSError, protocol.ProtocolError):
+        pass  # nothing to refuse; the daemon drops registrations of stopped containers
+
+
+def _read_state(data: bytes) -> dict:
+    try:
+        state = protocol.decode(data)
+    except protocol.ProtocolError as e:
+        raise Refusal(f"the OCI state on stdin is unreadable ({e})", code=2) from None
+    if not isinstance(state.get("id"), str) or not state["id"]:
+        raise Refusal("the OCI state on stdin has no container id", code=2)
+    if not isinstance(state.get("bundle"), str):
+        raise Refusal(f"the OCI state of container {state['id']} has no bundle", code=2)
+    return state
+
+
+def _read_config(bundle: str) -> dict:
+    path = os.path.join(bundle, "config.json")
+    try:
+        with open(path, "rb") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
+    if not isinstance(config, dict):
+        raise Refusal(f"{path} is not a JSON object", code=2)
+    return config
+
+
+def _read_cgroup(state: dict) -> str:
+    pid = state.get("pid")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+        raise Refusal(
+            f"container {state['id']}: the OCI state has no pid (the hook must run at the "
+            "createRuntime stage)",
+            code=2,
+        )
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
+            return f.read()
+    except OSError as e:
+        raise Refusal(
+            f"container {state['id']}: cannot read /proc/{pid}/cgroup ({e.strerror}); the "
+            "hook must run in the runtime's PID namespace",
+            code=2,
+        ) from None
+
+
+def _identity(annotations: dict) -> dict[str, str]:
+    identity = {}
+    for field, keys in _IDENTITY_KEYS.items():
+        for key in keys:
+            value = annotations.get(key)
+            if isinstance(value, str) and value:
+                identity[field] = value
+                break
+    return identity
+
+
+if __name__ == "__main__":
+    sys.exit(main())
