@@ -2,7 +2,10 @@
 
 Commands read what the daemon wrote; none of them changes state:
 - ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
-- ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations.
+- ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
+  the containers the runtime hook registered on each;
+- ``nodemgr violations [--config FILE] [--json] [--limit N]``: the watchdog's
+  history of quota violations, newest first.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ def main(argv: list[str] | None = None) -> int:
     allocs = sub.add_parser("allocations", help="list the allocations in the ledger")
     allocs.add_argument("--config", metavar="FILE")
     allocs.add_argument("--json", action="store_true", help="machine-readable output")
+    history = sub.add_parser("violations", help="the history of quota violations")
+    history.add_argument("--config", metavar="FILE")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    history.add_argument("--limit", type=int, default=50, help="newest N rows (default 50)")
     args = parser.parse_args(argv)
     try:
         settings = load_settings(args.config)
@@ -38,24 +45,32 @@ def main(argv: list[str] | None = None) -> int:
             f"GPU backend {settings.gpus.backend})"
         )
         return 0
-    return _allocations(settings.state_dir, args.json)
-
-
-def _allocations(state_dir: str, as_json: bool) -> int:
-    if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
-        print(
-            f"nodemgr: no ledger in {state_dir}: gpushare-node has not run here with this "
-            "state_dir",
-            file=sys.stderr,
-        )
-        return 1
     try:
-        ledger = Ledger(state_dir, read_only=True)
-        allocations = ledger.load()
-        ledger.close()
+        ledger = _open_ledger(settings.state_dir)
+        try:
+            if args.command == "violations":
+                return _violations(ledger, args.json, args.limit)
+            return _allocations(ledger, args.json)
+        finally:
+            ledger.close()
     except LedgerError as e:
         print(f"nodemgr: {e}", file=sys.stderr)
         return 1
+
+
+def _open_ledger(state_dir: str) -> Ledger:
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
+        raise LedgerError(
+            f"no ledger in {state_dir}: gpushare-node has not run here with this state_dir"
+        )
+    return Ledger(state_dir, read_only=True)
+
+
+def _allocations(ledger: Ledger, as_json: bool) -> int:
+    allocations = ledger.load()
+    containers: dict[str, list[str]] = {}
+    for registration in ledger.load_registrations():
+        containers.setdefault(registration.allocation_id, []).append(registration.container_id)
     rows = [
         {
             "id": a.id,
@@ -68,6 +83,7 @@ def _allocations(state_dir: str, as_json: bool) -> int:
             "container": a.owner.container if a.owner else None,
             "created_at": a.created_at,
             "confirmed_by_kubelet": a.confirmed_at is not None,
+            "containers": containers.get(a.id, []),
         }
         for a in allocations
     ]
@@ -84,6 +100,24 @@ def _allocations(state_dir: str, as_json: bool) -> int:
         age = f"{int(time.time() - row['created_at'])}s"
         print(
             f"{row['id']:<20} {','.join(row['cards']):<44} {memory:>8} {core:>5}  {owner:<40} {age}"
+        )
+    return 0
+
+
+def _violations(ledger: Ledger, as_json: bool, limit: int) -> int:
+    rows = ledger.violations(limit)
+    if as_json:
+        print(json.dumps({"violations": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no violations recorded")
+        return 0
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["at"]))
+        who = f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "-"
+        print(
+            f"{when}  {row['kind']:<11} {row['action']:<4}  {who}  container "
+            f"{row['container_id'] or '-'}  {row['card']}: {row['detail']}"
         )
     return 0
 

@@ -227,9 +227,10 @@ class Watchdog:
             if procfs.kill(pid, starts[pid]):
                 self.kills += 1
                 log.warning(
-                    "killed process %d of %s (%s violation on %s)",
+                    "killed process %d (%s violation on %s; container %s, pod %s)",
                     pid,
-                    violation.owner or violation.container_id or "no container",
                     violation.kind,
                     self._allocator.card_label(violation.card_uuid),
+                    violation.container_id or "none",
+                    violation.owner or "unknown",
                 )

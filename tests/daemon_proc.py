@@ -84,6 +84,14 @@ class Node:
         )
         log.close()
 
+    def rewrite_config(self, change) -> None:
+        """Apply ``change(config_dict)`` to the config file (before ``start``)."""
+        with open(self.config_path) as f:
+            config = yaml.safe_load(f)
+        change(config)
+        with open(self.config_path, "w") as f:
+            yaml.safe_dump(config, f)
+
     def signal(self, signum: int) -> None:
         self.process.send_signal(signum)
 
@@ -104,13 +112,19 @@ class Node:
             return f.read()
 
     def allocations(self) -> list[dict]:
+        return self._nodemgr_json("allocations")["allocations"]
+
+    def violations(self) -> list[dict]:
+        return self._nodemgr_json("violations")["violations"]
+
+    def _nodemgr_json(self, command: str) -> dict:
         out = subprocess.run(
-            [*_console_script("nodemgr"), "allocations", "--config", self.config_path, "--json"],
+            [*_console_script("nodemgr"), command, "--config", self.config_path, "--json"],
             capture_output=True,
             text=True,
             check=True,
         )
-        return json.loads(out.stdout)["allocations"]
+        return json.loads(out.stdout)
 
     def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):
         deadline = time.monotonic() + timeout
