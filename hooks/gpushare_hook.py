@@ -13,16 +13,23 @@ The runtime passes the container's state JSON on stdin (``id``, ``pid``,
 
 Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
 (also a refusal: the runtime stops the container either way).
+
+It runs at every container creation on the node, so start-up is kept short:
+no argparse, and the socket code is imported only for GPU containers.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 
-from hooks import gpuenv, protocol
+from hooks import gpuenv
+
+CREATE = "createRuntime"
+POSTSTOP = "poststop"
+MAX_STATE_BYTES = 256 * 1024
+USAGE = "usage: gpushare-hook [--socket PATH] {createRuntime,poststop}"
 
 DEFAULT_SOCKET = "/run/gpushare/hook.sock"
 # The daemon answers from memory and one SQLite write; this bounds a hung one.
@@ -45,21 +52,44 @@ class Refusal(Exception):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="gpushare-hook", description="OCI runtime hook of gpushare-node"
-    )
-    parser.add_argument("--socket", default=DEFAULT_SOCKET, help="the daemon's hook socket")
-    parser.add_argument("stage", choices=[protocol.CREATE, protocol.POSTSTOP])
-    args = parser.parse_args(argv)
     try:
-        state = _read_state(sys.stdin.buffer.read(protocol.MAX_MESSAGE_BYTES + 1))
-        if args.stage == protocol.POSTSTOP:
-            _poststop(args.socket, state)
+        socket_path, stage = _parse_args(sys.argv[1:] if argv is None else argv)
+        if stage is None:
+            print(USAGE)
             return 0
-        return _create(args.socket, state)
+        state = _read_state(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
+        if stage == POSTSTOP:
+            _poststop(socket_path, state)
+            return 0
+        return _create(socket_path, state)
     except Refusal as e:
         print(f"gpushare-hook: {e}", file=sys.stderr)
         return e.code
+
+
+def _parse_args(args: list[str]) -> tuple[str, str | None]:
+    """(socket path, stage); stage None for --help."""
+    socket_path, stages = DEFAULT_SOCKET, []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            return socket_path, None
+        if arg == "--socket" and i + 1 < len(args):
+            socket_path, i = args[i + 1], i + 2
+            continue
+        if arg.startswith("--socket="):
+            socket_path = arg.partition("=")[2]
+        elif arg.startswith("-"):
+            raise Refusal(f"unknown option {arg!r}; {USAGE}", code=2)
+        else:
+            stages.append(arg)
+        i += 1
+    if len(stages) != 1 or stages[0] not in (CREATE, POSTSTOP):
+        raise Refusal(f"expected one stage, createRuntime or poststop (got {stages}); {USAGE}", 2)
+    if not socket_path:
+        raise Refusal(f"--socket needs a path; {USAGE}", code=2)
+    return socket_path, stages[0]
 
 
 def _create(socket_path: str, state: dict) -> int:
@@ -72,8 +102,10 @@ def _create(socket_path: str, state: dict) -> int:
     if not gpuenv.needs_daemon(env):
         return 0
     annotations = {**(config.get("annotations") or {}), **(state.get("annotations") or {})}
+    from hooks import protocol  # only GPU containers talk to the daemon
+
     request = {
-        "stage": protocol.CREATE,
+        "stage": CREATE,
         "container_id": state["id"],
         "pid": state.get("pid"),
         "env": env,
@@ -94,10 +126,12 @@ def _create(socket_path: str, state: dict) -> int:
 
 
 def _poststop(socket_path: str, state: dict) -> None:
+    from hooks import protocol
+
     try:
         protocol.call(
             socket_path,
-            {"stage": protocol.POSTSTOP, "container_id": state["id"]},
+            {"stage": POSTSTOP, "container_id": state["id"]},
             TIMEOUT_SECONDS,
         )
     except (OSError, protocol.ProtocolError):
@@ -105,10 +139,14 @@ def _poststop(socket_path: str, state: dict) -> None:
 
 
 def _read_state(data: bytes) -> dict:
+    if len(data) > MAX_STATE_BYTES:
+        raise Refusal(f"the OCI state on stdin is over {MAX_STATE_BYTES} bytes", code=2)
     try:
-        state = protocol.decode(data)
-    except protocol.ProtocolError as e:
-        raise Refusal(f"the OCI state on stdin is unreadable ({e})", code=2) from None
+        state = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise Refusal(f"the OCI state on stdin is not JSON ({e})", code=2) from None
+    if not isinstance(state, dict):
+        raise Refusal("the OCI state on stdin is not a JSON object", code=2)
     if not isinstance(state.get("id"), str) or not state["id"]:
         raise Refusal("the OCI state on stdin has no container id", code=2)
     if not isinstance(state.get("bundle"), str):

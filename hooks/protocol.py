@@ -20,7 +20,7 @@ import json
 import socket
 
 MAX_MESSAGE_BYTES = 256 * 1024  # env, cgroup and identity of one container fit easily
-CREATE = "createRuntime"
+CREATE = "createRuntime"  # the stages, as in gpushare_hook
 POSTSTOP = "poststop"
 
 

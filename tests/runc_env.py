@@ -20,6 +20,9 @@ import time
 import psutil
 import pytest
 
+from tests.daemon_proc import CORE, MEMORY, Node
+from tests.kubelet_sim import ContainerSpec, TestKubelet
+
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
 APPLETS = ("sh", "sleep", "env", "cat", "true")
 
@@ -55,9 +58,28 @@ def _busybox() -> str | None:
     return None
 
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SHIPPED_HOOKS = os.path.join(REPO, "hooks", "containerd", "gpushare-hooks.json")
+SHIPPED_SOCKET = "/run/gpushare/hook.sock"
+SHIPPED_PATH = "/usr/local/bin/gpushare-hook"
+
+
 def hook_command() -> str:
     """The installed gpushare-hook console script next to this Python."""
     return os.path.join(os.path.dirname(sys.executable), "gpushare-hook")
+
+
+def shipped_hooks(socket_path: str) -> dict:
+    """The ``hooks`` of the shipped containerd snippet, pointed at this test's socket
+    and this venv's gpushare-hook: the tests run what admins install."""
+    with open(SHIPPED_HOOKS) as f:
+        hooks = json.load(f)["hooks"]
+    for entries in hooks.values():
+        for hook in entries:
+            assert hook["path"] == SHIPPED_PATH
+            hook["path"] = hook_command()
+            hook["args"] = [socket_path if a == SHIPPED_SOCKET else a for a in hook["args"]]
+    return hooks
 
 
 class Runtime:
@@ -82,6 +104,7 @@ class Runtime:
         env: dict[str, str] | list[str],
         mounts: list[tuple[str, str]] = (),
         args: tuple[str, ...] = ("sleep", "1000"),
+        hooks: bool = True,
     ) -> str:
         bundle = os.path.join(self.root, "bundles", name)
         os.makedirs(bundle, exist_ok=True)
@@ -103,17 +126,8 @@ class Runtime:
                     "options": ["rbind", "rw"],
                 }
             )
-        if self.hook_socket is not None:
-            config["hooks"] = {
-                stage: [
-                    {
-                        "path": hook_command(),
-                        "args": ["gpushare-hook", "--socket", self.hook_socket, stage],
-                        "timeout": 10,
-                    }
-                ]
-                for stage in ("createRuntime", "poststop")
-            }
+        if hooks and self.hook_socket is not None:
+            config["hooks"] = shipped_hooks(self.hook_socket)
         with open(path, "w") as f:
             json.dump(config, f)
         return bundle
@@ -171,3 +185,59 @@ def running(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class EnforcementNode:
+    """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
+
+    def __init__(self, action: str = "kill"):
+        require()
+        self.node = Node()
+        self.usage_file = os.path.join(self.node.root, "usage.json")
+        self.set_usage([])
+        self.node.rewrite_config(
+            lambda c: (
+                c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file),
+                c.__setitem__("enforcement", {"action": action}),
+            )
+        )
+        self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
+        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
+        self.kubelet.start()
+        self.node.start()
+        self.kubelet.wait_for_resource(MEMORY, timeout=30)
+        self.kubelet.wait_for_resource(CORE, timeout=30)
+        self.runtime = Runtime(self.node.root, self.hook_socket)
+
+    def set_usage(self, processes: list[tuple[int, str, int]]) -> None:
+        """What the simulated GPUs report: (pid, card, MiB) per process."""
+        document = {"processes": [{"pid": p, "gpu": g, "used_mib": m} for p, g, m in processes]}
+        tmp = self.usage_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(document, f)
+        os.replace(tmp, self.usage_file)
+
+    def admit(self, pod: str, memory_gib: int = 4, core_percent: int = 30):
+        """Admit a pod through kubelet; the env and mounts its container gets."""
+        result = self.kubelet.admit_pod(
+            "default", pod, [ContainerSpec("main", {MEMORY: memory_gib, CORE: core_percent})]
+        )
+        assert result.ok, result.error
+        container = result.containers[0]
+        mounts = {
+            (m.container_path, m.host_path)
+            for response in container.responses.values()
+            for m in response.mounts
+        }
+        return dict(container.envs), sorted(mounts)
+
+    def start_container(self, name: str, env, mounts=()) -> subprocess.CompletedProcess:
+        return self.runtime.run(name, self.runtime.bundle(name, env, mounts))
+
+    def registered(self) -> set[str]:
+        return {c for a in self.node.allocations() for c in a["containers"]}
+
+    def close(self) -> None:
+        self.runtime.cleanup()
+        self.node.cleanup()
+        self.kubelet.stop()

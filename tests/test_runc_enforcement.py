@@ -10,88 +10,29 @@ container is stopped too."""
 
 from __future__ import annotations
 
-import json
-import os
 import subprocess
 import time
 
 import pytest
 
 from tests import runc_env
-from tests.daemon_proc import CORE, GPU0, GPU1, MEMORY, Node
-from tests.kubelet_sim import ContainerSpec, TestKubelet
+from tests.daemon_proc import GPU0, GPU1, MEMORY
 
 pytestmark = pytest.mark.e2e
 
 KILL_DEADLINE_SECONDS = 2.0  # the issue's promise for action: kill
 
 
-class Cluster:
-    """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
-
-    def __init__(self, action: str = "kill"):
-        runc_env.require()
-        self.node = Node()
-        self.usage_file = os.path.join(self.node.root, "usage.json")
-        self.set_usage([])
-        self.node.rewrite_config(
-            lambda c: (
-                c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file),
-                c.__setitem__("enforcement", {"action": action}),
-            )
-        )
-        self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
-        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
-        self.kubelet.start()
-        self.node.start()
-        self.kubelet.wait_for_resource(MEMORY, timeout=30)
-        self.kubelet.wait_for_resource(CORE, timeout=30)
-        self.runtime = runc_env.Runtime(self.node.root, self.hook_socket)
-
-    def set_usage(self, processes: list[tuple[int, str, int]]) -> None:
-        """What the simulated GPUs report: (pid, card, MiB) per process."""
-        document = {"processes": [{"pid": p, "gpu": g, "used_mib": m} for p, g, m in processes]}
-        tmp = self.usage_file + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(document, f)
-        os.replace(tmp, self.usage_file)
-
-    def admit(self, pod: str, memory_gib: int = 4, core_percent: int = 30):
-        """Admit a pod through kubelet; the env and mounts its container gets."""
-        result = self.kubelet.admit_pod(
-            "default", pod, [ContainerSpec("main", {MEMORY: memory_gib, CORE: core_percent})]
-        )
-        assert result.ok, result.error
-        container = result.containers[0]
-        mounts = {
-            (m.container_path, m.host_path)
-            for response in container.responses.values()
-            for m in response.mounts
-        }
-        return dict(container.envs), sorted(mounts)
-
-    def start_container(self, name: str, env, mounts=()) -> subprocess.CompletedProcess:
-        return self.runtime.run(name, self.runtime.bundle(name, env, mounts))
-
-    def registered(self) -> set[str]:
-        return {c for a in self.node.allocations() for c in a["containers"]}
-
-    def close(self) -> None:
-        self.runtime.cleanup()
-        self.node.cleanup()
-        self.kubelet.stop()
-
-
 @pytest.fixture
 def cluster():
-    cluster = Cluster()
+    cluster = runc_env.EnforcementNode()
     yield cluster
     cluster.close()
 
 
 @pytest.fixture
 def logging_cluster():
-    cluster = Cluster(action="log")
+    cluster = runc_env.EnforcementNode(action="log")
     yield cluster
     cluster.close()
 
