@@ -8,13 +8,16 @@ the names they share.
 
 from __future__ import annotations
 
+# The names the runtime hook checks come from one place.
+from hooks.gpuenv import (
+    ACTIVE_THREAD_PERCENTAGE,
+    ALLOCATION_ID,
+    PINNED_MEM_LIMIT,
+    PIPE_DIRECTORY,
+    VISIBLE_DEVICES,
+)
 from nodemgr.model import Allocation
 
-VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
-PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
-ACTIVE_THREAD_PERCENTAGE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-ALLOCATION_ID = "GPUSHARE_ALLOCATION_ID"
-PIPE_DIRECTORY = "CUDA_MPS_PIPE_DIRECTORY"
 # gpushare compatibility (reference/gpushare-compat.md): workloads written for
 # the old plugin read these.
 GPU_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"

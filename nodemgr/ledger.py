@@ -12,6 +12,7 @@ enforcement say.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
@@ -157,30 +158,20 @@ class Ledger:
     def commit(self, put: Iterable[Allocation] = (), delete: Iterable[str] = ()) -> None:
         """Store new or changed allocations and drop released ones, all or nothing."""
         put, delete = list(put), list(delete)
-        with self._lock:
-            try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    for allocation_id in delete:
-                        self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
-                    for allocation in put:
-                        self._write_allocation(allocation)
-                    # All old device rows go first: a device may move between
-                    # two allocations of this same change.
-                    self._db.executemany(
-                        "DELETE FROM devices WHERE allocation_id = ?", [(a.id,) for a in put]
-                    )
-                    for allocation in put:
-                        self._write_devices(allocation)
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as e:
-                raise LedgerError(f"cannot write the ledger {self.path}: {e}") from e
+        with self._transaction():
+            for allocation_id in delete:
+                self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
+            for allocation in put:
+                self._write_allocation(allocation)
+            # All old device rows go first: a device may move between
+            # two allocations of this same change.
+            self._db.executemany(
+                "DELETE FROM devices WHERE allocation_id = ?", [(a.id,) for a in put]
+            )
+            for allocation in put:
+                self._write_devices(allocation)
 
     def _write_allocation(self, allocation: Allocation) -> None:
-        owner = allocation.owner
         self._db.execute(
             "INSERT INTO allocations (id, memory_mib, created_at, namespace, pod, container,"
             " confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
@@ -191,9 +182,7 @@ class Ledger:
                 allocation.id,
                 allocation.memory_mib,
                 allocation.created_at,
-                owner.namespace if owner else None,
-                owner.pod if owner else None,
-                owner.container if owner else None,
+                *_ref_columns(allocation.owner),
                 allocation.confirmed_at,
             ),
         )
@@ -226,7 +215,6 @@ class Ledger:
         ]
 
     def put_registration(self, registration: Registration) -> None:
-        identity = registration.identity
         self._write(
             "INSERT OR REPLACE INTO containers (id, allocation_id, cgroup_hierarchy, cgroup_path,"
             " init_pid, init_start_ticks, namespace, pod, container, registered_at)"
@@ -238,9 +226,7 @@ class Ledger:
                 registration.cgroup.path,
                 registration.init_pid,
                 registration.init_start_ticks,
-                identity.namespace if identity else None,
-                identity.pod if identity else None,
-                identity.container if identity else None,
+                *_ref_columns(registration.identity),
                 registration.registered_at,
             ),
         )
@@ -250,7 +236,6 @@ class Ledger:
 
     def add_violation(self, violation: Violation, action: str, at: float) -> None:
         """Append to the violation history (bounded: the oldest rows go first)."""
-        owner = violation.owner
         self._write(
             "INSERT INTO violations (at, kind, action, card, allocation_id, container_id,"
             " namespace, pod, container, pids, used_mib, quota_mib, detail)"
@@ -262,9 +247,7 @@ class Ledger:
                 violation.card_uuid,
                 violation.allocation_id,
                 violation.container_id,
-                owner.namespace if owner else None,
-                owner.pod if owner else None,
-                owner.container if owner else None,
+                *_ref_columns(violation.owner),
                 ",".join(str(pid) for pid in violation.pids),
                 violation.used_mib,
                 violation.quota_mib,
@@ -294,12 +277,18 @@ class Ledger:
 
     def _write(self, *statements) -> None:
         """Run (sql, params) pairs as one transaction."""
+        with self._transaction():
+            for sql, params in zip(statements[::2], statements[1::2], strict=True):
+                self._db.execute(sql, params)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One write transaction under the lock: committed whole, or rolled back."""
         with self._lock:
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
-                    for sql, params in zip(statements[::2], statements[1::2], strict=True):
-                        self._db.execute(sql, params)
+                    yield
                     self._db.execute("COMMIT")
                 except BaseException:
                     self._db.execute("ROLLBACK")
@@ -322,6 +311,11 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:
+    """The namespace, pod and container columns of a container reference (NULLs for none)."""
+    return (ref.namespace, ref.pod, ref.container) if ref else (None, None, None)
 
 
 _RECOVERY_HINT = (
