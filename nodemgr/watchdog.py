@@ -92,7 +92,13 @@ class Watchdog:
                 if events is None:
                     stop.wait(wait)
                 else:
-                    news = events.read(min(wait, 0.5))
+                    try:
+                        news = events.read(min(wait, 0.5))
+                    except Exception:  # a netlink failure must not stop enforcement
+                        log.exception("process events failed; the periodic scan alone runs")
+                        events.close()
+                        events = None
+                        continue
                     for pid in news.exits:
                         self._forget(pid)
                     if news.lost or any(self._in_registered_container(p) for p in news.execs):
