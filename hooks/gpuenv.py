@@ -7,6 +7,8 @@ same way.
 
 from __future__ import annotations
 
+import re
+
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 ALLOCATION_ID = "GPUSHARE_ALLOCATION_ID"
 PINNED_MEM_LIMIT = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
@@ -29,6 +31,8 @@ GPU_ENV_NAMES = (
 )
 
 _NO_GPU_VALUES = ("", "void", "none")
+# ASCII digits only (str.isdigit accepts other scripts' digits), bounded length.
+_PINNED_ENTRY = re.compile(r"([0-9]{1,3})\s*=\s*([0-9]{1,9})([MmGg])")
 
 
 class EnvError(ValueError):
@@ -81,12 +85,14 @@ def parse_pinned_limit(value: str) -> dict[str, int]:
     """
     limits: dict[str, int] = {}
     for item in value.split(","):
-        ordinal, eq, amount = item.strip().partition("=")
-        amount = amount.strip()
-        if not eq or not ordinal.strip().isdigit() or len(amount) < 2:
-            raise EnvError(f"{PINNED_MEM_LIMIT}={value!r}: expected entries like 0=4096M")
-        number, unit = amount[:-1], amount[-1].upper()
-        if not number.isdigit() or unit not in ("M", "G"):
-            raise EnvError(f"{PINNED_MEM_LIMIT}={value!r}: {amount!r} is not like 4096M or 4G")
-        limits[ordinal.strip()] = int(number) * (1024 if unit == "G" else 1)
+        match = _PINNED_ENTRY.fullmatch(item.strip())
+        if match is None:
+            raise EnvError(
+                f"{PINNED_MEM_LIMIT}={value!r}: {item.strip()!r} is not like 0=4096M or 0=4G"
+            )
+        ordinal, number, unit = match.groups()
+        if ordinal in limits:
+            # Which entry MPS honours is not documented: refuse the ambiguity.
+            raise EnvError(f"{PINNED_MEM_LIMIT}={value!r}: device {ordinal} is named twice")
+        limits[ordinal] = int(number) * (1024 if unit in "Gg" else 1)
     return limits

@@ -63,8 +63,10 @@ class Watchdog:
         self.counts: Counter[str] = Counter()  # violation onsets by kind
         self.kills = 0
         self._active: set[tuple] = set()  # keys of the violations seen in the last scan
-        # (pid, start ticks) -> (cgroups, env): a process's cgroup and env seldom change
-        self._cache: dict[tuple[int, int], tuple[dict[str, str], dict[str, str]]] = {}
+        # (pid, start ticks) -> cgroups. Only cgroups are cached: a process
+        # cannot leave its container's cgroup, but it can exec itself with
+        # another env, so environ is read again at every scan.
+        self._cache: dict[tuple[int, int], dict[str, str]] = {}
         self._usage_problem: str | None = None
         self._thread: threading.Thread | None = None
 
@@ -173,19 +175,19 @@ class Watchdog:
         return processes
 
     def _read(self, pid: int, start_ticks: int) -> tuple[dict[str, str], dict[str, str]] | None:
-        cached = self._cache.get((pid, start_ticks))
-        if cached is not None:
-            return cached
-        text, env = procfs.read_cgroups_text(pid), procfs.read_gpu_env(pid)
-        if text is None or env is None:
-            return None
-        try:
-            cgroups = parse_cgroups(text)
-        except CgroupError as e:
-            log.warning("process %d: %s", pid, e)
-            return None
-        self._cache[(pid, start_ticks)] = (cgroups, env)
-        return cgroups, env
+        cgroups = self._cache.get((pid, start_ticks))
+        if cgroups is None:
+            text = procfs.read_cgroups_text(pid)
+            if text is None:
+                return None
+            try:
+                cgroups = parse_cgroups(text)
+            except CgroupError as e:
+                log.warning("process %d: %s", pid, e)
+                return None
+            self._cache[(pid, start_ticks)] = cgroups
+        env = procfs.read_gpu_env(pid)
+        return None if env is None else (cgroups, env)
 
     def _forget(self, pid: int) -> None:
         for key in [k for k in self._cache if k[0] == pid]:

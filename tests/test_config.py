@@ -1,6 +1,6 @@
-"""Pins nodemgr.config: what a valid file loads to, the documented defaults, the node name
-fallback, and that every invalid or useless setting is refused with a ConfigError naming the
-dotted key and saying what was wrong.
+"""Pins nodemgr.config: what a valid file loads to, the documented defaults (the hook socket
+defaults to <run_dir>/hook.sock), the node name fallback, and that every invalid or useless
+setting is refused with a ConfigError naming the dotted key and saying what was wrong.
 """
 
 import dataclasses
@@ -484,3 +484,82 @@ def test_mps_section_loads_with_defaults_and_values():
 def test_bad_mps_values_name_the_key(mps, key, problem):
     err = refused({"mps": mps})
     assert err.key == key and problem in err.problem
+
+
+# --- enforcement -------------------------------------------------------------------------
+
+
+def test_enforcement_defaults():
+    settings = load({"run_dir": "/run/gs"})
+    assert settings.enforcement == config.EnforcementSettings(
+        action="kill", interval_seconds=1.0, grace_mib=128, hook_socket=""
+    )
+    assert settings.hook_socket == "/run/gs/hook.sock"
+    assert load({}).hook_socket == "/run/gpushare/hook.sock"
+    assert load({"enforcement": None}).enforcement == config.EnforcementSettings()
+
+
+def test_enforcement_values_load():
+    settings = load(
+        {
+            "enforcement": {
+                "action": "log",
+                "interval_seconds": 0.25,
+                "grace_mib": 0,
+                "hook_socket": "/var/run/gs.sock",
+            }
+        }
+    )
+    enforcement = settings.enforcement
+    assert (enforcement.action, enforcement.interval_seconds, enforcement.grace_mib) == (
+        "log",
+        0.25,
+        0,
+    )
+    assert settings.hook_socket == "/var/run/gs.sock"
+    assert load({"enforcement": {"interval_seconds": 2}}).enforcement.interval_seconds == 2.0
+    assert isinstance(
+        load({"enforcement": {"interval_seconds": 2}}).enforcement.interval_seconds, float
+    )
+    assert load({"enforcement": {"grace_mib": 512}}).enforcement.grace_mib == 512
+
+
+@pytest.mark.parametrize(
+    "enforcement, key, problem",
+    [
+        ({"action": "stop"}, "enforcement.action", 'must be one of kill, log (got "stop")'),
+        ({"action": True}, "enforcement.action", "must be one of kill, log"),
+        ({"interval_seconds": 0}, "enforcement.interval_seconds", "must be > 0 (got 0)"),
+        ({"interval_seconds": "1s"}, "enforcement.interval_seconds", "must be a finite number"),
+        ({"interval_seconds": float("inf")}, "enforcement.interval_seconds", "finite number"),
+        ({"grace_mib": -1}, "enforcement.grace_mib", "must be >= 0 (got -1)"),
+        ({"grace_mib": 1.5}, "enforcement.grace_mib", "must be an integer (got 1.5)"),
+        ({"grace_mib": True}, "enforcement.grace_mib", "must be an integer"),
+        ({"hook_socket": "run/hook.sock"}, "enforcement.hook_socket", "must be an absolute path"),
+        ({"hook_socket": 5}, "enforcement.hook_socket", "must be a string"),
+        ({"kill_signal": "TERM"}, "enforcement.kill_signal", "unknown key; known keys: action"),
+    ],
+)
+def test_bad_enforcement_values_name_the_key(enforcement, key, problem):
+    err = refused({"enforcement": enforcement})
+    assert err.key == key and problem in err.problem
+
+
+def test_enforcement_section_must_be_a_mapping():
+    err = refused({"enforcement": ["kill"]})
+    assert err.key == "enforcement" and "must be a mapping" in err.problem
+
+
+def test_enforcement_section_loads_from_a_file(tmp_path):
+    path = write(
+        tmp_path,
+        """\
+        run_dir: /run/x
+        enforcement:
+          action: log
+          grace_mib: 64
+        """,
+    )
+    settings = load_settings(path, environ=ENV)
+    assert settings.enforcement.action == "log" and settings.enforcement.grace_mib == 64
+    assert settings.hook_socket == "/run/x/hook.sock"

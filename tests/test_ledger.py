@@ -1,5 +1,7 @@
 """Pins the ledger: allocations survive reopening, changes are all-or-nothing even
-when the writing process is killed -9 in the middle, corruption is refused loudly."""
+when the writing process is killed -9 in the middle, corruption is refused loudly;
+registered containers round-trip, and the violation history lists newest first and
+keeps only its newest VIOLATION_HISTORY_ROWS rows."""
 
 import os
 import signal
@@ -9,10 +11,12 @@ import textwrap
 
 import pytest
 
+from nodemgr import ledger as ledger_module
 from nodemgr.deviceids import ResourceKind
 from nodemgr.errors import LedgerError
 from nodemgr.ledger import LEDGER_FILE, Ledger
-from nodemgr.model import Allocation, ContainerRef
+from nodemgr.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.violations import MEMORY, UNALLOCATED, Violation
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 
@@ -104,3 +108,107 @@ def test_meta_values_persist(tmp_path):
     ledger.set_meta("memory_unit_mib", "1024")
     ledger.close()
     assert Ledger(str(tmp_path)).get_meta("memory_unit_mib") == "1024"
+
+
+# --- registered containers and the violation history -------------------------------------------
+
+
+def registration(container_id="c1", identity=None, registered_at=2000.0):
+    return Registration(
+        container_id=container_id,
+        allocation_id="ga-1",
+        cgroup=CgroupKey("", f"/kubepods/{container_id}"),
+        init_pid=4242,
+        init_start_ticks=987654,
+        identity=identity,
+        registered_at=registered_at,
+    )
+
+
+def test_registrations_round_trip_survive_reopen_and_delete(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    with_identity = registration("c1", ContainerRef("ns", "pod", "main"), 2000.0)
+    without = registration("c2", None, 2001.0)
+    ledger.put_registration(without)
+    ledger.put_registration(with_identity)
+    assert ledger.load_registrations() == [with_identity, without]  # by registration time
+    ledger.close()
+    again = Ledger(str(tmp_path))
+    assert again.load_registrations() == [with_identity, without]
+    again.delete_registration("c1")
+    again.delete_registration("never-there")  # nothing to delete is fine
+    assert again.load_registrations() == [without]
+
+
+def test_putting_a_registration_again_replaces_it(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.put_registration(registration("c1"))
+    moved = Registration(
+        "c1", "ga-2", CgroupKey("memory", "/other"), 7, 8, None, registered_at=3000.0
+    )
+    ledger.put_registration(moved)
+    assert ledger.load_registrations() == [moved]
+
+
+def violation(n, owner=None, kind=MEMORY):
+    return Violation(
+        kind=kind,
+        card_uuid="GPU-a",
+        pids=(100 + n, 200 + n),
+        detail=f"violation {n}",
+        allocation_id="ga-1",
+        container_id="c1",
+        owner=owner,
+        used_mib=5000 + n,
+        quota_mib=4096,
+    )
+
+
+def test_violations_are_listed_newest_first_with_every_field(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.add_violation(violation(1, ContainerRef("ns", "pod", "main")), "kill", 10.0)
+    ledger.add_violation(Violation(UNALLOCATED, "GPU-b", (7,), "stray", used_mib=300), "log", 11.0)
+    assert ledger.violations() == [
+        {
+            "at": 11.0,
+            "kind": UNALLOCATED,
+            "action": "log",
+            "card": "GPU-b",
+            "allocation_id": None,
+            "container_id": None,
+            "namespace": None,
+            "pod": None,
+            "container": None,
+            "pids": "7",
+            "used_mib": 300,
+            "quota_mib": 0,
+            "detail": "stray",
+        },
+        {
+            "at": 10.0,
+            "kind": MEMORY,
+            "action": "kill",
+            "card": "GPU-a",
+            "allocation_id": "ga-1",
+            "container_id": "c1",
+            "namespace": "ns",
+            "pod": "pod",
+            "container": "main",
+            "pids": "101,201",
+            "used_mib": 5001,
+            "quota_mib": 4096,
+            "detail": "violation 1",
+        },
+    ]
+    assert [v["detail"] for v in ledger.violations(limit=1)] == ["stray"]
+
+
+def test_violation_history_keeps_only_the_newest_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(ledger_module, "VIOLATION_HISTORY_ROWS", 5)
+    ledger = Ledger(str(tmp_path))
+    for n in range(8):
+        ledger.add_violation(violation(n), "kill", 100.0 + n)
+    expected = [f"violation {n}" for n in (7, 6, 5, 4, 3)]
+    assert [v["detail"] for v in ledger.violations(limit=100)] == expected
+    ledger.close()
+    assert [v["detail"] for v in Ledger(str(tmp_path)).violations()] == expected

@@ -162,3 +162,33 @@ def test_without_process_events_the_periodic_scan_runs(parts, stray, caplog):
             stop.set()
             dog.join(2)
     assert any("periodic scan alone" in r.getMessage() for r in caplog.records)
+
+
+def test_env_is_read_again_after_the_process_execs_itself(parts, monkeypatch):
+    """A process first seen with its quota env, then exec'd without it (same PID,
+    same start time) is judged by its new env at the next scan."""
+    from nodemgr import procfs
+    from nodemgr.model import CgroupKey, Registration
+
+    ledger, allocator, registry = parts
+    allocator.allocate(ResourceKind.MEMORY, [f"{GPU0}-_-0"])
+    [allocation] = allocator.allocations()
+    process = subprocess.Popen(["sleep", "1000"])
+    try:
+        ticks = procfs.read_start_ticks(process.pid)
+        registration = Registration("c1", allocation.id, CgroupKey("", "/pod/c1"), 1, 0, None, 0.0)
+        monkeypatch.setattr(registry, "registrations", lambda: [registration])
+        monkeypatch.setattr(registry, "prune", lambda: None)
+        monkeypatch.setattr(procfs, "read_cgroups_text", lambda pid: "0::/pod/c1\n")
+        envs = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={allocation.memory_mib}M"}
+        monkeypatch.setattr(procfs, "read_gpu_env", lambda pid: dict(envs))
+        usage = Usage()
+        usage.processes = [ProcessUsage(process.pid, GPU0, 100)]
+        dog = watchdog(parts, usage, action="log")
+        assert dog.scan() == []
+        envs.clear()  # the exec: same PID and start time, no quota env
+        [violation] = dog.scan()
+        assert violation.kind == "env" and procfs.read_start_ticks(process.pid) == ticks
+    finally:
+        process.kill()
+        process.wait()
