@@ -47,6 +47,9 @@ class HookServer:
                     answer = _answer(registry, protocol.read_message(self.request))
                 except (protocol.ProtocolError, OSError) as e:
                     answer = _refusal(f"unreadable hook request ({e})")
+                except Exception as e:  # a bug must still answer (and refuse), not hang the hook
+                    log.exception("runtime hook request failed")
+                    answer = _refusal(f"internal error in gpushare-node ({e}); see its log")
                 try:
                     self.request.sendall(protocol.encode(answer))
                 except OSError:
