@@ -95,11 +95,6 @@ class CgroupKey:
     hierarchy: str
     path: str
 
-    def contains(self, cgroups: dict[str, str]) -> bool:
-        """Whether a process with these cgroups (``parse_cgroups``) is inside."""
-        path = cgroups.get(self.hierarchy)
-        return path is not None and (path == self.path or path.startswith(self.path + "/"))
-
     def __str__(self) -> str:
         return f"{self.hierarchy or 'unified'}:{self.path}"
 

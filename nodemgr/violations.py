@@ -55,11 +55,9 @@ def find_violations(
 ) -> list[Violation]:
     by_container: dict[str, list[GpuProcess]] = {}
     violations = []
-    index: dict[str, dict[str, Registration]] = {}
-    for registration in registrations:
-        index.setdefault(registration.cgroup.hierarchy, {})[registration.cgroup.path] = registration
+    index = index_registrations(registrations)
     for process in processes:
-        registration = _registration_of(index, process.cgroups)
+        registration = registration_of(index, process.cgroups)
         allocation = allocations.get(registration.allocation_id) if registration else None
         if registration is None or allocation is None or process.card_uuid not in allocation.cards:
             if process.card_uuid in shared_cards:
@@ -95,9 +93,17 @@ def find_violations(
     return violations
 
 
-def _registration_of(
-    index: dict[str, dict[str, Registration]], cgroups: dict[str, str]
-) -> Registration | None:
+RegistrationIndex = dict[str, dict[str, Registration]]  # hierarchy -> cgroup path -> container
+
+
+def index_registrations(registrations: list[Registration]) -> RegistrationIndex:
+    index: RegistrationIndex = {}
+    for registration in registrations:
+        index.setdefault(registration.cgroup.hierarchy, {})[registration.cgroup.path] = registration
+    return index
+
+
+def registration_of(index: RegistrationIndex, cgroups: dict[str, str]) -> Registration | None:
     """The registered container whose cgroup holds these cgroups (itself or an ancestor)."""
     for hierarchy, by_path in index.items():
         path = cgroups.get(hierarchy)

@@ -32,7 +32,13 @@ from nodemgr.containers import ContainerRegistry
 from nodemgr.errors import GpushareError
 from nodemgr.inventory import Inventory
 from nodemgr.ledger import Ledger
-from nodemgr.violations import GpuProcess, Violation, find_violations
+from nodemgr.violations import (
+    GpuProcess,
+    Violation,
+    find_violations,
+    index_registrations,
+    registration_of,
+)
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +207,8 @@ class Watchdog:
             cgroups = parse_cgroups(text)
         except CgroupError:
             return False
-        return any(r.cgroup.contains(cgroups) for r in self._registry.registrations())
+        index = index_registrations(self._registry.registrations())
+        return registration_of(index, cgroups) is not None
 
     def _descends_from(self, pid: int, ancestors: set[int]) -> bool:
         for _ in range(_MAX_ANCESTRY):

@@ -16,10 +16,10 @@ from nodemgr.containercheck import (
 )
 from nodemgr.deviceids import ResourceKind, card_device_ids, core_device_id, memory_device_id
 from nodemgr.model import Allocation, CgroupKey, ContainerRef
-from tests.conftest import GPU0, GPU1
+from tests.conftest import GPU0, GPU1, MPS_PIPE, env_of
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
-PIPE = "/tmp/nvidia-mps"
+PIPE = MPS_PIPE
 BY_INDEX = {"0": GPU0, "1": GPU1}
 POD_A = ContainerRef("default", "a", "main")
 POD_B = ContainerRef("default", "b", "main")
@@ -42,23 +42,6 @@ def shared(id_="ga-1", card=GPU0, units=4, percent=30, owner=None):
 def whole(id_="ga-w", cards=(GPU0, GPU1)):
     ids = tuple(d for card in cards for d in card_device_ids(WHOLE, card, 0))
     return Allocation(id=id_, devices={WHOLE: ids}, memory_mib=0, created_at=100.0)
-
-
-def env_of(allocation, **overrides):
-    """The env Allocate gives a shared container (MPS on); None in overrides removes a name."""
-    env = {
-        "NVIDIA_VISIBLE_DEVICES": allocation.cards[0],
-        "GPUSHARE_ALLOCATION_ID": allocation.id,
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={allocation.memory_mib}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(allocation.core_percent),
-        "CUDA_MPS_PIPE_DIRECTORY": PIPE,
-    }
-    for name, value in overrides.items():
-        if value is None:
-            env.pop(name, None)
-        else:
-            env[name] = value
-    return env
 
 
 def check(env, allocation, pipe=PIPE):

@@ -22,10 +22,10 @@ from nodemgr.hookserver import HookServer
 from nodemgr.inventory import open_inventory
 from nodemgr.ledger import Ledger
 from nodemgr.model import CgroupKey, ContainerRef
-from tests.conftest import GPU0, simulated_settings
+from tests.conftest import GPU0, MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
-PIPE = "/tmp/nvidia-mps"
+PIPE = MPS_PIPE
 CGROUP = "0::/test-container\n"
 POD_A = {"namespace": "default", "pod": "a", "container": "main"}
 POD_B = {"namespace": "default", "pod": "b", "container": "main"}
@@ -78,18 +78,6 @@ def child():
     yield process
     process.kill()
     process.wait()
-
-
-def env_of(allocation, **overrides):
-    env = {
-        "NVIDIA_VISIBLE_DEVICES": allocation.cards[0],
-        "GPUSHARE_ALLOCATION_ID": allocation.id,
-        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"0={allocation.memory_mib}M",
-        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": str(allocation.core_percent),
-        "CUDA_MPS_PIPE_DIRECTORY": PIPE,
-    }
-    env.update(overrides)
-    return env
 
 
 def create(container_id, pid, env, identity=None, cgroup=CGROUP):
