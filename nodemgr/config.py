@@ -32,11 +32,13 @@ __all__ = [
     "EnforcementSettings",
     "GpuSettings",
     "KubeletSettings",
+    "MetricsSettings",
     "MpsSettings",
     "ResourceSettings",
     "Settings",
     "SimulatedDevice",
     "SimulatedSettings",
+    "StatusSettings",
     "config_error_line",
     "load_settings",
     "settings_from_mapping",
@@ -119,6 +121,24 @@ class EnforcementSettings:
 
 
 @dataclass(frozen=True)
+class StatusSettings:
+    """The local status socket that ``nodemgr status`` reads (root-only, mode 0600)."""
+
+    socket: str = ""  # absolute path; "" = <run_dir>/status.sock
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus endpoint (``GET /metrics``)."""
+
+    enabled: bool = True  # false: no endpoint
+    # host:port to listen on; loopback by default (put a scraper or a proxy on
+    # the node, or set 0.0.0.0:PORT deliberately). Port 0 = any free port
+    # (tests). A port that cannot be bound is logged; the daemon runs on.
+    address: str = "127.0.0.1:9445"
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpushare-node is configured with."""
 
@@ -130,14 +150,20 @@ class Settings:
     resources: ResourceSettings = ResourceSettings()
     mps: MpsSettings = MpsSettings()
     enforcement: EnforcementSettings = EnforcementSettings()
+    status: StatusSettings = StatusSettings()
+    metrics: MetricsSettings = MetricsSettings()
 
     @property
     def hook_socket(self) -> str:
         return self.enforcement.hook_socket or os.path.join(self.run_dir, "hook.sock")
 
+    @property
+    def status_socket(self) -> str:
+        return self.status.socket or os.path.join(self.run_dir, "status.sock")
+
 
 # Sections of later versions: refused by name so that nobody believes they work.
-_FUTURE_SECTIONS = ("kubernetes", "status")
+_FUTURE_SECTIONS = ("kubernetes",)
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -198,6 +224,8 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
             "resources": _resources,
             "mps": _mps,
             "enforcement": _enforcement,
+            "status": _status,
+            "metrics": _metrics,
         },
     )
     if "node_name" not in values:
@@ -376,6 +404,35 @@ def _enforcement(key: str, data: object) -> EnforcementSettings:
             },
         )
     )
+
+
+def _status(key: str, data: object) -> StatusSettings:
+    return StatusSettings(
+        **_values(key, data, StatusSettings, {"socket": partial(_path, empty_ok=True)})
+    )
+
+
+def _metrics(key: str, data: object) -> MetricsSettings:
+    return MetricsSettings(
+        **_values(key, data, MetricsSettings, {"enabled": _boolean, "address": _host_port})
+    )
+
+
+def _host_port(key: str, value: object) -> str:
+    """``host:port`` (``[v6]:port`` for IPv6) with a port from 0 to 65535."""
+    text = _string(key, value)
+    host, colon, port = text.rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    if not colon or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise ConfigError(
+            key, f"must be host:port, e.g. 127.0.0.1:9445 or [::1]:9445 (got {_show(text)})"
+        )
+    if ":" in host and not text.startswith("["):
+        raise ConfigError(
+            key, f"an IPv6 host must be in brackets, e.g. [::1]:9445 (got {_show(text)})"
+        )
+    return text
 
 
 def _supervisor(key: str, value: object) -> str:

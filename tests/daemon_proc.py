@@ -53,6 +53,7 @@ class Node:
             },
             "state_dir": os.path.join(self.root, "state"),
             "run_dir": os.path.join(self.root, "run"),
+            "metrics": {"address": "127.0.0.1:0"},  # tests run side by side
             "mps": {
                 "control_binary": MPS_STANDIN,
                 "health_check_interval_seconds": 0.5,

@@ -147,11 +147,13 @@ def test_public_names():
         "EnforcementSettings",
         "GpuSettings",
         "KubeletSettings",
+        "MetricsSettings",
         "MpsSettings",
         "ResourceSettings",
         "Settings",
         "SimulatedDevice",
         "SimulatedSettings",
+        "StatusSettings",
         "config_error_line",
         "load_settings",
         "settings_from_mapping",
@@ -288,7 +290,7 @@ def test_unknown_nested_key_lists_the_section_keys():
     assert "device_plugin_dir, pod_resources_socket" in refused({"kubelet": {"foo": 1}}).problem
 
 
-@pytest.mark.parametrize("section", ["kubernetes", "status"])
+@pytest.mark.parametrize("section", ["kubernetes"])
 def test_future_section_refused_as_not_built(section):
     err = refused({section: {"enabled": False}})
     assert err.key == section
@@ -563,3 +565,35 @@ def test_enforcement_section_loads_from_a_file(tmp_path):
     settings = load_settings(path, environ=ENV)
     assert settings.enforcement.action == "log" and settings.enforcement.grace_mib == 64
     assert settings.hook_socket == "/run/x/hook.sock"
+
+
+# --- status and metrics ------------------------------------------------------------------
+
+
+def test_status_socket_defaults_under_run_dir():
+    settings = settings_from_mapping({"node_name": "n", "run_dir": "/run/gs"})
+    assert settings.status_socket == "/run/gs/status.sock"
+    moved = settings_from_mapping({"node_name": "n", "status": {"socket": "/tmp/s.sock"}})
+    assert moved.status_socket == "/tmp/s.sock"
+
+
+def test_metrics_defaults_to_loopback():
+    metrics = settings_from_mapping({"node_name": "n"}).metrics
+    assert metrics.enabled is True
+    assert metrics.address == "127.0.0.1:9445"
+
+
+@pytest.mark.parametrize("address", ["0.0.0.0:9100", "[::1]:0", "node-a.example:65535"])
+def test_metrics_address_accepted(address):
+    assert settings_from_mapping({"node_name": "n", "metrics": {"address": address}})
+
+
+@pytest.mark.parametrize("address", ["9445", ":9445", "host:", "host:65536", "::1:9445", "h:x"])
+def test_metrics_address_refused(address):
+    err = refused({"metrics": {"address": address}})
+    assert err.key == "metrics.address"
+    assert "host:port" in err.problem or "brackets" in err.problem
+
+
+def test_status_socket_must_be_absolute():
+    assert refused({"status": {"socket": "run/s.sock"}}).key == "status.socket"
