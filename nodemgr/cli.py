@@ -21,9 +21,16 @@ from nodemgr.errors import ConfigError, LedgerError
 from nodemgr.ledger import LEDGER_FILE, Ledger
 
 
+# Subcommands that live in their own module: each has ``add_parser(sub)``, which
+# adds its parser and sets ``run`` (args -> exit code) as the parser default.
+_COMMAND_MODULES: tuple = ()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nodemgr", description="gpushare-node operator tool")
     sub = parser.add_subparsers(dest="command", required=True)
+    for module in _COMMAND_MODULES:
+        module.add_parser(sub)
     check = sub.add_parser("check-config", help="validate the daemon's configuration file")
     check.add_argument("--config", metavar="FILE")
     allocs = sub.add_parser("allocations", help="list the allocations in the ledger")
@@ -34,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     history.add_argument("--json", action="store_true", help="machine-readable output")
     history.add_argument("--limit", type=int, default=50, help="newest N rows (default 50)")
     args = parser.parse_args(argv)
+    if getattr(args, "run", None) is not None:
+        return args.run(args)
     try:
         settings = load_settings(args.config)
     except ConfigError as e:
