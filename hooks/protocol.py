@@ -32,9 +32,9 @@ def encode(message: dict) -> bytes:
     return json.dumps(message, separators=(",", ":")).encode() + b"\n"
 
 
-def decode(data: bytes) -> dict:
-    if len(data) > MAX_MESSAGE_BYTES:
-        raise ProtocolError(f"message over {MAX_MESSAGE_BYTES} bytes")
+def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
+    if len(data) > max_bytes:
+        raise ProtocolError(f"message over {max_bytes} bytes")
     try:
         message = json.loads(data)
     except (ValueError, UnicodeDecodeError) as e:
@@ -44,7 +44,7 @@ def decode(data: bytes) -> dict:
     return message
 
 
-def read_message(sock: socket.socket) -> dict:
+def read_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     """One newline-terminated message from ``sock`` (its timeout applies)."""
     chunks, size = [], 0
     while True:
@@ -55,11 +55,11 @@ def read_message(sock: socket.socket) -> dict:
         size += len(chunk)
         if chunk.endswith(b"\n"):
             break
-        if size > MAX_MESSAGE_BYTES:
-            raise ProtocolError(f"message over {MAX_MESSAGE_BYTES} bytes")
+        if size > max_bytes:
+            raise ProtocolError(f"message over {max_bytes} bytes")
     if not chunks:
         raise ProtocolError("connection closed before a message")
-    return decode(b"".join(chunks))
+    return decode(b"".join(chunks), max_bytes)
 
 
 def call(socket_path: str, message: dict, timeout_seconds: float) -> dict:

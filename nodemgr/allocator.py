@@ -292,6 +292,19 @@ class Allocator:
             self._generation += 1
             self._changed.notify_all()
 
+    def set_grace_seconds(self, grace_seconds: float) -> None:
+        """A config reload: kubelet.allocation_grace_seconds for the next reconcile."""
+        with self._lock:
+            self._grace_seconds = grace_seconds
+
+    def responsive(self, timeout_seconds: float) -> bool:
+        """Whether the allocation state can be read within the timeout (no thread holds it
+        stuck): the run loop pings systemd's watchdog only when this holds."""
+        if not self._lock.acquire(timeout=timeout_seconds):
+            return False
+        self._lock.release()
+        return True
+
     def card_problems(self) -> dict[str, str]:
         with self._lock:
             return dict(self._card_problems)

@@ -39,8 +39,10 @@ __all__ = [
     "SimulatedDevice",
     "SimulatedSettings",
     "StatusSettings",
+    "RELOADABLE_KEYS",
     "config_error_line",
     "load_settings",
+    "reload_settings",
     "settings_from_mapping",
 ]
 
@@ -231,6 +233,46 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
     if "node_name" not in values:
         values["node_name"] = _default_node_name(os.environ if environ is None else environ)
     return Settings(**values)
+
+
+# What a SIGHUP reload applies to the running daemon; any other change needs a restart.
+RELOADABLE_KEYS = frozenset(
+    {
+        "kubelet.reconcile_interval_seconds",
+        "kubelet.allocation_grace_seconds",
+        "mps.health_check_interval_seconds",
+        "enforcement.action",
+        "enforcement.interval_seconds",
+        "enforcement.grace_mib",
+    }
+)
+
+
+def reload_settings(running: Settings, loaded: Settings) -> tuple[Settings, list[str], list[str]]:
+    """What a reload does: (settings now in force, keys applied, keys that need a restart).
+
+    Only RELOADABLE_KEYS take the loaded value; every other key keeps its running
+    value until the daemon is restarted, so the daemon never runs half-changed.
+    """
+    applied: list[str] = []
+    restart: list[str] = []
+
+    def merge(key: str, old: Any, new: Any) -> Any:
+        if old == new:
+            return old
+        if dataclasses.is_dataclass(old) and key not in RELOADABLE_KEYS:
+            changes = {
+                f.name: merge(_join(key, f.name), getattr(old, f.name), getattr(new, f.name))
+                for f in dataclasses.fields(old)
+            }
+            return dataclasses.replace(old, **changes)
+        if key in RELOADABLE_KEYS:
+            applied.append(key)
+            return new
+        restart.append(key)
+        return old
+
+    return merge("", running, loaded), applied, restart
 
 
 def config_error_line(err: ConfigError) -> str:

@@ -45,3 +45,7 @@ class UnknownDeviceError(AllocationError):
 
 class ConflictError(AllocationError):
     """Device IDs that disagree: two cards for one container, a card used both ways."""
+
+
+class BindError(GpushareError):
+    """An address or socket the daemon serves on cannot be bound (in use, not ours, denied)."""

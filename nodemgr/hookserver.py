@@ -9,14 +9,13 @@ root-only (0600): only the container runtime talks to it.
 from __future__ import annotations
 
 import logging
-import os
-import socketserver
-import threading
+import socket
 
 from hooks import protocol
 from hooks.gpuenv import GPU_ENV_NAMES
 from nodemgr.containers import ContainerRegistry
 from nodemgr.model import ContainerRef
+from nodemgr.unixserver import UnixServer
 
 log = logging.getLogger(__name__)
 
@@ -31,51 +30,30 @@ class HookServer:
     def __init__(self, registry: ContainerRegistry, socket_path: str):
         self.socket_path = socket_path
         self._registry = registry
-        self._server: socketserver.ThreadingUnixStreamServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: UnixServer | None = None
 
     def start(self) -> None:
-        os.makedirs(os.path.dirname(self.socket_path), mode=0o755, exist_ok=True)
-        if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)  # left by a killed daemon; nobody serves it
-        registry = self._registry
-
-        class Handler(socketserver.BaseRequestHandler):
-            def handle(self) -> None:
-                self.request.settimeout(READ_TIMEOUT_SECONDS)
-                try:
-                    answer = _answer(registry, protocol.read_message(self.request))
-                except (protocol.ProtocolError, OSError) as e:
-                    answer = _refusal(f"unreadable hook request ({e})")
-                except Exception as e:  # a bug must still answer (and refuse), not hang the hook
-                    log.exception("runtime hook request failed")
-                    answer = _refusal(f"internal error in gpushare-node ({e}); see its log")
-                try:
-                    self.request.sendall(protocol.encode(answer))
-                except OSError:
-                    pass  # the hook gave up waiting; it refuses on its own
-
-        old_umask = os.umask(0o177)  # the socket is created 0600
-        try:
-            self._server = socketserver.ThreadingUnixStreamServer(self.socket_path, Handler)
-        finally:
-            os.umask(old_umask)
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.2,), name="hook-server", daemon=True
-        )
-        self._thread.start()
+        self._server = UnixServer(self.socket_path, self._handle, "hook-server")
+        self._server.start()
         log.info("runtime hook socket ready at %s", self.socket_path)
 
     def stop(self) -> None:
-        if self._server is None:
-            return
-        self._server.shutdown()
-        self._server.server_close()
+        if self._server is not None:
+            self._server.stop()
+
+    def _handle(self, sock: socket.socket) -> None:
+        sock.settimeout(READ_TIMEOUT_SECONDS)
         try:
-            os.unlink(self.socket_path)
-        except FileNotFoundError:
-            pass
+            answer = _answer(self._registry, protocol.read_message(sock))
+        except (protocol.ProtocolError, OSError) as e:
+            answer = _refusal(f"unreadable hook request ({e})")
+        except Exception as e:  # a bug must still answer (and refuse), not hang the hook
+            log.exception("runtime hook request failed")
+            answer = _refusal(f"internal error in gpushare-node ({e}); see its log")
+        try:
+            sock.sendall(protocol.encode(answer))
+        except OSError:
+            pass  # the hook gave up waiting; it refuses on its own
 
 
 def _answer(registry: ContainerRegistry, request: dict) -> dict:

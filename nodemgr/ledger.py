@@ -268,6 +268,14 @@ class Ledger:
         )
         return [dict(zip(names, row, strict=True)) for row in rows]
 
+    def violation_counts(self) -> dict[str, int]:
+        """Allocation ID -> violations in the kept history."""
+        rows = self._read(
+            "SELECT allocation_id, COUNT(*) FROM violations"
+            " WHERE allocation_id IS NOT NULL GROUP BY allocation_id"
+        )
+        return dict(rows)
+
     def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
         with self._lock:
             try:

@@ -32,6 +32,7 @@ from nodemgr.allocator import Allocator
 from nodemgr.config import MpsSettings
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import Card, Inventory
+from nodemgr.snapshot import MpsView
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +47,7 @@ class _CardState:
     failures: int = 0
     retry_at: float = 0.0  # monotonic; no restart before this
     problem: str | None = None
+    health: Health | None = None  # the last probe's answer, for nodemgr status
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
 
 
@@ -119,8 +121,21 @@ class MpsSupervisor:
             except Exception:  # one card's surprise must not stop the others' care
                 log.exception("GPU%d: MPS supervision failed", self._cards[uuid].index)
 
+    def views(self) -> dict[str, MpsView]:
+        """Card UUID -> its control daemon as last seen (read by the status socket)."""
+        views = {}
+        for uuid, state in self._states.items():
+            health = state.health
+            if state.mode == "whole":
+                views[uuid] = MpsView("off", None, "card given out whole: MPS stopped")
+            elif health is None:
+                views[uuid] = MpsView("starting", None, "not probed yet")
+            else:
+                views[uuid] = MpsView(health.state.value, health.clients, health.reason)
+        return views
+
     def _keep_mps(self, card: Card, state: _CardState) -> None:
-        health = state.daemon.probe()
+        health = state.health = state.daemon.probe()
         if health.state is HealthState.DOWN and state.mode == "shared" and not state.failures:
             # It was running: tell kubelet first, restart after the backoff.
             self._problem(card, state, health)
@@ -129,7 +144,7 @@ class MpsSupervisor:
         if health.state is HealthState.DOWN:
             if time.monotonic() < state.retry_at:
                 return
-            health = self._start(card, state, health)
+            health = state.health = self._start(card, state, health)
         elif state.mode is None and health.ok:
             log.info(
                 "GPU%d: adopted the running MPS control daemon (pid %s, %d clients)",

@@ -32,6 +32,7 @@ from nodemgr.containers import ContainerRegistry
 from nodemgr.errors import GpushareError
 from nodemgr.inventory import Inventory
 from nodemgr.ledger import Ledger
+from nodemgr.snapshot import UsageView
 from nodemgr.violations import (
     GpuProcess,
     Violation,
@@ -74,6 +75,9 @@ class Watchdog:
         # another env, so environ is read again at every scan.
         self._cache: dict[tuple[int, int], dict[str, str]] = {}
         self._usage_problem: str | None = None
+        # Memory really used, from the last scan that could read it (nodemgr status, metrics).
+        self.last_usage: UsageView | None = None
+        self._raw_usage: list = []
         self._thread: threading.Thread | None = None
 
     def start(self, stop: threading.Event, events_source: Callable[[], object] | None) -> None:
@@ -136,6 +140,7 @@ class Watchdog:
             shared_cards,
             self._settings.grace_mib,
         )
+        self.last_usage = self._usage_view(processes)
         starts = {p.pid: p.start_ticks for p in processes}
         active = set()
         for violation in violations:
@@ -147,6 +152,22 @@ class Watchdog:
         self._active = active
         return violations
 
+    def set_settings(self, settings: EnforcementSettings) -> None:
+        """A config reload: the next scan uses the new action, interval and grace."""
+        self._settings = settings
+
+    def _usage_view(self, processes: list[GpuProcess]) -> UsageView:
+        card_used: Counter[str] = Counter()
+        for entry in self._raw_usage:  # every process, our MPS servers included
+            card_used[entry.gpu_uuid] += entry.used_mib
+        allocation_used: Counter[str] = Counter()
+        index = index_registrations(self._registry.registrations())
+        for process in processes:
+            registration = registration_of(index, process.cgroups)
+            if registration is not None:
+                allocation_used[registration.allocation_id] += process.used_mib
+        return UsageView(dict(card_used), dict(allocation_used))
+
     def _gpu_processes(self) -> list[GpuProcess] | None:
         try:
             usage = self._inventory.process_usage()
@@ -154,7 +175,9 @@ class Watchdog:
             if str(e) != self._usage_problem:
                 log.error("cannot read per-process GPU memory: %s; enforcement is paused", e)
                 self._usage_problem = str(e)
+            self.last_usage = None  # unknown, not zero
             return None
+        self._raw_usage = usage
         if self._usage_problem is not None:
             log.info("per-process GPU memory readable again; enforcement resumes")
             self._usage_problem = None
