@@ -16,14 +16,14 @@ import os
 import sys
 import time
 
+from nodemgr import doctor
 from nodemgr.config import config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 from nodemgr.ledger import LEDGER_FILE, Ledger
 
-
 # Subcommands that live in their own module: each has ``add_parser(sub)``, which
 # adds its parser and sets ``run`` (args -> exit code) as the parser default.
-_COMMAND_MODULES: tuple = ()
+_COMMAND_MODULES: tuple = (doctor,)
 
 
 def main(argv: list[str] | None = None) -> int:
