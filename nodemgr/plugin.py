@@ -2,7 +2,8 @@
 
 The servicer only translates: protobuf in, a call on the Allocator, protobuf
 out; our errors become gRPC status codes with the allocator's message, which
-kubelet shows in the pod's events.
+kubelet shows in the pod's events. How long Allocate took is reported through a
+plain callback (``observe_allocate``); the servicer knows nothing of metrics.
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent import futures
 
 import grpc
@@ -29,6 +31,9 @@ from nodemgr.kubeapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 log = logging.getLogger(__name__)
 
+# (resource name, seconds, ok) for each Allocate call; ok is False when it was refused or failed.
+ObserveAllocate = Callable[[str, float, bool], None]
+
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 OPTIONS = dp.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 
@@ -42,11 +47,18 @@ _STATUS = [
 
 
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
-    def __init__(self, allocator: Allocator, kind: ResourceKind, stopping: threading.Event):
+    def __init__(
+        self,
+        allocator: Allocator,
+        kind: ResourceKind,
+        stopping: threading.Event,
+        observe_allocate: ObserveAllocate | None = None,
+    ):
         self._allocator = allocator
         self._kind = kind
         self._name = allocator.resource_names[kind]
         self._stopping = stopping
+        self._observe_allocate = observe_allocate
 
     def GetDevicePluginOptions(self, request, context):
         return OPTIONS
@@ -77,6 +89,17 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         return response
 
     def Allocate(self, request, context):
+        started = time.perf_counter()
+        ok = False
+        try:
+            response = self._allocate(request, context)
+            ok = True
+            return response
+        finally:
+            # context.abort raises: a refusal lands here with ok False.
+            self._observe(time.perf_counter() - started, ok)
+
+    def _allocate(self, request, context):
         response = dp.AllocateResponse()
         for req in request.container_requests:
             result = self._call(
@@ -94,6 +117,14 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def PreStartContainer(self, request, context):
         self._call(context, self._allocator.check_known, self._kind, list(request.devices_ids))
         return dp.PreStartContainerResponse()
+
+    def _observe(self, seconds: float, ok: bool) -> None:
+        if self._observe_allocate is None:
+            return
+        try:
+            self._observe_allocate(self._name, seconds, ok)
+        except Exception:  # a metrics bug must not turn an answer into an error
+            log.exception("%s: observing Allocate failed", self._name)
 
     def _call(self, context, method, *args):
         """Run an allocator call; our errors become a gRPC status kubelet shows the user."""
@@ -118,11 +149,18 @@ def _device(info) -> dp.Device:
 class PluginServer:
     """One resource's gRPC server on ``<device_plugin_dir>/<socket_name>``."""
 
-    def __init__(self, allocator: Allocator, kind: ResourceKind, socket_path: str):
+    def __init__(
+        self,
+        allocator: Allocator,
+        kind: ResourceKind,
+        socket_path: str,
+        observe_allocate: ObserveAllocate | None = None,
+    ):
         self.kind = kind
         self.resource_name = allocator.resource_names[kind]
         self.socket_path = socket_path
         self._allocator = allocator
+        self._observe_allocate = observe_allocate
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
         self._inode: int | None = None
@@ -137,7 +175,10 @@ class PluginServer:
         # ListAndWatch holds a worker for as long as kubelet watches; leave room.
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         dp_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(self._allocator, self.kind, self._stopping), self._server
+            DevicePluginServicer(
+                self._allocator, self.kind, self._stopping, self._observe_allocate
+            ),
+            self._server,
         )
         self._server.add_insecure_port(f"unix://{self.socket_path}")
         self._server.start()
