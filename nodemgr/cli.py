@@ -1,6 +1,8 @@
 """``nodemgr``: the operator's command line.
 
-Commands read what the daemon wrote; none of them changes state:
+``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/install.py) write and
+remove the systemd units, tmpfiles.d entry, default config and hook configs.
+The other commands read what the daemon wrote; none of them changes state:
 - ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
 - ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
   the containers the runtime hook registered on each;
@@ -16,14 +18,14 @@ import os
 import sys
 import time
 
-from nodemgr import doctor
+from nodemgr import doctor, install, status_cli
 from nodemgr.config import config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 from nodemgr.ledger import LEDGER_FILE, Ledger
 
 # Subcommands that live in their own module: each has ``add_parser(sub)``, which
 # adds its parser and sets ``run`` (args -> exit code) as the parser default.
-_COMMAND_MODULES: tuple = (doctor,)
+_COMMAND_MODULES: tuple = (status_cli, doctor, install)
 
 
 def main(argv: list[str] | None = None) -> int:

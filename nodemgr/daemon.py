@@ -5,7 +5,13 @@ plugin socket per resource, register each with kubelet, then watch. When
 kubelet restarts (it deletes our sockets and recreates kubelet.sock) serve
 and register again; every ``reconcile_interval_seconds`` (and right after a
 PreStartContainer) compare the ledger with kubelet's PodResources record. On
-SIGTERM or SIGINT stop the servers and remove the sockets.
+SIGTERM or SIGINT stop the servers and remove the sockets; on SIGHUP re-read
+the config file and apply what can change while running.
+
+Under systemd (``Type=notify``) it says READY=1 once every resource is
+registered with kubelet and every shared card's MPS is healthy, keeps
+STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
+iteration of the run loop, and wraps a reload in RELOADING=1 / READY=1.
 
 Exit codes: 0 stopped by signal; 1 cannot start (no GPUs/NVML, ledger); 2 bad
 configuration (one line on stderr naming the key).
@@ -14,6 +20,7 @@ configuration (one line on stderr naming the key).
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import logging
 import os
 import signal
@@ -29,7 +36,7 @@ os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 from mps import MpsLayout
 from mps.layout import CONTAINER_PIPE_DIRECTORY
 from nodemgr.allocator import Allocator
-from nodemgr.config import Settings, config_error_line, load_settings
+from nodemgr.config import Settings, config_error_line, load_settings, reload_settings
 from nodemgr.containers import ContainerRegistry
 from nodemgr.deviceids import ResourceKind, card_device_ids
 from nodemgr.errors import ConfigError, GpushareError
@@ -40,6 +47,9 @@ from nodemgr.ledger import Ledger
 from nodemgr.mps_supervisor import MpsSupervisor
 from nodemgr.plugin import OPTIONS, PluginServer
 from nodemgr.procevents import ProcEvents
+from nodemgr.statusserver import DaemonFacts, LiveStatus, StatusServer
+from nodemgr.systemd_notify import ServiceNotifier
+from nodemgr.violations import ENV, MEMORY, UNALLOCATED
 from nodemgr.watchdog import Watchdog
 
 log = logging.getLogger("gpushare-node")
@@ -53,13 +63,25 @@ WATCH_PERIOD_SECONDS = 0.5  # how fast a kubelet restart or a stop request is no
 REGISTER_RETRY_MAX_SECONDS = 5.0
 # kubelet reads ListAndWatch with gRPC's 4 MiB default limit; keep well under it.
 MAX_LIST_BYTES = 1024 * 1024
+# The allocation state must be readable this fast for a systemd watchdog ping.
+WATCHDOG_LOCK_TIMEOUT_SECONDS = 1.0
 
 
-def run(settings: Settings, stop: threading.Event) -> None:
+def run(
+    settings: Settings,
+    stop: threading.Event,
+    reload_requested: threading.Event | None = None,
+    config_path: str | None = None,
+    notifier: ServiceNotifier | None = None,
+) -> None:
+    """The daemon's life. ``reload_requested`` (SIGHUP) re-reads ``config_path``."""
+    notifier = notifier or ServiceNotifier()
+    reload_requested = reload_requested or threading.Event()
     inventory = open_inventory(settings.gpus)
-    ledger = supervisor = hook_server = watchdog = None
+    ledger = supervisor = hook_server = watchdog = status_server = None
     workers_stop = threading.Event()  # the MPS supervisor's and the watchdog's
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
+    facts = DaemonFacts(version=_version())
     try:
         cards = inventory.cards()
         check_device_list_size(cards, settings.resources.memory_unit_mib)
@@ -91,6 +113,19 @@ def run(settings: Settings, stop: threading.Event) -> None:
             supervisor.control_pids if supervisor is not None else set,
         )
         watchdog.start(workers_stop, ProcEvents)
+        status = LiveStatus(
+            settings.node_name,
+            facts,
+            allocator,
+            ledger,
+            registry,
+            supervisor.views if supervisor is not None else None,
+            lambda: watchdog.last_usage,
+            lambda: _enforcement_summary(watchdog),
+        )
+        status.remember_cards()
+        status_server = StatusServer(status, settings.status_socket)
+        status_server.start()
         kubelet_socket = os.path.join(settings.kubelet.device_plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
         while not stop.is_set():
@@ -103,7 +138,9 @@ def run(settings: Settings, stop: threading.Event) -> None:
             ]
             for server in servers:
                 server.start()
-            kubelet_inode = _register_all(servers, kubelet_socket, stop)
+            facts.registered = False
+            kubelet_inode = _register_all(servers, kubelet_socket, stop, notifier, allocator)
+            facts.registered = kubelet_inode is not None
             while kubelet_inode is not None and not stop.wait(WATCH_PERIOD_SECONDS):
                 if _inode(kubelet_socket) != kubelet_inode or not all(
                     s.socket_present() for s in servers
@@ -113,18 +150,25 @@ def run(settings: Settings, stop: threading.Event) -> None:
                         "recreated): serving and registering again"
                     )
                     break
+                if reload_requested.is_set():
+                    reload_requested.clear()
+                    settings = _reload(settings, config_path, notifier, allocator, supervisor,
+                                       watchdog)  # fmt: skip
                 if time.monotonic() >= next_reconcile or allocator.reconcile_requested.is_set():
                     allocator.reconcile_requested.clear()
                     _reconcile(allocator, podresources)
                     next_reconcile = time.monotonic() + settings.kubelet.reconcile_interval_seconds
+                _tell_systemd(notifier, facts, allocator, len(servers))
             for server in servers:
                 server.stop()
+        notifier.stopping()
         log.info("stopped; sockets removed")
     finally:
         # MPS control daemons are left running: their clients outlive us.
         workers_stop.set()
-        if hook_server is not None:
-            hook_server.stop()
+        for server in (hook_server, status_server):
+            if server is not None:
+                server.stop()
         if watchdog is not None:
             watchdog.join(timeout=2)
         if supervisor is not None:
@@ -136,8 +180,77 @@ def run(settings: Settings, stop: threading.Event) -> None:
         inventory.close()
 
 
-def _register_all(servers: list[PluginServer], kubelet_socket: str, stop: threading.Event):
-    """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped."""
+def _tell_systemd(
+    notifier: ServiceNotifier, facts: DaemonFacts, allocator: Allocator, resources: int
+) -> None:
+    """One healthy iteration of the run loop: READY once, STATUS when it changed, WATCHDOG."""
+    problems = allocator.card_problems()
+    summary = (
+        f"serving {resources} resources on {len(allocator.cards)} GPUs, "
+        f"{len(allocator.allocations())} allocations"
+    )
+    if problems:
+        summary += "; " + "; ".join(
+            f"{allocator.card_label(uuid)}: {problem}" for uuid, problem in sorted(problems.items())
+        )
+    if not facts.ready and not problems:
+        facts.ready = True
+        notifier.ready(summary)
+        log.info("ready: %s", summary)
+    elif not facts.ready:
+        notifier.status(f"waiting for MPS: {summary}")
+    else:
+        notifier.status(summary)
+    # A deadlocked allocator cannot answer Allocate: then no ping, and systemd restarts us.
+    if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
+        notifier.watchdog()
+
+
+def _reload(
+    running: Settings,
+    config_path: str | None,
+    notifier: ServiceNotifier,
+    allocator: Allocator,
+    supervisor: MpsSupervisor | None,
+    watchdog: Watchdog,
+) -> Settings:
+    """SIGHUP: apply what can change while running; say what needs a restart."""
+    notifier.reloading()
+    try:
+        loaded = load_settings(config_path)
+    except ConfigError as e:
+        log.error("reload refused, the running configuration stays: %s", config_error_line(e))
+        notifier.ready(f"reload refused: {config_error_line(e)}")
+        return running
+    settings, applied, restart = reload_settings(running, loaded)
+    watchdog.set_settings(settings.enforcement)
+    allocator.set_grace_seconds(settings.kubelet.allocation_grace_seconds)
+    if supervisor is not None:
+        supervisor.set_settings(settings.mps)
+    message = f"reloaded {config_path or '(defaults)'}: "
+    message += f"applied {', '.join(applied)}" if applied else "nothing to apply"
+    if restart:
+        message += f"; needs a restart to take effect: {', '.join(restart)}"
+    log.log(logging.WARNING if restart else logging.INFO, "%s", message)
+    notifier.ready(message)
+    return settings
+
+
+def _enforcement_summary(watchdog: Watchdog) -> dict:
+    violations = {kind: watchdog.counts.get(kind, 0) for kind in (MEMORY, ENV, UNALLOCATED)}
+    return {"action": watchdog.action, "violations": violations, "kills": watchdog.kills}
+
+
+def _register_all(
+    servers: list[PluginServer],
+    kubelet_socket: str,
+    stop: threading.Event,
+    notifier: ServiceNotifier,
+    allocator: Allocator,
+):
+    """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped.
+
+    Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile."""
     delay, waiting_logged = 0.2, False
     while not stop.is_set():
         inode = _inode(kubelet_socket)
@@ -145,6 +258,7 @@ def _register_all(servers: list[PluginServer], kubelet_socket: str, stop: thread
             if not waiting_logged:
                 log.info("waiting for kubelet: %s does not exist yet", kubelet_socket)
                 waiting_logged = True
+            notifier.status(f"waiting for kubelet: {kubelet_socket} does not exist yet")
         else:
             try:
                 for server in servers:
@@ -160,6 +274,9 @@ def _register_all(servers: list[PluginServer], kubelet_socket: str, stop: thread
                 return inode
             except KubeletUnavailable as e:
                 log.warning("%s; retrying", e)
+                notifier.status(f"waiting for kubelet: {e}")
+        if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
+            notifier.watchdog()
         stop.wait(delay)
         delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
     return None
@@ -209,6 +326,13 @@ def _log_inventory(allocator: Allocator) -> None:
     log.info("%d allocations loaded from the ledger", len(allocator.allocations()))
 
 
+def _version() -> str:
+    try:
+        return importlib.metadata.version("gpushare-node")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _inode(path: str) -> int | None:
     try:
         return os.stat(path).st_ino
@@ -235,12 +359,18 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    stop = threading.Event()
+    stop, reload_requested = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
-    log.info("starting on node %s (GPU backend %s)", settings.node_name, settings.gpus.backend)
+    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
+    log.info(
+        "starting gpushare-node %s on node %s (GPU backend %s)",
+        _version(),
+        settings.node_name,
+        settings.gpus.backend,
+    )
     try:
-        run(settings, stop)
+        run(settings, stop, reload_requested, args.config)
     except ConfigError as e:
         print(config_error_line(e), file=sys.stderr)
         return 2

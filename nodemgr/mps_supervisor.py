@@ -121,6 +121,10 @@ class MpsSupervisor:
             except Exception:  # one card's surprise must not stop the others' care
                 log.exception("GPU%d: MPS supervision failed", self._cards[uuid].index)
 
+    def set_settings(self, settings: MpsSettings) -> None:
+        """A config reload (only health_check_interval_seconds may differ: see config)."""
+        self._settings = settings
+
     def views(self) -> dict[str, MpsView]:
         """Card UUID -> its control daemon as last seen (read by the status socket)."""
         views = {}

@@ -152,6 +152,10 @@ class Watchdog:
         self._active = active
         return violations
 
+    @property
+    def action(self) -> str:
+        return self._settings.action
+
     def set_settings(self, settings: EnforcementSettings) -> None:
         """A config reload: the next scan uses the new action, interval and grace."""
         self._settings = settings

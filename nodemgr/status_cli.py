@@ -1,0 +1,118 @@
+"""``nodemgr status [--config FILE] [--json]``: every card and allocation at a glance.
+
+Asks the running daemon over its status socket. When the daemon is down it
+says so and shows the last state the ledger holds (allocations and cards,
+without health, usage or MPS state), exiting 3 like ``systemctl status`` of
+a stopped unit. It changes nothing.
+
+Exit codes: 0 daemon answered; 1 no daemon and no ledger, or the socket
+refused us; 2 bad config; 3 daemon down, last state shown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from types import SimpleNamespace
+
+from hooks.protocol import ProtocolError
+from nodemgr.config import Settings, config_error_line, load_settings
+from nodemgr.errors import ConfigError, LedgerError
+from nodemgr.ledger import LEDGER_FILE, Ledger
+from nodemgr.snapshot import build_status, render_table
+from nodemgr.statusserver import CARDS_META_KEY, query
+
+EXIT_DAEMON_DOWN = 3
+
+
+def add_parser(sub) -> None:
+    parser = sub.add_parser(
+        "status",
+        help="every GPU and allocation of this node, from the running daemon",
+        description="Per card: mode, memory allocated/used/total, core share, MPS state; "
+        "per allocation: pod, container, card, quota and use, state, violations.",
+    )
+    parser.add_argument("--config", metavar="FILE", help="the daemon's config (finds its socket)")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(config_error_line(e), file=sys.stderr)
+        return 2
+    code = 0
+    try:
+        status = query(settings.status_socket)
+    except PermissionError:
+        print(
+            f"nodemgr: permission denied on {settings.status_socket} (root only): "
+            "run it as root, e.g. sudo nodemgr status",
+            file=sys.stderr,
+        )
+        return 1
+    except (OSError, ProtocolError) as e:
+        why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        print(
+            f"nodemgr: gpushare-node is not answering on {settings.status_socket} ({why}); "
+            "showing the last state from the ledger. Check: systemctl status gpushare-node",
+            file=sys.stderr,
+        )
+        try:
+            status = _from_ledger(settings)
+        except LedgerError as e:
+            print(f"nodemgr: {e}", file=sys.stderr)
+            return 1
+        code = EXIT_DAEMON_DOWN
+    if args.json:
+        print(json.dumps(status, indent=2))
+    else:
+        print(render_table(status, time.time()))
+    return code
+
+
+def _cards(text: str | None, where: str) -> list[SimpleNamespace]:
+    """The card list the daemon kept in the ledger's meta table."""
+    try:
+        cards = [SimpleNamespace(**card) for card in json.loads(text or "[]")]
+        for card in cards:
+            card.index, card.uuid, card.name, card.memory_mib  # noqa: B018 (all four needed)
+    except (ValueError, TypeError, AttributeError) as e:
+        raise LedgerError(f"the card list kept in {where} is unreadable ({e})") from e
+    return cards
+
+
+def _from_ledger(settings: Settings) -> dict:
+    if not os.path.exists(os.path.join(settings.state_dir, LEDGER_FILE)):
+        raise LedgerError(
+            f"no ledger in {settings.state_dir}: gpushare-node has not run here with this "
+            "state_dir (is --config the daemon's config?)"
+        )
+    ledger = Ledger(settings.state_dir, read_only=True)
+    try:
+        cards = _cards(ledger.get_meta(CARDS_META_KEY), ledger.path)
+        containers: dict[str, int] = {}
+        for registration in ledger.load_registrations():
+            containers[registration.allocation_id] = (
+                containers.get(registration.allocation_id, 0) + 1
+            )
+        return build_status(
+            settings.node_name,
+            cards,
+            ledger.load(),
+            source="ledger",
+            card_problems=None,
+            mps={} if settings.mps.enabled else None,
+            usage=None,
+            containers=containers,
+            violations=ledger.violation_counts(),
+            enforcement=None,
+            daemon=None,
+        )
+    finally:
+        ledger.close()
