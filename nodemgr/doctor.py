@@ -228,9 +228,7 @@ def parse_proc_status(text: str) -> tuple[int, int | None]:
 def privileges_result(euid: int, cap_eff: int | None) -> Result:
     net_admin = cap_eff is not None and bool(cap_eff >> CAP_NET_ADMIN & 1)
     if euid == 0 and net_admin:
-        return Result(
-            "privileges", PASS, "root, with CAP_NET_ADMIN (as gpushare-node must run)"
-        )
+        return Result("privileges", PASS, "root, with CAP_NET_ADMIN (as gpushare-node must run)")
     if euid == 0:
         return Result(
             "privileges",
