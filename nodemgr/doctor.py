@@ -39,6 +39,7 @@ from nodemgr.config import Settings, config_error_line, load_settings
 from nodemgr.errors import ConfigError, InventoryError, LedgerError
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.ledger import LEDGER_FILE, Ledger
+from nodemgr.statusserver import query as query_status
 
 PASS, WARN, FAIL = "PASS", "WARN", "FAIL"
 _RANK = {PASS: 0, WARN: 1, FAIL: 2}
@@ -56,6 +57,9 @@ PROBE_CONTAINER_ID = "gpushare-doctor-probe"
 # CRI-O and podman read both; a file in /etc replaces the same name in /usr/share.
 OCI_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+# Where `nodemgr install` puts the daemon's config (nodemgr.install.CONFIG_PATH; a
+# sibling command module, so not imported: a test keeps the two equal).
+INSTALLED_CONFIG = "/etc/gpushare/config.yaml"
 NVIDIA_DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 KUBERNETES_NOT_BUILT = (
     "not built in this version: no pod annotations, node labels or events; the gpushare "
@@ -137,7 +141,8 @@ def run(args, host: Host | None = None) -> int:
 
 
 def run_checks(settings: Settings, config_path: str | None, host: Host) -> list[Result]:
-    results = [config_result(config_path, settings), check_privileges(host)]
+    installed = config_path is None and os.path.isfile(host.path(INSTALLED_CONFIG))
+    results = [config_result(config_path, settings, installed), check_privileges(host)]
     results += check_gpus(settings, host)
     results.append(check_mps_binary(settings, host))
     results.append(
@@ -185,12 +190,27 @@ def render(results: list[Result]) -> str:
 # --- config and privileges ---------------------------------------------------------------
 
 
-def config_result(path: str | None, settings: Settings) -> Result:
-    where = path if path else "no --config: the built-in defaults"
-    detail = f"{where}: valid (node {settings.node_name}, GPU backend {settings.gpus.backend})"
-    if not path:
-        detail += "; pass the daemon's --config FILE to check its settings"
-    return Result("config", PASS, detail)
+def config_result(path: str | None, settings: Settings, installed_config: bool) -> Result:
+    """``installed_config``: no --config was given, yet INSTALLED_CONFIG exists on this node."""
+    valid = f"valid (node {settings.node_name}, GPU backend {settings.gpus.backend})"
+    if path:
+        return Result("config", PASS, f"{path}: {valid}")
+    if installed_config:
+        # The installed unit runs the daemon with that file: checking the defaults
+        # instead would look at other paths than the daemon uses.
+        return Result(
+            "config",
+            WARN,
+            f"no --config: checking the built-in defaults, but {INSTALLED_CONFIG} exists "
+            "(the config the installed gpushare-node.service uses)",
+            f"nodemgr doctor --config {INSTALLED_CONFIG}",
+        )
+    return Result(
+        "config",
+        PASS,
+        f"no --config: the built-in defaults are {valid}; give the daemon's --config FILE "
+        "to check its settings",
+    )
 
 
 def config_error_result(path: str | None, err: ConfigError) -> Result:
@@ -884,12 +904,29 @@ def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Resul
 
 def check_daemon(settings: Settings, host: Host) -> Result:
     hook = probe_hook_socket(settings.hook_socket, host.timeout_seconds)
-    status = probe_socket(settings.status_socket, host.timeout_seconds)
-    return daemon_result(settings.hook_socket, hook, settings.status_socket, status)
+    status, document = probe_status_socket(settings.status_socket, host.timeout_seconds)
+    return daemon_result(settings.hook_socket, hook, settings.status_socket, status, document)
+
+
+def probe_status_socket(path: str, timeout: float) -> tuple[SocketProbe, dict | None]:
+    """Ask the daemon for its status document (what ``nodemgr status`` shows)."""
+    found = _stat_socket(path)
+    if found is not None:
+        return found, None
+    try:
+        return SocketProbe("ok"), query_status(path, timeout)
+    except protocol.ProtocolError as e:
+        return SocketProbe("bad_answer", str(e)), None
+    except OSError as e:
+        return _connect_error(e), None
 
 
 def daemon_result(
-    hook_path: str, hook: SocketProbe, status_path: str, status: SocketProbe
+    hook_path: str,
+    hook: SocketProbe,
+    status_path: str,
+    status: SocketProbe,
+    document: dict | None,
 ) -> Result:
     name = "gpushare-node"
     start = (
@@ -925,18 +962,38 @@ def daemon_result(
             "check enforcement.hook_socket and run_dir match the daemon's config; restart it",
         )
     answering = f"answers on {hook_path}"
-    if status.state == "ok":
-        return Result(name, PASS, f"{answering}; status socket {status_path} accepts connections")
     if status.state == "denied":
         return Result(name, PASS, f"{answering}; status socket {status_path} not readable by you")
+    if status.state != "ok" or document is None:
+        found = "absent" if status.state in ("missing", "no_dir") else status.error or status.state
+        return Result(
+            name,
+            WARN,
+            f"{answering}, but its status socket {status_path} is {found}: "
+            "`nodemgr status` cannot reach it",
+            "give doctor the daemon's --config (status.socket); restart gpushare-node if it "
+            "predates the status socket",
+        )
+    daemon = document.get("daemon") or {}
+    who = f"running (pid {daemon.get('pid', '?')}, version {daemon.get('version', '?')})"
+    if daemon.get("ready"):
+        return Result(
+            name, PASS, f"{who}, ready: registered with kubelet, MPS healthy; {answering}"
+        )
+    why = []
+    if not daemon.get("registered"):
+        why.append("not registered with kubelet")
+    why += [
+        f"GPU{gpu.get('index')}: {gpu.get('problem')}"
+        for gpu in document.get("gpus") or []
+        if gpu.get("healthy") is False
+    ]
     return Result(
         name,
         WARN,
-        f"{answering}, but its status socket {status_path} is "
-        f"{'absent' if status.state in ('missing', 'no_dir') else status.error or status.state}: "
-        "`nodemgr status` cannot reach it",
-        "give doctor the daemon's --config (status.socket); restart gpushare-node if it "
-        "predates the status socket",
+        f"{who} but not ready: {'; '.join(why) or 'MPS not healthy yet'}; {answering}",
+        "see `nodemgr status` and `journalctl -u gpushare-node`; fix the kubelet and MPS "
+        "lines above",
     )
 
 

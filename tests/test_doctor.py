@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from hooks import protocol
-from nodemgr import doctor
+from nodemgr import doctor, install
 from nodemgr.allocator import Allocator
 from nodemgr.config import load_settings
 from nodemgr.containers import ContainerRegistry
@@ -32,6 +32,7 @@ from nodemgr.doctor import FAIL, PASS, WARN, HookEntry, Host, Result, RuntimeHoo
 from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.ledger import LEDGER_FILE, Ledger
+from nodemgr.statusserver import DaemonFacts, LiveStatus, StatusServer
 from tests.daemon_proc import MPS_STANDIN, _console_script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -102,6 +103,17 @@ def entry(stage=doctor.CREATE, socket_path="/run/gpushare/hook.sock", **kw):
 
 
 # --- pure verdicts -----------------------------------------------------------------------
+
+
+def test_config_verdicts_point_at_the_installed_config():
+    settings = SimpleNamespace(node_name="node-a", gpus=SimpleNamespace(backend="nvml"))
+    given = doctor.config_result("/etc/g.yaml", settings, False)
+    assert given == Result("config", PASS, "/etc/g.yaml: valid (node node-a, GPU backend nvml)")
+    assert doctor.config_result(None, settings, False).status == PASS
+    installed = doctor.config_result(None, settings, True)
+    assert installed.status == WARN
+    assert installed.fix == "nodemgr doctor --config /etc/gpushare/config.yaml"
+    assert doctor.INSTALLED_CONFIG == install.CONFIG_PATH
 
 
 def test_privileges_need_root_and_cap_net_admin():
@@ -323,17 +335,35 @@ def test_containerd_runtimes_of_config_v2_and_v3():
 
 def test_daemon_verdicts():
     hook, status = "/run/gpushare/hook.sock", "/run/gpushare/status.sock"
-    ok = SocketProbe("ok")
-    assert doctor.daemon_result(hook, ok, status, ok).status == PASS
-    down = doctor.daemon_result(hook, SocketProbe("missing"), status, SocketProbe("missing"))
+    ok, missing = SocketProbe("ok"), SocketProbe("missing")
+    down = doctor.daemon_result(hook, missing, status, missing, None)
     assert down.status == FAIL and down.detail.startswith("not running: no hook socket")
     assert "fail closed" in down.detail and "systemctl start gpushare-node" in down.fix
-    stale = doctor.daemon_result(hook, SocketProbe("refused"), status, SocketProbe("refused"))
+    stale = doctor.daemon_result(hook, SocketProbe("refused"), status, SocketProbe("refused"), None)
     assert stale.status == FAIL and "stale socket" in stale.detail
-    no_status = doctor.daemon_result(hook, ok, status, SocketProbe("missing"))
-    assert no_status.status == WARN and "`nodemgr status` cannot reach it" in no_status.detail
-    odd = doctor.daemon_result(hook, SocketProbe("bad_answer", "not JSON"), status, ok)
+    odd = doctor.daemon_result(hook, SocketProbe("bad_answer", "not JSON"), status, ok, None)
     assert odd.status == FAIL and "not JSON" in odd.detail
+    no_status = doctor.daemon_result(hook, ok, status, missing, None)
+    assert no_status.status == WARN and "`nodemgr status` cannot reach it" in no_status.detail
+
+
+def test_daemon_readiness_from_its_status_document():
+    hook, status, ok = "/run/gpushare/hook.sock", "/run/gpushare/status.sock", SocketProbe("ok")
+    daemon = {"pid": 42, "version": "0.4.0", "ready": True, "registered": True}
+    ready = doctor.daemon_result(hook, ok, status, ok, {"daemon": daemon, "gpus": []})
+    assert ready == Result(
+        "gpushare-node",
+        PASS,
+        f"running (pid 42, version 0.4.0), ready: registered with kubelet, MPS healthy; "
+        f"answers on {hook}",
+    )
+    sick = {"index": 1, "healthy": False, "problem": "MPS control daemon down"}
+    document = {"daemon": dict(daemon, ready=False, registered=False), "gpus": [sick]}
+    not_ready = doctor.daemon_result(hook, ok, status, ok, document)
+    assert not_ready.status == WARN
+    assert "not ready: not registered with kubelet; GPU1: MPS control daemon down" in (
+        not_ready.detail
+    )
 
 
 def test_ledger_verdicts():
@@ -538,7 +568,7 @@ def test_mps_binary_probe(tmp_path):
 class SimulatedNode:
     """A simulated node with everything doctor can find working: a listening kubelet and
     pod-resources socket, the stand-in MPS binary, the shipped CRI-O hooks in a fake root,
-    and the real hook server of a daemon (allocator, registry, ledger) on the hook socket."""
+    and a daemon's real hook and status servers (allocator, registry, ledger) on its sockets."""
 
     def __init__(self, tmp_path):
         self.sockets = short_dir()
@@ -572,17 +602,22 @@ class SimulatedNode:
         self.servers = [
             listening(f"{self.sockets}/dp/kubelet.sock"),
             listening(f"{self.sockets}/pr/kubelet.sock"),
-            listening(f"{self.sockets}/run/status.sock"),
         ]
         settings = load_settings(self.config_path)
         self.ledger = Ledger(settings.state_dir)
         allocator = Allocator(settings, open_inventory(settings.gpus).cards(), self.ledger)
-        self.hook_server = HookServer(
-            ContainerRegistry(self.ledger, allocator, None), self.hook_socket
-        )
+        registry = ContainerRegistry(self.ledger, allocator, None)
+        self.hook_server = HookServer(registry, self.hook_socket)
         self.hook_server.start()
+        facts = DaemonFacts(version="test", ready=True, registered=True)
+        live = LiveStatus(
+            "node-a", facts, allocator, self.ledger, registry, None, lambda: None, dict
+        )
+        self.status_server = StatusServer(live, settings.status_socket)
+        self.status_server.start()
 
     def close(self):
+        self.status_server.stop()
         self.hook_server.stop()
         self.ledger.close()
         for server in self.servers:
@@ -613,6 +648,7 @@ def test_simulated_node_passes_what_can_pass(tmp_path, capsys):
     assert code == 0
     assert all(r["fix"] for r in results.values() if r["status"] != PASS)
     assert results["GPUs"]["detail"].startswith("simulated: not a real GPU node")
+    assert results["gpushare-node"]["detail"].startswith("running (pid")
 
 
 def test_node_without_kubelet_or_nvml_fails_through_the_real_command(tmp_path):
