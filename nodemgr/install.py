@@ -271,7 +271,8 @@ class _Action:
     why: str = ""
 
 
-def install(root: str, config_path: str | None, dry_run: bool, out=sys.stdout) -> int:
+def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
+    out = sys.stdout if out is None else out  # looked up now: tests replace it
     node_command, hook_command = console_scripts()
     explicit_config = config_path is not None
     config_path = config_path or CONFIG_PATH
@@ -426,7 +427,8 @@ def console_scripts() -> tuple[str, str]:
 # --- uninstall ------------------------------------------------------------------------
 
 
-def uninstall(root: str, dry_run: bool, out=sys.stdout) -> int:
+def uninstall(root: str, dry_run: bool, out=None) -> int:
+    out = sys.stdout if out is None else out  # looked up now: tests replace it
     manifest = _read_manifest(root)
     manifest_path = _under(root, MANIFEST_PATH)
     print(f"nodemgr uninstall{' (dry run: nothing is removed)' if dry_run else ''}", file=out)
