@@ -661,8 +661,9 @@ def add_parser(sub) -> None:
     parser.add_argument(
         "--config",
         metavar="FILE",
-        help=f"an existing config (its path on the node) for the units to use "
-        f"(default {CONFIG_PATH}, written with the defaults when absent)",
+        help=f"the config file gpushare-node.service passes to the daemon: its path on the "
+        f"node, read under DIR; it must exist (default {CONFIG_PATH}, written with the defaults "
+        "when absent)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
     parser.set_defaults(run=_run_install)
