@@ -66,10 +66,10 @@ KUBERNETES_NOT_BUILT = (
     "scheduler extender and kubectl inspect gpushare won't see this node's allocations"
 )
 _INSTALL_HOOK_FIX = (
-    "CRI-O/podman: `nodemgr install` writes the hook files into /etc/containers/oci/hooks.d "
-    '(or copy hooks/oci-hooks.d/*.json there); containerd: follow README "Enforcement" '
-    "(hooks/containerd/make-base-spec, base_runtime_spec in /etc/containerd/config.toml, "
-    "restart containerd)"
+    "`nodemgr install` writes the CRI-O/podman hooks into /etc/containers/oci/hooks.d; for "
+    "containerd run `/etc/gpushare/containerd/make-base-spec > "
+    "/etc/containerd/gpushare-base-spec.json`, set it as base_runtime_spec of the runc runtime "
+    'in /etc/containerd/config.toml and restart containerd (README "Enforcement")'
 )
 
 
@@ -930,8 +930,8 @@ def daemon_result(
 ) -> Result:
     name = "gpushare-node"
     start = (
-        "start gpushare-node (`systemctl start gpushare-node`, or `gpushare-node --config FILE`);"
-        " if it runs, give doctor the same --config"
+        "start it: `systemctl enable --now gpushare-node` (after `nodemgr install`) or "
+        "`gpushare-node --config FILE`; if it runs, give doctor the same --config"
     )
     down = "while it is down the hook refuses GPU containers (fail closed)"
     if hook.state == "denied":

@@ -68,7 +68,9 @@ def write(path: str, text: str, mode: int | None = None) -> str:
     return path
 
 
-def fake_node(root: str, *, crio_hooks: bool = True, cgroup: str = "v2", uid: int = 0) -> Host:
+def fake_node(
+    root: str, *, crio_hooks: bool = True, hook_bin: bool = True, cgroup: str = "v2", uid: int = 0
+) -> Host:
     """A node tree: /proc/self/status, cgroups, the hook binary and (optionally) CRI-O hooks."""
     cap_eff = "000001ffffffffff" if uid == 0 else "0000000000000000"
     write(f"{root}/proc/self/status", f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
@@ -82,7 +84,8 @@ def fake_node(root: str, *, crio_hooks: bool = True, cgroup: str = "v2", uid: in
     elif cgroup == "v1":
         write(f"{root}/sys/fs/cgroup/memory/cgroup.procs", "1\n")
         write(f"{root}/sys/fs/cgroup/pids/cgroup.procs", "1\n")
-    write(f"{root}{HOOK_BIN}", "#!/bin/sh\nexit 0\n", 0o755)
+    if hook_bin:
+        write(f"{root}{HOOK_BIN}", "#!/bin/sh\nexit 0\n", 0o755)
     if crio_hooks:
         os.makedirs(f"{root}/etc/containers/oci/hooks.d")
         for name in os.listdir(SHIPPED_HOOKS_D):
@@ -338,7 +341,7 @@ def test_daemon_verdicts():
     ok, missing = SocketProbe("ok"), SocketProbe("missing")
     down = doctor.daemon_result(hook, missing, status, missing, None)
     assert down.status == FAIL and down.detail.startswith("not running: no hook socket")
-    assert "fail closed" in down.detail and "systemctl start gpushare-node" in down.fix
+    assert "fail closed" in down.detail and "systemctl enable --now gpushare-node" in down.fix
     stale = doctor.daemon_result(hook, SocketProbe("refused"), status, SocketProbe("refused"), None)
     assert stale.status == FAIL and "stale socket" in stale.detail
     odd = doctor.daemon_result(hook, SocketProbe("bad_answer", "not JSON"), status, ok, None)
@@ -515,6 +518,26 @@ def test_containerd_base_spec_in_a_fake_root(tmp_path):
     write(f"{root}/etc/containerd/gpushare-base-spec.json", json.dumps(spec))
     result = doctor.check_runtime_hook(settings, host)
     assert result.status == PASS and result.detail.startswith("containerd: " + HOOK_BIN)
+
+
+def test_hooks_written_by_nodemgr_install_pass(tmp_path):
+    root = str(tmp_path)
+    done = subprocess.run(
+        [*_console_script("nodemgr"), "install", "--root", root],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    settings = load_settings(f"{root}/etc/gpushare/config.yaml")
+    host = fake_node(root, crio_hooks=False, hook_bin=False)
+    with open(f"{root}/etc/containers/oci/hooks.d/50-gpushare-create.json") as f:
+        hook_path = json.load(f)["hook"]["path"]
+    # install points at the real gpushare-hook; under the fake root it is not there yet.
+    missing = doctor.check_runtime_hook(settings, host)
+    assert missing.status == FAIL and f"{hook_path} is not an executable file" in missing.detail
+    write(f"{root}{hook_path}", "#!/bin/sh\n", 0o755)
+    assert doctor.check_runtime_hook(settings, host).status == PASS
 
 
 @pytest.mark.parametrize(
