@@ -272,6 +272,8 @@ class _Action:
 
 
 def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
+    """Write (or with ``dry_run`` only list) every file under ``root``; the exit status:
+    0, or 1 when a file that is not ours was kept. Raises InstallError, ConfigError."""
     out = sys.stdout if out is None else out  # looked up now: tests replace it
     node_command, hook_command = console_scripts()
     explicit_config = config_path is not None
@@ -428,6 +430,8 @@ def console_scripts() -> tuple[str, str]:
 
 
 def uninstall(root: str, dry_run: bool, out=None) -> int:
+    """Remove the recorded files that are still as install wrote them; the exit status:
+    0, or 1 while systemd still has our units enabled (nothing is removed then)."""
     out = sys.stdout if out is None else out  # looked up now: tests replace it
     manifest = _read_manifest(root)
     manifest_path = _under(root, MANIFEST_PATH)
