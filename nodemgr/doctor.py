@@ -16,8 +16,9 @@ directory. Paths named in gpushare-node's config are used as they are: the
 config is the admin's statement of where things are.
 
 What it must not do: change anything. It reads files, connects to sockets,
-initialises NVML to list the cards, opens the ledger read-only, and sends the
-daemon's hook socket one ``poststop`` for a container ID no runtime can
+initialises NVML to list the cards, opens the ledger read-only, asks the
+daemon's status socket for its status document (as ``nodemgr status`` does),
+and sends its hook socket one ``poststop`` for a container ID no runtime can
 produce (the daemon answers it from memory without writing or logging). It
 never starts, stops, writes, creates or removes anything.
 """
