@@ -39,11 +39,12 @@ from nodemgr.allocator import Allocator
 from nodemgr.config import Settings, config_error_line, load_settings, reload_settings
 from nodemgr.containers import ContainerRegistry
 from nodemgr.deviceids import ResourceKind, card_device_ids
-from nodemgr.errors import ConfigError, GpushareError
+from nodemgr.errors import BindError, ConfigError, GpushareError
 from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
 from nodemgr.ledger import Ledger
+from nodemgr.metrics import Metrics
 from nodemgr.mps_supervisor import MpsSupervisor
 from nodemgr.plugin import OPTIONS, PluginServer
 from nodemgr.procevents import ProcEvents
@@ -78,10 +79,11 @@ def run(
     notifier = notifier or ServiceNotifier()
     reload_requested = reload_requested or threading.Event()
     inventory = open_inventory(settings.gpus)
-    ledger = supervisor = hook_server = watchdog = status_server = None
+    ledger = supervisor = hook_server = watchdog = status_server = metrics_server = None
     workers_stop = threading.Event()  # the MPS supervisor's and the watchdog's
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
     facts = DaemonFacts(version=_version())
+    notifier.status("starting: reading GPUs, ledger and MPS")
     try:
         cards = inventory.cards()
         check_device_list_size(cards, settings.resources.memory_unit_mib)
@@ -126,12 +128,27 @@ def run(
         status.remember_cards()
         status_server = StatusServer(status, settings.status_socket)
         status_server.start()
+        metrics = Metrics(status.document)
+        if settings.metrics.enabled:
+            try:
+                metrics_server = metrics.serve(settings.metrics.address)
+                facts.metrics_address = _host_port(settings.metrics.address, metrics_server.port)
+                log.info("metrics at http://%s/metrics", facts.metrics_address)
+            except BindError as e:
+                # The device plugin matters more than its metrics: run on, say it loudly.
+                log.error("%s; running on without metrics", e)
+        observe_allocate = metrics.observe_allocate if settings.metrics.enabled else None
         kubelet_socket = os.path.join(settings.kubelet.device_plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
         while not stop.is_set():
+            # kubelet creates this directory, but we may start first (boot, a new node).
+            os.makedirs(settings.kubelet.device_plugin_dir, mode=0o755, exist_ok=True)
             servers = [
                 PluginServer(
-                    allocator, kind, os.path.join(settings.kubelet.device_plugin_dir, name)
+                    allocator,
+                    kind,
+                    os.path.join(settings.kubelet.device_plugin_dir, name),
+                    observe_allocate=observe_allocate,
                 )
                 for kind, name in SOCKET_NAMES.items()
                 if kind in allocator.resource_names
@@ -141,7 +158,7 @@ def run(
             facts.registered = False
             kubelet_inode = _register_all(servers, kubelet_socket, stop, notifier, allocator)
             facts.registered = kubelet_inode is not None
-            while kubelet_inode is not None and not stop.wait(WATCH_PERIOD_SECONDS):
+            while kubelet_inode is not None and not stop.wait(_loop_period(notifier)):
                 if _inode(kubelet_socket) != kubelet_inode or not all(
                     s.socket_present() for s in servers
                 ):
@@ -156,7 +173,7 @@ def run(
                                        watchdog)  # fmt: skip
                 if time.monotonic() >= next_reconcile or allocator.reconcile_requested.is_set():
                     allocator.reconcile_requested.clear()
-                    _reconcile(allocator, podresources)
+                    _reconcile(allocator, podresources, metrics)
                     next_reconcile = time.monotonic() + settings.kubelet.reconcile_interval_seconds
                 _tell_systemd(notifier, facts, allocator, len(servers))
             for server in servers:
@@ -166,7 +183,7 @@ def run(
     finally:
         # MPS control daemons are left running: their clients outlive us.
         workers_stop.set()
-        for server in (hook_server, status_server):
+        for server in (hook_server, status_server, metrics_server):
             if server is not None:
                 server.stop()
         if watchdog is not None:
@@ -251,7 +268,7 @@ def _register_all(
     """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped.
 
     Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile."""
-    delay, waiting_logged = 0.2, False
+    delay, waiting_logged, next_try = 0.2, False, 0.0
     while not stop.is_set():
         inode = _inode(kubelet_socket)
         if inode is None:
@@ -259,7 +276,7 @@ def _register_all(
                 log.info("waiting for kubelet: %s does not exist yet", kubelet_socket)
                 waiting_logged = True
             notifier.status(f"waiting for kubelet: {kubelet_socket} does not exist yet")
-        else:
+        elif time.monotonic() >= next_try:
             try:
                 for server in servers:
                     if not register(
@@ -273,26 +290,44 @@ def _register_all(
                     )
                 return inode
             except KubeletUnavailable as e:
-                log.warning("%s; retrying", e)
+                log.warning("%s; retrying in %g s", e, delay)
                 notifier.status(f"waiting for kubelet: {e}")
+                next_try = time.monotonic() + delay
+                delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
         if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
             notifier.watchdog()
-        stop.wait(delay)
-        delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
+        # Short steps: a new kubelet.sock is seen at once, and watchdog pings stay on time.
+        stop.wait(_loop_period(notifier))
     return None
 
 
-def _reconcile(allocator: Allocator, podresources: PodResourcesClient) -> None:
+def _reconcile(allocator: Allocator, podresources: PodResourcesClient, metrics: Metrics) -> None:
     try:
         record = podresources.list()
     except KubeletUnavailable as e:
         # Never release anything on a failed read: kubelet may just be restarting.
         log.warning("reconcile skipped: %s", e)
+        metrics.count_reconcile("skipped")
         return
     try:
-        allocator.reconcile(record)
+        plan = allocator.reconcile(record)
     except GpushareError as e:
         log.error("reconcile failed: %s", e)
+        metrics.count_reconcile("failed")
+        return
+    metrics.count_reconcile("ok")
+    metrics.count_reconcile_plan(plan)
+
+
+def _loop_period(notifier: ServiceNotifier) -> float:
+    """Seconds between run loop iterations: short enough for systemd's watchdog too."""
+    interval = notifier.watchdog_interval_seconds
+    return WATCH_PERIOD_SECONDS if interval is None else min(WATCH_PERIOD_SECONDS, interval / 4)
+
+
+def _host_port(address: str, port: int) -> str:
+    """The configured address with the port really bound (port 0 picks one)."""
+    return f"{address.rpartition(':')[0]}:{port}"
 
 
 def check_device_list_size(cards: tuple[Card, ...] | list[Card], memory_unit_mib: int) -> None:

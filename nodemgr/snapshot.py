@@ -107,8 +107,11 @@ def build_status(
                 "core_allocated_percent": 100 if whole else sum(a.core_percent for a in on_card),
                 "healthy": None if card_problems is None else problem is None,
                 "problem": problem,
-                "mps": {"state": mps_view.state, "clients": mps_view.clients,
-                        "detail": mps_view.detail},  # fmt: skip
+                "mps": {
+                    "state": mps_view.state,
+                    "clients": mps_view.clients,
+                    "detail": mps_view.detail,
+                },
                 "allocations": len(on_card),
             }
         )
@@ -122,8 +125,12 @@ def build_status(
                 "gpu_index": index_of.get(card),
                 "gpus": list(a.cards),
                 "whole": a.whole,
-                "memory_mib": sum(memory_of.get(c, 0) for c in a.cards) if a.whole else a.memory_mib,
-                "memory_used_mib": None if usage is None else usage.allocation_used_mib.get(a.id, 0),
+                "memory_mib": sum(memory_of.get(c, 0) for c in a.cards)
+                if a.whole
+                else a.memory_mib,
+                "memory_used_mib": None
+                if usage is None
+                else usage.allocation_used_mib.get(a.id, 0),
                 "core_percent": 100 * len(a.cards) if a.whole else a.core_percent,
                 "namespace": a.owner.namespace if a.owner else None,
                 "pod": a.owner.pod if a.owner else None,
@@ -185,17 +192,22 @@ def render_table(status: dict, now: float) -> str:
     if not status["allocations"]:
         lines.append("no allocations")
         return "\n".join(lines)
-    rows = [("POD", "CONTAINER", "GPU", "MEMORY QUOTA/USED", "CORE", "STATE", "CTRS", "VIOL", "AGE")]
+    rows = [
+        ("POD", "CONTAINER", "GPU", "MEMORY QUOTA/USED", "CORE", "STATE", "CTRS", "VIOL", "AGE")
+    ]
     for a in status["allocations"]:
         pod = f"{a['namespace']}/{a['pod']}" if a["pod"] else "(not yet known)"
-        gpu = ",".join(str(i) for i in _indexes(status, a)) if a["whole"] else _known(a["gpu_index"])
+        gpu = (
+            ",".join(str(i) for i in _indexes(status, a)) if a["whole"] else _known(a["gpu_index"])
+        )
         rows.append(
             (
                 pod,
                 a["container"] or "-",
                 gpu,
-                "whole card" if a["whole"] else f"{_gib(a['memory_mib'])} / "
-                f"{_gib(a['memory_used_mib'])}",
+                "whole card"
+                if a["whole"]
+                else f"{_gib(a['memory_mib'])} / {_gib(a['memory_used_mib'])}",
                 "-" if a["whole"] else f"{a['core_percent']}%",
                 a["state"],
                 str(a["containers"]),
@@ -216,7 +228,9 @@ def _header(status: dict, now: float) -> str:
             "(no health, usage or MPS state)"
         )
     state = "ready" if daemon.get("ready") else "starting (not registered with kubelet yet)"
-    head = f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
+    head = (
+        f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
+    )
     enforcement = status.get("enforcement")
     if enforcement:
         count = sum(enforcement["violations"].values())

@@ -1,6 +1,9 @@
 """The systemd service protocol: READY, STATUS, RELOADING, STOPPING and watchdog pings.
 
-The only module that imports ``sdnotify``. Outside systemd (no
+The protocol is a datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``; it is
+spoken here directly rather than through the ``sdnotify`` package, which reads
+the process environment itself (so tests could not point it elsewhere) and
+swallows every error. Outside systemd (no
 ``$NOTIFY_SOCKET``) every call does nothing, so the daemon runs the same
 under any supervisor. A send that fails is logged once and never raised:
 systemd being gone must not stop the device plugin.
@@ -15,10 +18,9 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import time
 from collections.abc import Mapping
-
-import sdnotify
 
 log = logging.getLogger(__name__)
 
@@ -30,19 +32,26 @@ class ServiceNotifier:
         environ = os.environ if environ is None else environ
         self.socket_path = environ.get("NOTIFY_SOCKET", "")
         self.watchdog_interval_seconds = _watchdog_interval(environ)
-        self._notifier = None
+        self._socket: socket.socket | None = None
         self._failed = False
         self._last_ping = 0.0  # monotonic
         self._last_status = ""
         if self.socket_path:
+            # "@name" is an abstract-namespace socket: a leading NUL byte instead of "@".
+            address = self.socket_path
+            if address.startswith("@"):
+                address = "\0" + address[1:]
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC)
             try:
-                self._notifier = sdnotify.SystemdNotifier(debug=True)
-            except (OSError, TypeError, IndexError) as e:
+                sock.connect(address)
+                self._socket = sock
+            except OSError as e:
+                sock.close()
                 log.warning("cannot reach systemd at NOTIFY_SOCKET=%s: %s", self.socket_path, e)
 
     @property
     def enabled(self) -> bool:
-        return self._notifier is not None
+        return self._socket is not None
 
     def ready(self, status: str) -> None:
         self._send("READY=1", f"STATUS={_one_line(status)}")
@@ -72,12 +81,12 @@ class ServiceNotifier:
             self._last_ping = now
 
     def _send(self, *lines: str) -> None:
-        if self._notifier is None:
+        if self._socket is None:
             return
         try:
-            self._notifier.notify("\n".join(lines))
+            self._socket.send("\n".join(lines).encode())
             self._failed = False
-        except (OSError, UnicodeError) as e:
+        except OSError as e:
             if not self._failed:  # once per outage, not at every ping
                 log.warning("cannot notify systemd at %s: %s", self.socket_path, e)
                 self._failed = True

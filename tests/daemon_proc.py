@@ -76,12 +76,20 @@ class Node:
             yaml.safe_dump(config, f)
         self.process: subprocess.Popen | None = None
 
-    def start(self) -> None:
+    def start(self, env: dict[str, str] | None = None) -> None:
+        """Start gpushare-node; ``env`` adds to (or, with "", removes from) our environment."""
+        environ = dict(os.environ)
+        for name, value in (env or {}).items():
+            if value:
+                environ[name] = value
+            else:
+                environ.pop(name, None)
         log = open(self.log_path, "a")
         self.process = subprocess.Popen(
             [*_console_script("gpushare-node"), "--config", self.config_path],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=environ,
         )
         log.close()
 
@@ -117,6 +125,14 @@ class Node:
 
     def violations(self) -> list[dict]:
         return self._nodemgr_json("violations")["violations"]
+
+    def nodemgr(self, *args: str) -> subprocess.CompletedProcess:
+        """``nodemgr ARGS --config <this node's config>``, output captured as text."""
+        return subprocess.run(
+            [*_console_script("nodemgr"), *args, "--config", self.config_path],
+            capture_output=True,
+            text=True,
+        )
 
     def _nodemgr_json(self, command: str) -> dict:
         out = subprocess.run(
