@@ -180,3 +180,53 @@ def test_status_socket_is_root_only(node):
     assert os.stat(socket_path).st_mode & 0o777 == 0o600
     with open(node.config_path) as f:
         assert yaml.safe_load(f)["run_dir"] == os.path.join(node.root, "run")
+
+
+def test_metrics_endpoint_serves_what_the_node_holds(node):
+    from urllib.request import urlopen
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    node.kubelet.start()
+    node.start()
+    for resource in (MEMORY, CORE, WHOLE):
+        node.kubelet.wait_for_resource(resource, timeout=20)
+    pod = [ContainerSpec("main", {MEMORY: 4, CORE: 30})]
+    assert node.kubelet.admit_pod("default", "job", pod).ok
+    node.wait_for(lambda: any(a["pod"] for a in node.allocations()), what="the pod's identity")
+    address = json.loads(node.nodemgr("status", "--json").stdout)["daemon"]["metrics_address"]
+    assert address.startswith("127.0.0.1:") and not address.endswith(":0")
+
+    def scrape() -> dict[tuple, float]:
+        with urlopen(f"http://{address}/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        }
+
+    def value(samples, name, **labels):
+        found = [
+            v for (n, ls), v in samples.items() if n == name and labels.items() <= dict(ls).items()
+        ]
+        assert len(found) == 1, (name, labels, found)
+        return found[0]
+
+    samples = node.wait_for(
+        lambda: (s := scrape()) and value(s, "gpushare_reconcile_total", result="ok") >= 1 and s,
+        what="a reconcile counted",
+    )
+    card = json.loads(node.nodemgr("status", "--json").stdout)["allocations"][0]["gpu"]
+    assert value(samples, "gpushare_gpu_memory_allocated_bytes", gpu=card) == 4 * 2**30
+    assert value(samples, "gpushare_gpu_memory_total_bytes", gpu=card) == 15 * 2**30
+    assert value(samples, "gpushare_gpu_core_allocated_ratio", gpu=card) == pytest.approx(0.30)
+    assert value(samples, "gpushare_gpu_mps_up", gpu=card) == 1
+    quota = value(samples, "gpushare_allocation_memory_quota_bytes", pod="job", container="main")
+    assert quota == 4 * 2**30
+    allocations = value(
+        samples, "gpushare_allocate_duration_seconds_count", resource=MEMORY, result="ok"
+    )
+    assert allocations == 1
+    assert value(samples, "gpushare_enforcement_kills_total") == 0
+    assert value(samples, "gpushare_daemon_ready") == 1
