@@ -32,6 +32,7 @@ __all__ = [
     "EnforcementSettings",
     "GpuSettings",
     "KubeletSettings",
+    "KubernetesSettings",
     "MetricsSettings",
     "MpsSettings",
     "ResourceSettings",
@@ -141,6 +142,24 @@ class MetricsSettings:
 
 
 @dataclass(frozen=True)
+class KubernetesSettings:
+    """The Kubernetes API: pod identity at admission, gpushare annotations, node labels, events.
+
+    Optional: without it (``enabled: false``, or the API server unreachable)
+    the daemon is a plain device plugin and nothing waits on the API server.
+    """
+
+    enabled: bool = True
+    # Credentials: "" = $KUBECONFIG, else the in-cluster service account, else
+    # ~/.kube/config. An absolute path names a kubeconfig file.
+    kubeconfig: str = ""
+    # Prefix of the node labels gpushare-node writes (and the only ones it ever
+    # changes or removes), e.g. gpushare.aliyun.com/gpu-model.
+    label_prefix: str = "gpushare.aliyun.com/"
+    request_timeout_seconds: float = 10.0  # > 0: one API request; a slower one is retried later
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpushare-node is configured with."""
 
@@ -154,6 +173,7 @@ class Settings:
     enforcement: EnforcementSettings = EnforcementSettings()
     status: StatusSettings = StatusSettings()
     metrics: MetricsSettings = MetricsSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
 
     @property
     def hook_socket(self) -> str:
@@ -165,7 +185,7 @@ class Settings:
 
 
 # Sections of later versions: refused by name so that nobody believes they work.
-_FUTURE_SECTIONS = ("kubernetes",)
+_FUTURE_SECTIONS: tuple[str, ...] = ()
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -228,6 +248,7 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
             "enforcement": _enforcement,
             "status": _status,
             "metrics": _metrics,
+            "kubernetes": _kubernetes,
         },
     )
     if "node_name" not in values:
@@ -458,6 +479,42 @@ def _metrics(key: str, data: object) -> MetricsSettings:
     return MetricsSettings(
         **_values(key, data, MetricsSettings, {"enabled": _boolean, "address": _host_port})
     )
+
+
+def _kubernetes(key: str, data: object) -> KubernetesSettings:
+    return KubernetesSettings(
+        **_values(
+            key,
+            data,
+            KubernetesSettings,
+            {
+                "enabled": _boolean,
+                "kubeconfig": partial(_path, empty_ok=True),
+                "label_prefix": _label_prefix,
+                "request_timeout_seconds": _number,
+            },
+        )
+    )
+
+
+def _label_prefix(key: str, value: object) -> str:
+    """A label key prefix: ``<DNS subdomain>/`` (the name part is appended to it)."""
+    text = _string(key, value)
+    domain, slash, rest = text.partition("/")
+    if not slash or rest or len(domain) > 253 or not _DNS_SUBDOMAIN.fullmatch(domain):
+        raise ConfigError(
+            key,
+            f"must be a DNS subdomain followed by '/', e.g. gpushare.aliyun.com/ (got {_show(text)})",
+        )
+    if (
+        domain == "kubernetes.io"
+        or domain.endswith((".kubernetes.io", ".k8s.io"))
+        or domain == "k8s.io"
+    ):
+        raise ConfigError(
+            key, f"the kubernetes.io and k8s.io prefixes are reserved (got {_show(text)})"
+        )
+    return text
 
 
 def _host_port(key: str, value: object) -> str:

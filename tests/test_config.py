@@ -147,6 +147,7 @@ def test_public_names():
         "EnforcementSettings",
         "GpuSettings",
         "KubeletSettings",
+        "KubernetesSettings",
         "MetricsSettings",
         "MpsSettings",
         "ResourceSettings",
@@ -292,13 +293,32 @@ def test_unknown_nested_key_lists_the_section_keys():
     assert "device_plugin_dir, pod_resources_socket" in refused({"kubelet": {"foo": 1}}).problem
 
 
-@pytest.mark.parametrize("section", ["kubernetes"])
-def test_future_section_refused_as_not_built(section):
-    err = refused({section: {"enabled": False}})
-    assert err.key == section
-    assert err.problem == (
-        f"unknown key: the {section} section is not supported by this version of gpushare-node"
+def test_kubernetes_section_defaults_and_values():
+    kube = load({}).kubernetes
+    assert (kube.enabled, kube.kubeconfig, kube.label_prefix) == (True, "", "gpushare.aliyun.com/")
+    kube = load(
+        {"kubernetes": {"enabled": False, "kubeconfig": "/etc/gpushare/kubeconfig",
+                        "label_prefix": "gpu.example.com/", "request_timeout_seconds": 3}}
+    ).kubernetes  # fmt: skip
+    assert (kube.enabled, kube.kubeconfig, kube.label_prefix, kube.request_timeout_seconds) == (
+        False,
+        "/etc/gpushare/kubeconfig",
+        "gpu.example.com/",
+        3.0,
     )
+
+
+@pytest.mark.parametrize(
+    "prefix", ["gpushare.aliyun.com", "gpushare.aliyun.com/x", "Upper.example/", "kubernetes.io/",
+               "node.k8s.io/", "/"]
+)  # fmt: skip
+def test_kubernetes_label_prefix_refused(prefix):
+    err = refused({"kubernetes": {"label_prefix": prefix}})
+    assert err.key == "kubernetes.label_prefix"
+
+
+def test_kubernetes_kubeconfig_must_be_absolute():
+    assert refused({"kubernetes": {"kubeconfig": "kubeconfig"}}).key == "kubernetes.kubeconfig"
 
 
 # --- values ------------------------------------------------------------------------------

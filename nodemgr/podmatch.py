@@ -1,0 +1,147 @@
+"""Which container kubelet is admitting, from the pods bound to this node (pure, no I/O).
+
+kubelet's GetPreferredAllocation and Allocate say how many devices of one
+resource it wants, never for which pod. The Kubernetes adapter keeps a cache
+of the pods bound to this node (one watch); this module picks, from that
+cache and the allocations already made, the container being admitted:
+
+- candidates are the containers of pods bound here, not being deleted, not
+  finished, whose request of the resource equals the size asked and which do
+  not hold that resource yet;
+- kubelet admits pods one at a time and a pod's containers in order (init
+  containers first), so the oldest pod (by the extender's assume time, else
+  its creation time) and its first such container win.
+
+The match gives the container's whole GPU demand (memory units, share) so the
+first Allocate, whichever resource it is for, places both on one card; and
+the card the gpushare scheduler extender chose (``ALIYUN_COM_GPU_MEM_IDX``, or
+per container ``scheduler.framework.gpushare.allocation``), which must be
+honoured. A wrong guess (two identical pending containers) puts the same
+demand on another pod's name: kubelet's PodResources record corrects the
+owner at the next reconcile, and the annotations follow the ledger.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+# Annotations of the gpushare scheduler extender (see the compatibility notes).
+IDX_ANNOTATION = "ALIYUN_COM_GPU_MEM_IDX"
+POD_ANNOTATION = "ALIYUN_COM_GPU_MEM_POD"
+DEV_ANNOTATION = "ALIYUN_COM_GPU_MEM_DEV"
+ASSIGNED_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSIGNED"
+ASSUME_TIME_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
+ALLOCATION_ANNOTATION = "scheduler.framework.gpushare.allocation"
+
+FINISHED_PHASES = ("Succeeded", "Failed")
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """One container of a pod spec and its integer extended-resource requests."""
+
+    name: str
+    requests: Mapping[
+        str, int
+    ]  # resource name -> quantity (extended resources: requests == limits)
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    """What the daemon keeps of one pod bound to this node (the adapter fills it in)."""
+
+    namespace: str
+    name: str
+    uid: str
+    node_name: str
+    phase: str  # Pending, Running, Succeeded, Failed, Unknown
+    created_at: float  # metadata.creationTimestamp, Unix seconds
+    deleting: bool  # metadata.deletionTimestamp is set
+    annotations: Mapping[str, str]
+    containers: tuple[ContainerRequest, ...]  # spec.containers, in order
+    init_containers: tuple[ContainerRequest, ...] = ()  # spec.initContainers, in order
+    resource_version: str = ""
+
+
+@dataclass(frozen=True)
+class Demand:
+    """The container being admitted and everything it asks of the shared resources."""
+
+    namespace: str
+    pod: str
+    container: str
+    container_index: int  # position in spec.containers (init containers: -1 - position)
+    memory_units: int
+    core_percent: int
+    extender_card_index: int | None  # the card the scheduler extender chose, if any
+
+
+def parse_extender_index(pod: PodInfo, container_index: int) -> int | None:
+    """The GPU index the extender chose for this container; None if it did not say.
+
+    Per container ``scheduler.framework.gpushare.allocation`` (``{"<container
+    index>": {"<gpu index>": units}}``) wins over the pod-wide
+    ``ALIYUN_COM_GPU_MEM_IDX``. Unreadable values count as not said.
+    """
+    text = pod.annotations.get(ALLOCATION_ANNOTATION)
+    if text and container_index >= 0:
+        try:
+            per_container = json.loads(text).get(str(container_index))
+            if isinstance(per_container, dict) and len(per_container) == 1:
+                (index,) = per_container
+                if index.isdigit():
+                    return int(index)
+        except (ValueError, AttributeError):
+            pass
+    index = pod.annotations.get(IDX_ANNOTATION, "")
+    return int(index) if index.isascii() and index.isdigit() else None
+
+
+def find_demand(
+    pods: Iterable[PodInfo],
+    resource: str,
+    size: int,
+    memory_resource: str,
+    core_resource: str,
+    held: Mapping[tuple[str, str, str], frozenset[str]],
+) -> Demand | None:
+    """The container kubelet is most likely admitting for ``size`` devices of ``resource``.
+
+    ``held``: (namespace, pod, container) -> the shared resources it already
+    holds (from the ledger). None when no pod in the cache can be asking.
+    """
+    candidates = []
+    for pod in pods:
+        if pod.deleting or pod.phase in FINISHED_PHASES:
+            continue
+        order = _admission_time(pod)
+        specs = [(-1 - i, c) for i, c in enumerate(pod.init_containers)]
+        specs += list(enumerate(pod.containers))
+        for position, (index, container) in enumerate(specs):
+            if container.requests.get(resource, 0) != size:
+                continue
+            if resource in held.get((pod.namespace, pod.name, container.name), frozenset()):
+                continue
+            candidates.append(((order, pod.namespace, pod.name, position), pod, index, container))
+    if not candidates:
+        return None
+    _, pod, index, container = min(candidates, key=lambda c: c[0])
+    return Demand(
+        namespace=pod.namespace,
+        pod=pod.name,
+        container=container.name,
+        container_index=index,
+        memory_units=container.requests.get(memory_resource, 0),
+        core_percent=container.requests.get(core_resource, 0),
+        extender_card_index=parse_extender_index(pod, index),
+    )
+
+
+def _admission_time(pod: PodInfo) -> float:
+    """When the pod was scheduled here: the extender's assume time (ns), else creation."""
+    assumed = pod.annotations.get(ASSUME_TIME_ANNOTATION, "")
+    if assumed.isascii() and assumed.isdigit():
+        return int(assumed) / 1e9
+    return pod.created_at
