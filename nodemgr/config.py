@@ -504,7 +504,8 @@ def _label_prefix(key: str, value: object) -> str:
     if not slash or rest or len(domain) > 253 or not _DNS_SUBDOMAIN.fullmatch(domain):
         raise ConfigError(
             key,
-            f"must be a DNS subdomain followed by '/', e.g. gpushare.aliyun.com/ (got {_show(text)})",
+            "must be a DNS subdomain followed by '/', e.g. gpushare.aliyun.com/ "
+            f"(got {_show(text)})",
         )
     if (
         domain == "kubernetes.io"
