@@ -25,6 +25,7 @@ import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from mps.layout import CONTAINER_PIPE_DIRECTORY, MpsLayout
 from nodemgr.config import Settings
@@ -36,6 +37,7 @@ from nodemgr.inventory import Card
 from nodemgr.ledger import Ledger
 from nodemgr.model import Allocation, ContainerRef, Mount
 from nodemgr.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
+from nodemgr.podmatch import Demand, PodInfo, find_demand
 from nodemgr.reconcile import ReconcilePlan, plan_reconcile
 
 log = logging.getLogger(__name__)
@@ -43,6 +45,28 @@ log = logging.getLogger(__name__)
 # kubelet allocates a container's resources back to back, in milliseconds;
 # five seconds leaves room for a slow node without linking unrelated pods.
 ADMISSION_WINDOW_SECONDS = 5.0
+# kubelet and our pod watch see a newly bound pod at about the same time; when
+# no cached pod matches yet, Allocate waits this long for the watch to catch up
+# (only while the watch is live: with the API server down it does not wait).
+POD_WAIT_SECONDS = 1.0
+
+
+class PodSource(Protocol):
+    """The pods bound to this node that kubelet may still admit (the Kubernetes adapter)."""
+
+    @property
+    def live(self) -> bool:
+        """The cache is synced and its watch connected: worth waiting for."""
+        ...
+
+    @property
+    def generation(self) -> int: ...
+
+    def candidates(self) -> list[PodInfo]:
+        """Pending pods asking for a shared resource; cheap, no I/O."""
+        ...
+
+    def wait_for_change(self, seen_generation: int, timeout: float) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -109,6 +133,7 @@ class Allocator:
         clock: Callable[[], float] = time.time,
         monotonic: Callable[[], float] = time.monotonic,
         mps_layout: MpsLayout | None = None,
+        pods: PodSource | None = None,
     ):
         res = settings.resources
         self.node_name = settings.node_name
@@ -134,6 +159,10 @@ class Allocator:
         self._open: tuple[str, float] | None = None
         # None: MPS off, shared containers get env quotas only.
         self._mps_layout = mps_layout
+        # None: no Kubernetes API; a container's resources are linked by timing.
+        self._pods = pods
+        # Told of every refusal whose pod is known (the daemon posts a pod Event).
+        self.on_refusal: Callable[[Demand, str], None] | None = None
         # card UUID -> why it takes no shared work now (its MPS daemon is down, ...).
         self._card_problems: dict[str, str] = {}
         # Set by PreStartContainer: kubelet's record now shows a new container.
@@ -204,34 +233,87 @@ class Allocator:
         self, kind: ResourceKind, available: Sequence[str], must_include: Sequence[str], size: int
     ) -> list[str]:
         """The IDs kubelet should pick: all on the card placement chooses."""
-        with self._lock:
-            self._resolve(kind, must_include)
-            free_ids = [i for i in available if card_of(kind, i) in self._cards]
-            if kind is ResourceKind.WHOLE:
-                rest = sorted(set(free_ids) - set(must_include), key=self._card_index)
-                return list(must_include) + rest[: max(size - len(must_include), 0)]
-            free_here = Counter(card_of(kind, i) for i in free_ids)
-            carried = self._open_allocation(kind)
-            if must_include:
-                card_uuid = card_of(kind, must_include[0])
-            elif carried is not None:
-                card_uuid = carried.cards[0]
-                if free_here[card_uuid] < size:
-                    self._open = None
-                    raise NoFitError(self._carry_refusal(kind, carried, size, free_here))
-            else:
-                request = self._request(kind, size)
-                card_uuid = choose_card(
-                    self._loads(kind, free_here), request, self._policy, self._describe
-                ).uuid
-            on_card = sorted(
-                (i for i in free_ids if card_of(kind, i) == card_uuid and i not in must_include),
-                key=_id_order,
+        demand = self._demand(kind, size) if kind is not ResourceKind.WHOLE else None
+        try:
+            with self._lock:
+                return self._preferred(kind, available, must_include, size, demand)
+        except NoFitError as e:
+            self._refused(demand, str(e))
+            raise
+
+    def _preferred(
+        self,
+        kind: ResourceKind,
+        available: Sequence[str],
+        must_include: Sequence[str],
+        size: int,
+        demand: Demand | None,
+    ) -> list[str]:
+        self._resolve(kind, must_include)
+        free_ids = [i for i in available if card_of(kind, i) in self._cards]
+        if kind is ResourceKind.WHOLE:
+            rest = sorted(set(free_ids) - set(must_include), key=self._card_index)
+            return list(must_include) + rest[: max(size - len(must_include), 0)]
+        free_here = Counter(card_of(kind, i) for i in free_ids)
+        carried = self._holder(demand, kind) if demand else self._open_allocation(kind)
+        if must_include:
+            card_uuid = card_of(kind, must_include[0])
+        elif carried is not None:
+            card_uuid = carried.cards[0]
+            if free_here[card_uuid] < size:
+                self._open = None
+                raise NoFitError(self._carry_refusal(kind, carried, size, free_here, demand))
+        elif demand is not None:
+            card_uuid = self._place(kind, demand, free_here)
+        else:
+            request = self._request(kind, size)
+            card_uuid = choose_card(
+                self._loads(kind, free_here), request, self._policy, self._describe
+            ).uuid
+        on_card = sorted(
+            (i for i in free_ids if card_of(kind, i) == card_uuid and i not in must_include),
+            key=_id_order,
+        )
+        return list(must_include) + on_card[: max(size - len(must_include), 0)]
+
+    def _place(self, kind: ResourceKind, demand: Demand, free_here: Counter) -> str:
+        """The card for a container's whole demand (memory and share together)."""
+        request = SharedRequest(demand.memory_units, demand.core_percent)
+        loads = self._loads(kind, free_here)
+        who = f"{demand.namespace}/{demand.pod}/{demand.container}"
+        if demand.extender_card_index is None:
+            try:
+                return choose_card(loads, request, self._policy, self._describe).uuid
+            except NoFitError as e:
+                raise NoFitError(f"{e} (for {who})") from None
+        chosen = next((c for c in loads if c.index == demand.extender_card_index), None)
+        if chosen is None:
+            raise NoFitError(
+                f"the scheduler extender chose GPU{demand.extender_card_index} for {who}, but "
+                f"{self.node_name} has no such GPU (it has GPU0 to GPU{len(self.cards) - 1}): "
+                "the extender's view of this node is stale"
             )
-            return list(must_include) + on_card[: max(size - len(must_include), 0)]
+        if not request.fits(chosen):
+            raise NoFitError(
+                f"the scheduler extender chose GPU{chosen.index} for {who}, which needs "
+                f"{self._describe.wanted(request)}, but {self._describe.card(chosen)}: the "
+                "extender's view of this node is stale (check its cache and this node's "
+                "allocations with nodemgr status)"
+            )
+        return chosen.uuid
 
     def allocate(self, kind: ResourceKind, device_ids: Sequence[str]) -> AllocateResult:
         """Record the container's devices durably, then give its env."""
+        demand = self._demand(kind, len(device_ids)) if kind is not ResourceKind.WHOLE else None
+        try:
+            return self._allocate(kind, device_ids, demand)
+        except (NoFitError, ConflictError) as e:
+            self._refused(demand, str(e))
+            raise
+
+    def _allocate(
+        self, kind: ResourceKind, device_ids: Sequence[str], demand: Demand | None
+    ) -> AllocateResult:
         with self._lock:
             cards = self._resolve(kind, device_ids)
             if not device_ids:
@@ -245,7 +327,7 @@ class Allocator:
             if kind is ResourceKind.WHOLE:
                 allocation = self._new_whole(device_ids, cards)
             else:
-                allocation = self._new_or_carried_shared(kind, device_ids, cards)
+                allocation = self._new_or_carried_shared(kind, device_ids, cards, demand)
             self._store(allocation)
             mounts: tuple[Mount, ...] = ()
             if allocation.whole:
@@ -253,7 +335,14 @@ class Allocator:
             else:
                 card = self._cards[allocation.cards[0]]
                 pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
-                envs = shared_envs(allocation, card.uuid, card.index, self._units[card.uuid], pipe)
+                envs = shared_envs(
+                    allocation,
+                    card.uuid,
+                    card.index,
+                    self._units[card.uuid],
+                    pipe,
+                    demand.pod_memory_units if demand else None,
+                )
                 mounts = self._mps_mounts(card.uuid)
             log.info(
                 "allocated %s %s to allocation %s (%s)",
@@ -331,7 +420,11 @@ class Allocator:
         )
 
     def _new_or_carried_shared(
-        self, kind: ResourceKind, device_ids: Sequence[str], cards: list[str]
+        self,
+        kind: ResourceKind,
+        device_ids: Sequence[str],
+        cards: list[str],
+        demand: Demand | None,
     ) -> Allocation:
         name = self.resource_names[kind]
         distinct = sorted(set(cards), key=self._card_index)
@@ -346,7 +439,7 @@ class Allocator:
         card_uuid = distinct[0]
         if self._usage.whole_allocations[card_uuid] > 0:
             raise ConflictError(f"{name}: {self._card_label(card_uuid)} is given out whole")
-        carried = self._open_allocation(kind)
+        carried = self._holder(demand, kind) if demand else self._open_allocation(kind)
         self._open = None
         if carried is not None:
             if carried.cards[0] != card_uuid:
@@ -363,9 +456,14 @@ class Allocator:
                 devices={kind: tuple(sorted(device_ids))},
                 memory_mib=0,
                 created_at=self._clock(),
+                # Known from the pod cache; kubelet's record confirms (or corrects) it.
+                owner=ContainerRef(demand.namespace, demand.pod, demand.container)
+                if demand
+                else None,
             )
-            # Only a container's first shared resource can be carried over.
-            self._open = (allocation.id, self._monotonic())
+            if demand is None:
+                # Only a container's first shared resource can be carried over.
+                self._open = (allocation.id, self._monotonic())
         return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
 
     def _store(self, allocation: Allocation) -> None:
@@ -536,7 +634,12 @@ class Allocator:
         return SharedRequest(core_percent=size)
 
     def _carry_refusal(
-        self, kind: ResourceKind, carried: Allocation, size: int, kubelet_free: Counter
+        self,
+        kind: ResourceKind,
+        carried: Allocation,
+        size: int,
+        kubelet_free: Counter,
+        demand: Demand | None = None,
     ) -> str:
         request = SharedRequest(
             memory_units=size if kind is ResourceKind.MEMORY else carried.memory_units,
@@ -544,6 +647,12 @@ class Allocator:
         )
         loads = self._loads(kind, kubelet_free)
         card = self._card_label(carried.cards[0])
+        if demand is not None:
+            return (
+                f"{self._describe(request, loads)}; {demand.namespace}/{demand.pod}/"
+                f"{demand.container} already holds its other GPU resource on {card}, which "
+                f"has no room left for its {self.resource_names[kind]} request"
+            )
         return (
             f"{self._describe(request, loads)}; this container's first GPU resource was "
             f"already placed on {card} before its {self.resource_names[kind]} request was "
@@ -552,6 +661,60 @@ class Allocator:
 
     def _card_index(self, card_uuid: str) -> int:
         return self._cards[card_uuid].index
+
+    # -- the container being admitted, from the pod cache --------------------------
+
+    def _demand(self, kind: ResourceKind, size: int) -> Demand | None:
+        """Called without the lock: may wait up to POD_WAIT_SECONDS for the pod watch."""
+        if self._pods is None:
+            return None
+        with self._lock:
+            held: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+            for allocation in self._allocations.values():
+                if allocation.owner is not None and not allocation.whole:
+                    owner = allocation.owner
+                    for held_kind in allocation.devices:
+                        held[(owner.namespace, owner.pod, owner.container)].add(
+                            self.resource_names[held_kind]
+                        )
+        frozen = {key: frozenset(names) for key, names in held.items()}
+        names = self.resource_names
+        name, memory, core = names[kind], names[ResourceKind.MEMORY], names[ResourceKind.CORE]
+        generation = self._pods.generation
+        demand = find_demand(self._pods.candidates(), name, size, memory, core, frozen)
+        deadline = self._monotonic() + POD_WAIT_SECONDS
+        while demand is None and self._pods.live:
+            left = deadline - self._monotonic()
+            if left <= 0:
+                log.info(
+                    "%s: no pod bound to %s asks for %d; admitting without pod identity",
+                    name,
+                    self.node_name,
+                    size,
+                )
+                break
+            generation = self._pods.wait_for_change(generation, left)
+            demand = find_demand(self._pods.candidates(), name, size, memory, core, frozen)
+        return demand
+
+    def _holder(self, demand: Demand, kind: ResourceKind) -> Allocation | None:
+        """The allocation of the demanded container, when it holds another shared resource."""
+        owner = ContainerRef(demand.namespace, demand.pod, demand.container)
+        for allocation in self._allocations.values():
+            if (
+                allocation.owner == owner
+                and not allocation.whole
+                and kind not in allocation.devices
+            ):
+                return allocation
+        return None
+
+    def _refused(self, demand: Demand | None, message: str) -> None:
+        if demand is not None and self.on_refusal is not None:
+            try:
+                self.on_refusal(demand, message)
+            except Exception:  # telling the pod must never change kubelet's answer
+                log.exception("reporting a refusal failed")
 
     def _card_label(self, card_uuid: str) -> str:
         return f"GPU{self._card_index(card_uuid)} ({card_uuid})"

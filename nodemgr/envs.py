@@ -32,11 +32,13 @@ def shared_envs(
     card_index: int,
     card_memory_units: int,
     mps_pipe_directory: str | None = None,
+    pod_memory_units: int | None = None,
 ) -> dict[str, str]:
     """Env of a container holding memory and/or share on one card.
 
-    ALIYUN_COM_GPU_MEM_POD (the pod's total) is left out: without the
-    Kubernetes API the daemon does not know the pod's other containers.
+    ALIYUN_COM_GPU_MEM_POD (the pod's total) only when the pod is known (from
+    the Kubernetes API); without it the daemon does not know the pod's other
+    containers, and leaves the name out rather than guess.
     """
     envs = {
         VISIBLE_DEVICES: card_uuid,
@@ -52,6 +54,8 @@ def shared_envs(
         envs[ACTIVE_THREAD_PERCENTAGE] = str(allocation.core_percent)
     if mps_pipe_directory:
         envs[PIPE_DIRECTORY] = mps_pipe_directory
+    if pod_memory_units is not None:
+        envs[GPU_MEM_POD] = str(pod_memory_units)
     return envs
 
 

@@ -76,6 +76,8 @@ class Demand:
     memory_units: int
     core_percent: int
     extender_card_index: int | None  # the card the scheduler extender chose, if any
+    pod_memory_units: int = 0  # the whole pod's memory request (ALIYUN_COM_GPU_MEM_POD)
+    pod_uid: str = ""
 
 
 def parse_extender_index(pod: PodInfo, container_index: int) -> int | None:
@@ -99,6 +101,17 @@ def parse_extender_index(pod: PodInfo, container_index: int) -> int | None:
     return int(index) if index.isascii() and index.isdigit() else None
 
 
+def is_candidate_pod(pod: PodInfo, resources: tuple[str, ...]) -> bool:
+    """Whether kubelet may still admit a container of this pod asking for one of ``resources``."""
+    if pod.deleting or pod.phase != "Pending":
+        return False
+    return any(
+        container.requests.get(resource, 0) > 0
+        for container in (*pod.init_containers, *pod.containers)
+        for resource in resources
+    )
+
+
 def find_demand(
     pods: Iterable[PodInfo],
     resource: str,
@@ -109,8 +122,11 @@ def find_demand(
 ) -> Demand | None:
     """The container kubelet is most likely admitting for ``size`` devices of ``resource``.
 
-    ``held``: (namespace, pod, container) -> the shared resources it already
-    holds (from the ledger). None when no pod in the cache can be asking.
+    ``pods``: the candidate pods (see is_candidate_pod). ``held``: (namespace,
+    pod, container) -> the shared resources it already holds (from the
+    ledger). A container that holds some of its resources but not this one
+    comes first: kubelet finishes one container before the next. None when no
+    pod can be asking.
     """
     candidates = []
     for pod in pods:
@@ -122,9 +138,11 @@ def find_demand(
         for position, (index, container) in enumerate(specs):
             if container.requests.get(resource, 0) != size:
                 continue
-            if resource in held.get((pod.namespace, pod.name, container.name), frozenset()):
+            holds = held.get((pod.namespace, pod.name, container.name), frozenset())
+            if resource in holds:
                 continue
-            candidates.append(((order, pod.namespace, pod.name, position), pod, index, container))
+            key = (not holds, order, pod.namespace, pod.name, position)
+            candidates.append((key, pod, index, container))
     if not candidates:
         return None
     _, pod, index, container = min(candidates, key=lambda c: c[0])
@@ -136,6 +154,8 @@ def find_demand(
         memory_units=container.requests.get(memory_resource, 0),
         core_percent=container.requests.get(core_resource, 0),
         extender_card_index=parse_extender_index(pod, index),
+        pod_memory_units=sum(c.requests.get(memory_resource, 0) for c in pod.containers),
+        pod_uid=pod.uid,
     )
 
 

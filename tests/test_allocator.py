@@ -258,3 +258,143 @@ def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
         assert usage.holders == fresh.holders
         for field in ("memory_units", "core_percent", "shared_allocations", "whole_allocations"):
             assert +getattr(usage, field) == +getattr(fresh, field), field
+
+
+# --- with the pods of the node known (the Kubernetes API's pod cache) ------------------------
+
+import threading  # noqa: E402 (the section's own imports)
+
+from nodemgr.podmatch import ContainerRequest, PodInfo  # noqa: E402
+
+MEM_NAME, CORE_NAME = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
+
+
+class Pods:
+    """A PodSource as the Kubernetes adapter gives it: candidate pods, generation, wait."""
+
+    def __init__(self, *pods, live=True):
+        self.pods = list(pods)
+        self.live = live
+        self.generation = 0
+        self.changed = threading.Condition()
+
+    def candidates(self):
+        return list(self.pods)
+
+    def add(self, pod):
+        with self.changed:
+            self.pods.append(pod)
+            self.generation += 1
+            self.changed.notify_all()
+
+    def wait_for_change(self, seen, timeout):
+        with self.changed:
+            self.changed.wait_for(lambda: self.generation != seen, timeout)
+            return self.generation
+
+
+def gpu_pod(name, *containers, annotations=None, created=100.0):
+    return PodInfo(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        node_name="node-a",
+        phase="Pending",
+        created_at=created,
+        deleting=False,
+        annotations=annotations or {},
+        containers=tuple(ContainerRequest(n, r) for n, r in containers),
+    )
+
+
+def with_pods(settings, clock, pods):
+    cards = open_inventory(settings.gpus).cards()
+    return Allocator(
+        settings, cards, Ledger(settings.state_dir), clock=clock, monotonic=clock, pods=pods
+    )
+
+
+@pytest.mark.parametrize("order", [[(MEM, 4), (CORE, 40)], [(CORE, 40), (MEM, 4)]])
+def test_whole_demand_lands_on_the_card_that_fits_both_whichever_comes_first(
+    settings, clock, order
+):
+    pods = Pods(gpu_pod("busy", ("main", {MEM_NAME: 2, CORE_NAME: 70})))
+    allocator = with_pods(settings, clock, pods)
+    admit(allocator, [(MEM, 2), (CORE, 70)])  # GPU0: 2 GiB and 70 % taken: 30 % share left
+    assert [a.cards for a in allocator.allocations()] == [(GPU0,)]
+    pods.pods = [gpu_pod("job", ("main", {MEM_NAME: 4, CORE_NAME: 40}), created=200.0)]
+    results = admit(allocator, order)
+    # binpack alone would put 4 GiB on the fuller GPU0; the share cannot follow it there
+    assert results[MEM].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+    assert results[CORE].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+    job = next(a for a in allocator.allocations() if a.owner and a.owner.pod == "job")
+    assert (job.memory_units, job.core_percent, job.confirmed_at) == (4, 40, None)
+    assert results[order[1][0]].envs["ALIYUN_COM_GPU_MEM_POD"] == "4"
+
+
+def test_second_resource_joins_its_container_without_a_time_window(settings, clock):
+    pods = Pods(gpu_pod("slow", ("main", {MEM_NAME: 3, CORE_NAME: 20})))
+    allocator = with_pods(settings, clock, pods)
+    first = admit(allocator, [(MEM, 3)])[MEM]
+    clock.now += ADMISSION_WINDOW_SECONDS * 10  # a very slow kubelet
+    second = admit(allocator, [(CORE, 20)])[CORE]
+    assert first.allocation_id == second.allocation_id
+    assert len(allocator.allocations()) == 1
+
+
+def test_each_container_of_a_multi_container_pod_gets_its_own_fitting_card(settings, clock):
+    two = gpu_pod("two", ("a", {MEM_NAME: 12}), ("b", {MEM_NAME: 10}))
+    allocator = with_pods(settings, clock, Pods(two))
+    a = admit(allocator, [(MEM, 12)])[MEM]
+    b = admit(allocator, [(MEM, 10)])[MEM]
+    assert a.envs["NVIDIA_VISIBLE_DEVICES"] != b.envs["NVIDIA_VISIBLE_DEVICES"]
+    owners = {a.owner.container: a.cards[0] for a in allocator.allocations()}
+    assert set(owners) == {"a", "b"}
+    assert a.envs["ALIYUN_COM_GPU_MEM_POD"] == b.envs["ALIYUN_COM_GPU_MEM_POD"] == "22"
+
+
+def test_extender_card_is_honoured_and_a_stale_choice_is_refused_clearly(settings, clock):
+    chosen = gpu_pod("pinned", ("main", {MEM_NAME: 2}), annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    allocator = with_pods(settings, clock, Pods(chosen))
+    refusals = []
+    allocator.on_refusal = lambda demand, message: refusals.append((demand.pod, message))
+    assert admit(allocator, [(MEM, 2)])[MEM].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+    full = gpu_pod("stale", ("main", {MEM_NAME: 14}), annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    allocator._pods.pods = [full]
+    before = allocator.allocations()
+    with pytest.raises(NoFitError) as refused:
+        admit(allocator, [(MEM, 14)])
+    assert "the scheduler extender chose GPU1 for ns/stale/main" in str(refused.value)
+    assert "13 GiB/100% free" in str(refused.value)
+    assert allocator.allocations() == before
+    assert refusals and refusals[0][0] == "stale"
+
+
+def test_waits_briefly_for_the_pod_watch_then_matches(settings):
+    import time
+
+    pods = Pods()
+    allocator = Allocator(
+        settings, open_inventory(settings.gpus).cards(), Ledger(settings.state_dir), pods=pods
+    )
+    late = gpu_pod("late", ("main", {MEM_NAME: 5, CORE_NAME: 10}))
+    threading.Timer(0.2, pods.add, args=(late,)).start()
+    started = time.monotonic()
+    result = admit(allocator, [(MEM, 5)])[MEM]
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert result.envs["ALIYUN_COM_GPU_MEM_POD"] == "5"
+
+
+def test_no_wait_when_the_watch_is_not_live(settings):
+    import time
+
+    allocator = Allocator(
+        settings,
+        open_inventory(settings.gpus).cards(),
+        Ledger(settings.state_dir),
+        pods=Pods(live=False),
+    )
+    started = time.monotonic()
+    result = admit(allocator, [(MEM, 5)])[MEM]
+    assert time.monotonic() - started < 0.5
+    assert "ALIYUN_COM_GPU_MEM_POD" not in result.envs  # pod unknown: left out, never faked
