@@ -49,3 +49,38 @@ class ConflictError(AllocationError):
 
 class BindError(GpushareError):
     """An address or socket the daemon serves on cannot be bound (in use, not ours, denied)."""
+
+
+class KubeApiError(GpushareError):
+    """A request to the Kubernetes API server failed (nodemgr.kube maps the client's errors).
+
+    ``status`` is the HTTP status when the server answered, else None.
+    """
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+
+class KubeUnavailable(KubeApiError):
+    """The API server did not answer in time, refused the connection, or said 5xx/429: retry."""
+
+
+class KubeConflict(KubeApiError):
+    """HTTP 409: the object changed under a write that named its resourceVersion; re-read."""
+
+
+class KubeNotFound(KubeApiError):
+    """HTTP 404: the object (a pod that went away, a node not registered yet) does not exist."""
+
+
+class KubeForbidden(KubeApiError):
+    """HTTP 401/403: the credentials are rejected or lack an RBAC permission (deploy/ has it)."""
+
+
+class KubeExpired(KubeApiError):
+    """HTTP 410: a watch's resourceVersion is too old (compacted); list again."""
+
+
+class KubeCredentialsError(KubeApiError):
+    """No usable credentials for the API server (kubeconfig missing or unreadable)."""

@@ -1,0 +1,233 @@
+"""The Kubernetes adapter's write bookkeeping: coalescing queue, backoff, event rate limit.
+
+Pure (no I/O, no threads, no lock: the adapter serialises access); time comes
+from the clock the caller passes, so tests drive it by hand.
+
+- ``WriteQueue``: one pending write per key (a pod's annotations, the node's
+  labels, ...). A newer desired value is merged into the pending one, so a
+  burst of changes, or everything that piled up while the API server was
+  down, goes out as one request in its latest form. A failed write comes back
+  with exponential backoff; the API server answering again makes everything
+  due at once (``reset_backoff``).
+- ``EventLimiter``: the same (namespace, pod, reason) at most once per
+  interval, at most ``rate_per_second`` events overall; what it suppresses is
+  counted and folded into the next event of that key.
+
+What it must not do: talk to the API server, sleep, or know the kubernetes client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, field
+from typing import Any
+
+Merge = Callable[[Any, Any], Any]  # (older pending value, newer value) -> value to send
+
+
+def replace(_older: Any, newer: Any) -> Any:
+    """Coalescing for a complete desired state (node labels): the newer one wins."""
+    return newer
+
+
+def merge_keys(older: dict, newer: dict) -> dict:
+    """Coalescing for partial patches (annotations): per key, the newer value wins."""
+    return {**older, **newer}
+
+
+@dataclass
+class Backoff:
+    """Exponential delay between failed attempts: initial, doubling, capped."""
+
+    initial_seconds: float = 0.5
+    max_seconds: float = 30.0
+    failures: int = 0
+
+    def next_delay_seconds(self) -> float:
+        delay = min(self.initial_seconds * (2 ** min(self.failures, 30)), self.max_seconds)
+        self.failures += 1
+        return delay
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass
+class _Pending:
+    value: Any
+    merge: Merge
+    due_at: float
+    backoff: Backoff
+    last_error: str | None = None
+
+
+@dataclass
+class WriteQueue:
+    """Desired writes by key, each sent when due; at most one in flight per key."""
+
+    clock: Callable[[], float]
+    initial_backoff_seconds: float = 0.5
+    max_backoff_seconds: float = 30.0
+    _pending: dict[Hashable, _Pending] = field(default_factory=dict)
+    # Keys being written now, with their backoff, so a failure continues the sequence.
+    _in_flight: dict[Hashable, Backoff] = field(default_factory=dict)
+
+    def put(self, key: Hashable, value: Any, merge: Merge = replace) -> None:
+        """Queue ``value`` for ``key``, coalesced with a pending one (which keeps its due time)."""
+        pending = self._pending.get(key)
+        if pending is not None:
+            pending.value = merge(pending.value, value)
+            pending.merge = merge
+            return
+        backoff = self._in_flight.get(key) or self._new_backoff()
+        # A key in flight is not due before its write ends (take() skips in-flight keys).
+        self._pending[key] = _Pending(value, merge, self.clock(), backoff)
+
+    def take(self) -> tuple[Hashable, Any] | None:
+        """The due write with the earliest due time, now in flight; None if nothing is due."""
+        now = self.clock()
+        due = [
+            (p.due_at, i, k)
+            for i, (k, p) in enumerate(self._pending.items())
+            if p.due_at <= now and k not in self._in_flight
+        ]
+        if not due:
+            return None
+        _, _, key = min(due)
+        pending = self._pending.pop(key)
+        self._in_flight[key] = pending.backoff
+        return key, pending.value
+
+    def done(self, key: Hashable) -> None:
+        """The write of ``key`` succeeded, or was dropped for good: forget its backoff."""
+        backoff = self._in_flight.pop(key, None)
+        if backoff is not None:
+            backoff.reset()  # shared with a value queued meanwhile, which starts afresh
+
+    def retry(self, key: Hashable, value: Any, merge: Merge, error: str) -> float:
+        """The write of ``key`` failed for now: send it again after a backoff delay.
+
+        A newer value queued meanwhile is merged over the failed one. Returns
+        the delay in seconds.
+        """
+        backoff = self._in_flight.pop(key, None) or self._new_backoff()
+        delay = backoff.next_delay_seconds()
+        pending = self._pending.get(key)
+        if pending is not None:
+            pending.value = merge(value, pending.value)
+            pending.due_at = self.clock() + delay
+            pending.backoff = backoff
+            pending.last_error = error
+        else:
+            self._pending[key] = _Pending(value, merge, self.clock() + delay, backoff, error)
+        return delay
+
+    def reset_backoff(self) -> None:
+        """The API server answers again: everything pending is due now, delays start over."""
+        now = self.clock()
+        for pending in self._pending.values():
+            pending.due_at = min(pending.due_at, now)
+            pending.backoff.reset()
+        for backoff in self._in_flight.values():
+            backoff.reset()
+
+    def seconds_until_due(self) -> float | None:
+        """How long until the next write not in flight is due (0 if one is); None if none."""
+        times = [p.due_at for k, p in self._pending.items() if k not in self._in_flight]
+        if not times:
+            return None
+        return max(0.0, min(times) - self.clock())
+
+    def pending_value(self, key: Hashable) -> Any:
+        pending = self._pending.get(key)
+        return None if pending is None else pending.value
+
+    def clear(self) -> None:
+        self._pending.clear()
+
+    def __len__(self) -> int:
+        """Writes not yet done: pending plus in flight (a key in both counts once)."""
+        return len(self._pending.keys() | self._in_flight.keys())
+
+    def _new_backoff(self) -> Backoff:
+        return Backoff(self.initial_backoff_seconds, self.max_backoff_seconds)
+
+
+FORGET_INTERVALS = 10
+
+
+@dataclass
+class _KeyState:
+    seen_at: float
+    last_emitted_at: float | None = None
+    suppressed: int = 0
+
+
+@dataclass
+class EventLimiter:
+    """Which events go out, and how many occurrences each stands for."""
+
+    clock: Callable[[], float]
+    per_key_interval_seconds: float = 60.0
+    rate_per_second: float = 5.0
+    burst: float = 5.0
+    _keys: dict[Hashable, _KeyState] = field(default_factory=dict)
+    _tokens: float | None = None
+    _refilled_at: float = 0.0
+    _pruned_at: float = 0.0
+
+    def admit(self, key: Hashable) -> int | None:
+        """None: suppress this occurrence (it is counted); else the count to report (>= 1)."""
+        now = self.clock()
+        self._prune(now)
+        state = self._keys.get(key)
+        if state is None:
+            state = self._keys[key] = _KeyState(now)
+        state.seen_at = now
+        if (
+            state.last_emitted_at is not None
+            and now - state.last_emitted_at < self.per_key_interval_seconds
+        ):
+            state.suppressed += 1
+            return None
+        if not self._take_token(now):
+            state.suppressed += 1  # the next admitted occurrence of this key reports it
+            return None
+        count = 1 + state.suppressed
+        state.last_emitted_at = now
+        state.suppressed = 0
+        return count
+
+    def suppressed(self, key: Hashable) -> int:
+        state = self._keys.get(key)
+        return 0 if state is None else state.suppressed
+
+    def _take_token(self, now: float) -> bool:
+        if self._tokens is None:
+            self._tokens, self._refilled_at = self.burst, now
+        elapsed = max(0.0, now - self._refilled_at)
+        self._tokens = min(self.burst, self._tokens + elapsed * self.rate_per_second)
+        self._refilled_at = now
+        if self._tokens < 1.0:
+            return False
+        self._tokens -= 1.0
+        return True
+
+    def _prune(self, now: float) -> None:
+        """Forget keys past their interval (pods come and go).
+
+        Suppressed occurrences wait for the key's next event, but not for
+        ever: a key silent for ``FORGET_INTERVALS`` intervals is forgotten.
+        """
+        interval = self.per_key_interval_seconds
+        if now - self._pruned_at < interval:
+            return
+        self._pruned_at = now
+        stale = [
+            key
+            for key, state in self._keys.items()
+            if now - state.seen_at >= FORGET_INTERVALS * interval
+            or (state.suppressed == 0 and now - state.seen_at >= interval)
+        ]
+        for key in stale:
+            del self._keys[key]
