@@ -1,0 +1,969 @@
+"""A test Kubernetes API server speaking the real REST and watch protocol over HTTP/1.1.
+
+The official ``kubernetes`` Python client (and the daemon, through a kubeconfig) runs end
+to end against it. ``TestApiServer`` serves from a thread on 127.0.0.1; ``stop()`` closes
+the listening socket and every open connection (like a crashed API server) and
+``restart()`` serves the same objects on the same port.
+
+Implemented, with the real server's wire shapes and status codes:
+
+* core/v1 ``pods``, ``nodes``, ``events`` and events.k8s.io/v1 ``events``: list (all
+  namespaces or one), get, create (201), patch, update (PUT) and delete; the ``status``
+  subresource of pods and nodes (the main resource ignores status changes, the
+  subresource takes only status). List items carry no kind/apiVersion and empty
+  labels/annotations are omitted, as on the wire (so JSON-patching
+  ``/metadata/annotations/x`` into an object without annotations fails, as for real).
+* resourceVersion is one global counter (etcd's revision): every change bumps it and goes
+  into a bounded history (``history_size``; ``compact()`` empties it). A no-op write
+  changes nothing and emits nothing.
+* ``fieldSelector`` (=, ==, != on the fields the real server supports; others give 400)
+  and ``labelSelector`` (=, ==, !=, in, notin, exists, !exists), for lists and watches.
+* Watches (``watch=true``): chunked, newline-delimited JSON events. Without
+  resourceVersion (or "0"): synthetic ADDED for what exists, then live. From N: the
+  history after N, then live; N older than the history gives HTTP 200 with one ERROR
+  event holding a 410 "Expired" Status, and the stream ends (what the real server
+  does). An object entering or leaving the selection arrives as ADDED/DELETED.
+  ``timeoutSeconds`` ends the stream cleanly; ``allowWatchBookmarks`` gives a BOOKMARK
+  every ``bookmark_interval`` seconds.
+* A list with ``resourceVersionMatch=Exact`` answers the state at that RV (rebuilt from
+  history) or HTTP 410 when the RV is older than the history; an RV newer than the
+  server's gives 504 "Too large resource version".
+* Patches: strategic merge (merge patch, plus merge-by-key for the usual list fields and
+  ``$patch: delete|replace``), merge patch (RFC 7386), JSON patch (RFC 6902 add, remove,
+  replace, test; ``~0``/``~1``; a failing op gives 422). A stale
+  ``metadata.resourceVersion`` in a patch or PUT, or a stale DELETE precondition, gives
+  409 Conflict.
+* Checks that real clusters make and clients get wrong: label/annotation maps of strings,
+  label syntax (422), event times with a zone (400), core Event namespace rules (422).
+* Bearer-token auth (401), 404/405/415 Status bodies, failure injection (``fail_next``,
+  ``delay_next``), ``drop_watches()`` and a request log (``requests``).
+
+Not implemented: other resources, server-side apply (415), ``limit``/``continue`` paging
+(accepted; one page holds everything), ``sendInitialEvents``, ``dryRun``, managedFields,
+generation, quantity checks and canonical forms, graceful deletion over HTTP (a DELETE
+removes at once; ``delete_pod(graceful=True)`` marks a pod terminating), strategic merge
+directives other than ``$patch``, shared storage of the two Event APIs, pod spec
+immutability, TLS.
+"""
+
+from __future__ import annotations
+
+import bisect
+import copy
+import hashlib
+import http
+import json
+import re
+import secrets
+import select
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
+from urllib.parse import parse_qs, urlsplit
+
+
+@dataclass(frozen=True)
+class _Res:
+    group: str
+    plural: str
+    kind: str
+    api_version: str
+    namespaced: bool
+    status_sub: bool  # has a status subresource
+    fields: tuple[str, ...]  # the field selectors the real server supports
+    return_deleted: bool  # DELETE answers the object (pods), not a Status
+
+
+_POD_FIELDS = """metadata.name metadata.namespace spec.nodeName spec.restartPolicy
+    spec.schedulerName spec.serviceAccountName spec.hostNetwork status.phase status.podIP
+    status.nominatedNodeName""".split()
+_EVENT_FIELDS = """metadata.name metadata.namespace involvedObject.kind involvedObject.namespace
+    involvedObject.name involvedObject.uid involvedObject.apiVersion involvedObject.fieldPath
+    reason reportingComponent type""".split()
+PODS = _Res("", "pods", "Pod", "v1", True, True, tuple(_POD_FIELDS), True)
+NODES = _Res("", "nodes", "Node", "v1", False, True, ("metadata.name", "spec.unschedulable"), False)
+EVENTS = _Res("", "events", "Event", "v1", True, False, tuple(_EVENT_FIELDS), False)
+EVENTS_V1 = _Res(
+    "events.k8s.io",
+    "events",
+    "Event",
+    "events.k8s.io/v1",
+    True,
+    False,
+    tuple(_EVENT_FIELDS[:2]),
+    False,
+)
+_RESOURCES = {(r.group, r.plural): r for r in (PODS, NODES, EVENTS, EVENTS_V1)}
+_PATH = re.compile(
+    r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/v1)/(?:namespaces/(?P<ns>[^/]+)/)?"
+    r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
+)
+# Status reasons where the API server's differ from the HTTP phrase without spaces.
+_REASONS = {410: "Expired", 422: "Invalid", 500: "InternalError", 504: "Timeout"}
+_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+# patchMergeKey of the list fields of pods and nodes that strategic merge merges by key.
+_MERGE_KEYS = dict(
+    containers="name", initContainers="name", volumes="name", env="name",
+    volumeMounts="mountPath", conditions="type", addresses="type", taints="key",
+    containerStatuses="name", initContainerStatuses="name",
+)  # fmt: skip
+
+# What the API server adds to a pod spec and a node on their way in (defaults, kubelet).
+_POD_SPEC_DEFAULTS = """{"restartPolicy": "Always", "terminationGracePeriodSeconds": 30,
+  "dnsPolicy": "ClusterFirst", "serviceAccountName": "default", "serviceAccount": "default",
+  "securityContext": {}, "schedulerName": "default-scheduler", "priority": 0,
+  "enableServiceLinks": true, "preemptionPolicy": "PreemptLowerPriority", "tolerations": [
+    {"key": "node.kubernetes.io/not-ready", "operator": "Exists", "effect": "NoExecute",
+     "tolerationSeconds": 300},
+    {"key": "node.kubernetes.io/unreachable", "operator": "Exists", "effect": "NoExecute",
+     "tolerationSeconds": 300}]}"""
+_NODE = """{"kind": "Node", "apiVersion": "v1",
+  "metadata": {"labels": {"beta.kubernetes.io/arch": "amd64", "beta.kubernetes.io/os": "linux",
+      "kubernetes.io/arch": "amd64", "kubernetes.io/os": "linux"},
+    "annotations": {"node.alpha.kubernetes.io/ttl": "0"}},
+  "spec": {"podCIDR": "10.244.1.0/24", "podCIDRs": ["10.244.1.0/24"]},
+  "status": {"capacity": {"cpu": "16", "ephemeral-storage": "104845292Ki", "hugepages-1Gi": "0",
+      "hugepages-2Mi": "0", "memory": "131900236Ki", "pods": "110"},
+    "conditions": [{"type": "Ready", "status": "True", "reason": "KubeletReady",
+      "message": "kubelet is posting ready status"}],
+    "addresses": [{"type": "InternalIP", "address": "10.0.0.11"}],
+    "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+    "nodeInfo": {"machineID": "0f3c5d0b9a3e4c7f8e2d1a6b5c4d3e2f", "bootID":
+      "5b1f7c2e-8d4a-4e6b-9c3f-2a1d0e9f8b7c", "systemUUID": "4c4c4544-0037-3010-8052-b4c04f4e3732",
+      "kernelVersion": "6.1.0", "osImage": "Ubuntu 22.04.4 LTS",
+      "containerRuntimeVersion": "containerd://1.7.13", "kubeletVersion": "v1.30.2",
+      "kubeProxyVersion": "v1.30.2", "operatingSystem": "linux", "architecture": "amd64"}}}"""
+
+
+def status_obj(code: int, message: str, reason: str | None = None, details=None) -> dict:
+    phrase = http.HTTPStatus(code).phrase.replace(" ", "")
+    st = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure"}
+    st |= {"message": message, "reason": reason or _REASONS.get(code, phrase), "code": code}
+    return st | ({"details": details} if details else {})
+
+
+class ApiError(Exception):
+    """An error answered as a Status object with that HTTP code."""
+
+    def __init__(self, code: int, message: str, reason: str | None = None, details=None):
+        super().__init__(message)
+        self.code = code
+        self.status = status_obj(code, message, reason, details)
+
+
+def _now(micro: bool = False) -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- patches: pure functions, they never mutate their inputs ----
+
+
+def merge_patch(target, patch):
+    """RFC 7386 JSON merge patch: null removes a key, objects merge, anything else replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if v is None:
+            out.pop(k, None)
+        else:
+            out[k] = merge_patch(out.get(k), v)
+    return out
+
+
+def strategic_merge_patch(target, patch):
+    """A merge patch where the lists in _MERGE_KEYS merge item by item on their key."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    if patch.get("$patch") == "replace":
+        return {k: copy.deepcopy(v) for k, v in patch.items() if k != "$patch"}
+    out = dict(target) if isinstance(target, dict) else {}
+    for k, v in patch.items():
+        if k.startswith("$"):
+            continue  # $setElementOrder and the like only order or retain: ignored here
+        if v is None:
+            out.pop(k, None)
+        elif k in _MERGE_KEYS and isinstance(v, list) and isinstance(out.get(k), list):
+            out[k] = _merge_list(out[k], v, _MERGE_KEYS[k])
+        else:
+            out[k] = strategic_merge_patch(out.get(k), v)
+    return out
+
+
+def _merge_list(cur: list, items: list, key: str) -> list:
+    out = list(cur)
+    for item in items:
+        if not isinstance(item, dict):
+            return copy.deepcopy(items)  # not a list of keyed objects: replaced
+        at = next((i for i, x in enumerate(out) if x.get(key) == item.get(key)), None)
+        if item.get("$patch") == "delete":
+            out = [x for x in out if x.get(key) != item.get(key)]
+        elif at is None:
+            out.append(strategic_merge_patch({}, item))
+        else:
+            out[at] = strategic_merge_patch(out[at], item)
+    return out
+
+
+def _walk(doc, toks: list[str]):
+    for t in toks:
+        if isinstance(doc, dict) and t in doc:
+            doc = doc[t]
+        elif isinstance(doc, list) and t.isdigit() and int(t) < len(doc):
+            doc = doc[int(t)]
+        else:
+            raise ApiError(422, f"doc is missing path: /{'/'.join(toks)}")
+    return doc
+
+
+def json_patch(doc, ops: list):
+    """RFC 6902 JSON patch: add, remove, replace and test (move and copy are not used)."""
+    doc = copy.deepcopy(doc)
+    for op in ops:
+        kind, path = (op.get("op"), op.get("path")) if isinstance(op, dict) else (None, None)
+        if kind not in ("add", "remove", "replace", "test") or not isinstance(path, str):
+            raise ApiError(400, f"invalid JSON patch operation: {op!r}")
+        if kind != "remove" and "value" not in op:
+            raise ApiError(400, f"JSON patch operation without value: {op!r}")
+        toks = [t.replace("~1", "/").replace("~0", "~") for t in path.split("/")[1:]]
+        if kind == "test":
+            if _walk(doc, toks) != op["value"]:
+                raise ApiError(422, f"testing value {path} failed: test failed")
+            continue
+        if not toks:  # the whole document
+            doc = copy.deepcopy(op["value"]) if kind != "remove" else None
+            continue
+        parent, last = _walk(doc, toks[:-1]), toks[-1]
+        value = copy.deepcopy(op.get("value"))
+        if isinstance(parent, dict) and (kind == "add" or last in parent):
+            parent.pop(last) if kind == "remove" else parent.__setitem__(last, value)
+        elif isinstance(parent, list) and kind == "add" and last == "-":
+            parent.append(value)
+        elif isinstance(parent, list) and last.isdigit():
+            i, size = int(last), len(parent) + (kind == "add")
+            if i >= size:
+                raise ApiError(422, f"{kind} operation does not apply: index out of range: {path}")
+            parent[i : i + (kind != "add")] = [] if kind == "remove" else [value]
+        else:
+            raise ApiError(422, f"{kind} operation does not apply: doc is missing path: {path}")
+    return doc
+
+
+_PATCHERS = {
+    "application/strategic-merge-patch+json": strategic_merge_patch,
+    "application/merge-patch+json": merge_patch,
+    "application/json-patch+json": json_patch,
+}
+
+
+# ---- selectors ----
+
+
+def _field(obj: dict, path: str) -> str:
+    for part in path.split("."):
+        obj = obj.get(part) if isinstance(obj, dict) else None
+    return "" if obj is None else str(obj).lower() if isinstance(obj, bool) else str(obj)
+
+
+def _matcher(res: _Res, ns: str, query: dict):
+    """The predicate of a list or watch: namespace, fieldSelector, labelSelector."""
+    fields, labels = [], []
+    for term in filter(None, query.get("fieldSelector", "").split(",")):
+        m = re.match(r"^([^!=]+)(==|=|!=)(.*)$", term)
+        if not m or m[1] not in res.fields:
+            raise ApiError(400, f"field label not supported: {m[1] if m else term}")
+        fields.append((m[1], m[2] == "!=", m[3]))
+    selector = query.get("labelSelector", "")
+    for term in re.split(r",(?![^(]*\))", selector) if selector.strip() else []:
+        if m := re.match(r"^\s*([\w./-]+)\s+(in|notin)\s+\(([^)]*)\)\s*$", term):
+            vals = {v.strip() for v in m[3].split(",")}
+            labels.append(lambda lb, k=m[1], vs=vals, neg=m[2] == "notin": (lb.get(k) in vs) != neg)
+        elif m := re.match(r"^\s*([\w./-]+)\s*(==|=|!=)\s*([\w./-]*)\s*$", term):
+            labels.append(lambda lb, k=m[1], v=m[3], neg=m[2] == "!=": (lb.get(k) == v) != neg)
+        elif m := re.match(r"^\s*(!?)\s*([\w./-]+)\s*$", term):
+            labels.append(lambda lb, k=m[2], neg=m[1] == "!": (k in lb) != neg)
+        else:
+            raise ApiError(400, f"unable to parse requirement: {term!r}")
+
+    def match(obj: dict | None) -> bool:
+        if obj is None or (ns and obj["metadata"].get("namespace") != ns):
+            return False
+        if any((_field(obj, f) == v) == neg for f, neg, v in fields):
+            return False
+        return all(p(obj["metadata"].get("labels") or {}) for p in labels)
+
+    return match
+
+
+# ---- checks that real clusters make ----
+
+
+def _validate(res: _Res, obj: dict) -> None:
+    meta = obj["metadata"]
+    for what in ("labels", "annotations"):
+        m = meta.get(what)
+        if m is not None and not (isinstance(m, dict) and all(type(v) is str for v in m.values())):
+            raise ApiError(400, f"json: cannot unmarshal metadata.{what}: values must be strings")
+        if not m:
+            meta.pop(what, None)  # omitempty, as the real server serialises it
+        for k, v in (m or {}).items():
+            prefix, _, name = k.rpartition("/")
+            bad_key = (
+                len(name) > 63 or not _NAME.match(name) or (prefix and not _PREFIX.match(prefix))
+            )
+            if bad_key or (what == "labels" and v and (len(v) > 63 or not _NAME.match(v))):
+                raise ApiError(
+                    422,
+                    f"{res.kind} {meta['name']!r} is invalid: metadata.{what}: Invalid value: "
+                    f"{v if not bad_key else k!r}: must consist of alphanumeric characters, '-',"
+                    " '_' or '.', and must start and end with an alphanumeric character",
+                )
+    if res.kind != "Event":
+        return
+    for f in ("firstTimestamp", "lastTimestamp", "eventTime"):
+        if obj.get(f):
+            obj[f] = _time(obj[f], micro=f == "eventTime")
+    if res is EVENTS_V1 and not obj.get("eventTime"):
+        raise ApiError(422, f"Event {meta['name']!r} is invalid: eventTime: Required value")
+    if res is EVENTS:  # core/v1: the event lives in its object's namespace, "default" if none
+        ns, involved = meta["namespace"], (obj.get("involvedObject") or {}).get("namespace")
+        if (involved and involved != ns) or (not involved and ns != "default"):
+            raise ApiError(
+                422,
+                f"Event {meta['name']!r} is invalid: involvedObject.namespace: Invalid value: "
+                f"{involved!r}: does not match event.namespace",
+            )
+
+
+def _time(value, micro: bool) -> str:
+    """A Time/MicroTime in the server's format; Go's parser refuses a time without a zone."""
+    try:
+        t = datetime.fromisoformat(str(value))
+    except ValueError:
+        t = None
+    if t is None or t.tzinfo is None:
+        raise ApiError(400, f'parsing time "{value}" as RFC 3339: a zone is required')
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
+
+
+# ---- realistic objects for the test-side helpers ----
+
+
+def _container(c: dict) -> dict:
+    requests, limits = dict(c.get("requests") or {}), dict(c.get("limits") or {})
+    for k, v in requests.items():
+        if "/" in k and not k.startswith("kubernetes.io/"):
+            limits.setdefault(k, v)  # an extended resource needs limits equal to requests
+    for k, v in limits.items():
+        requests.setdefault(k, v)  # API defaulting: requests default to limits
+    out = {"name": c["name"], "image": c.get("image", "registry.k8s.io/pause:3.9")}
+    out["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    out |= {"terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"}
+    return out | ({"env": c["env"]} if c.get("env") else {})
+
+
+def _pod_status(pod: dict, phase: str) -> dict:
+    """The status kubelet reports for a pod in that phase."""
+    spec, t = pod["spec"], _now()
+    used = {r for c in spec["containers"] for part in c["resources"].values() for r in part}
+    st = {"phase": phase, "qosClass": "Burstable" if {"cpu", "memory"} & used else "BestEffort"}
+    bound = "True" if spec.get("nodeName") else "False"
+    st["conditions"] = [{"type": "PodScheduled", "status": bound, "lastTransitionTime": t}]
+    if not spec.get("nodeName"):
+        return st
+    st["hostIP"] = "10.0.0.11"
+    if phase == "Pending":
+        state = {"waiting": {"reason": "ContainerCreating"}}
+    else:
+        st |= {"podIP": "10.244.1.7", "startTime": t}
+        code = int(phase == "Failed")
+        done = {"exitCode": code, "reason": "Error" if code else "Completed", "finishedAt": t}
+        state = {"running": {"startedAt": t}} if phase == "Running" else {"terminated": done}
+    statuses = []
+    for c in spec["containers"]:
+        cs = {"name": c["name"], "state": state, "ready": phase == "Running", "restartCount": 0}
+        cs |= {"image": c["image"], "imageID": "", "started": phase == "Running"}
+        if phase != "Pending":
+            digest = hashlib.sha256((pod["metadata"]["uid"] + c["name"]).encode()).hexdigest()
+            cs["containerID"] = "containerd://" + digest
+        statuses.append(cs)
+    return st | {"containerStatuses": statuses}
+
+
+class _Ev(NamedTuple):
+    rv: int
+    key: tuple  # (_Res, namespace, name)
+    type: str  # ADDED, MODIFIED, DELETED
+    obj: dict
+    prev: dict | None  # the object before this change (None for ADDED)
+
+
+@dataclass
+class _Watch:
+    res: _Res
+    match: object
+    last: int  # every change up to this RV has been looked at
+    gen: int
+    epoch: int
+    end: float
+    next_bookmark: float
+    conn: socket.socket
+
+
+class _Abort(Exception):
+    """The watch's connection is gone (stop() or the client went away)."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # keep-alive and chunked watch streams, as kube-apiserver
+
+    def setup(self):
+        super().setup()
+        self.server.sim._track(self.server, self.connection, True)
+
+    def finish(self):
+        try:
+            super().finish()
+        finally:
+            self.server.sim._track(self.server, self.connection, False)
+
+    def log_message(self, *args):
+        pass  # tests assert on TestApiServer.requests instead
+
+    def do_GET(self):
+        self.server.sim._handle(self, "GET")
+
+    def do_POST(self):
+        self.server.sim._handle(self, "POST")
+
+    def do_PUT(self):
+        self.server.sim._handle(self, "PUT")
+
+    def do_PATCH(self):
+        self.server.sim._handle(self, "PATCH")
+
+    def do_DELETE(self):
+        self.server.sim._handle(self, "DELETE")
+
+
+class TestApiServer:
+    """An in-process Kubernetes API server on 127.0.0.1 (see the module docstring)."""
+
+    __test__ = False  # not a pytest test class despite its name
+
+    def __init__(self, history_size: int = 1000, token: str | None = None):
+        self.token = token or secrets.token_hex(16)
+        self.history_size = history_size
+        self.bookmark_interval = 60.0  # seconds between BOOKMARKs, for watches asking for them
+        self.default_watch_timeout = 1800.0  # kube-apiserver's --min-request-timeout
+        self.requests: list[tuple[str, str, dict]] = []  # (method, path, query) of each request
+        self._cond = threading.Condition()  # guards all below; watches wait on it
+        self._objs: dict[tuple, dict] = {}  # (_Res, namespace, name) -> object, never mutated
+        self._rv = 1000  # not 0: "0" means "any version" in the API
+        self._floor = self._rv  # a watch from an RV below this gets 410 Expired
+        self._history: list[_Ev] = []
+        self._rules: list[list] = []  # [what, method, regex, watch, value, count]
+        self._watch_epoch = 0  # drop_watches() bumps it: watches end cleanly
+        self._gen = 0  # stop() bumps it: watches end abruptly
+        self._conns: set[socket.socket] = set()
+        self._httpd: ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self._port = 0
+
+    # ---- lifecycle ----
+
+    def start(self) -> None:
+        """Listen on 127.0.0.1: a free port the first time, the same port afterwards."""
+        if self._httpd:
+            return
+        httpd = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)  # SO_REUSEADDR on
+        httpd.sim = self
+        self._port = httpd.server_address[1]
+        self._httpd = httpd
+        name = f"kube-apiserver-sim-{self._port}"
+        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name=name)
+        self._thread.daemon = True
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Close the listening socket and every connection: open watches end abruptly."""
+        httpd, self._httpd = self._httpd, None
+        if httpd is None:
+            return
+        httpd.shutdown()
+        httpd.server_close()
+        with self._cond:
+            self._gen += 1
+            conns = list(self._conns)
+            self._cond.notify_all()
+        for c in conns:
+            try:
+                c.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._thread.join()
+
+    def restart(self, compact: bool = False) -> None:
+        """stop() and start() on the same port with the same objects. A real API server
+        rebuilds its watch cache when it restarts (old RVs then get 410): compact=True."""
+        self.stop()
+        if compact:
+            self.compact()
+        self.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._port}"
+
+    def write_kubeconfig(self, path) -> str:
+        """A kubeconfig for this server with a bearer token (JSON is YAML); start() first."""
+        cfg = {"apiVersion": "v1", "kind": "Config", "current-context": "sim"}
+        cfg["clusters"] = [{"name": "sim", "cluster": {"server": self.url}}]
+        cfg["users"] = [{"name": "sim", "user": {"token": self.token}}]
+        cfg["contexts"] = [{"name": "sim", "context": {"cluster": "sim", "user": "sim"}}]
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=1)
+        return str(path)
+
+    # ---- failure injection ----
+
+    def fail_next(self, method, path_regex, status=500, count=1, watch=None) -> None:
+        """Answer the next `count` matching requests with a Status of that code. The regex is
+        searched in the path (no query); method "*" is any; watch=True/False picks watches
+        or the other requests."""
+        with self._cond:
+            self._rules.append(["fail", method, re.compile(path_regex), watch, status, count])
+
+    def delay_next(self, method, path_regex, seconds, count=1, watch=None) -> None:
+        """Sleep before handling the next `count` matching requests (matched as fail_next).
+        The request is carried out afterwards, as on a real server: a client's timeout does
+        not undo a write."""
+        with self._cond:
+            self._rules.append(["delay", method, re.compile(path_regex), watch, seconds, count])
+
+    def compact(self) -> None:
+        """Forget the history: a watch or an Exact list from an older RV gets 410."""
+        with self._cond:
+            self._history.clear()
+            self._floor = self._rv
+            self._cond.notify_all()
+
+    def drop_watches(self) -> None:
+        """End every open watch cleanly, as the API server does when a watch times out."""
+        with self._cond:
+            self._watch_epoch += 1
+            self._cond.notify_all()
+
+    # ---- test-side helpers (not over HTTP); they return copies ----
+
+    @property
+    def resource_version(self) -> int:
+        return self._rv
+
+    def add_pod(
+        self,
+        namespace,
+        name,
+        node_name=None,
+        containers=None,
+        annotations=None,
+        phase="Pending",
+        init_containers=None,
+        labels=None,
+    ) -> dict:
+        """A pod as stored once bound to node_name (None: not scheduled yet). A container is
+        {"name", "requests", optional "limits", "image", "env"}."""
+        containers = containers or [{"name": "main", "requests": {"aliyun.com/gpu-mem": "4"}}]
+        spec = {"containers": [_container(c) for c in containers]} | json.loads(_POD_SPEC_DEFAULTS)
+        if init_containers:
+            spec["initContainers"] = [_container(c) for c in init_containers]
+        if node_name:
+            spec["nodeName"] = node_name
+        meta = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
+        meta |= {"labels": dict(labels or {}), "annotations": dict(annotations or {})}
+        pod = {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec}
+        pod["status"] = _pod_status(pod, phase)
+        return self._create(PODS, namespace, pod, uid=meta["uid"])
+
+    def update_pod(self, namespace, name, fn) -> dict:
+        """fn changes (or returns a replacement for) a copy of the pod: anything, status too."""
+        with self._cond:
+            obj = copy.deepcopy(self._objs[self._existing((PODS, namespace, name))])
+            out = fn(obj)
+            return self._update((PODS, namespace, name), obj if out is None else out, "all")
+
+    def set_pod_phase(self, namespace, name, phase) -> dict:
+        return self.update_pod(namespace, name, lambda p: p | {"status": _pod_status(p, phase)})
+
+    def delete_pod(self, namespace, name, graceful=False) -> dict:
+        """Remove the pod (DELETED). graceful=True only marks it terminating (MODIFIED), as
+        the API server does until kubelet has stopped its containers."""
+        if graceful:
+            marks = {"deletionTimestamp": _now(), "deletionGracePeriodSeconds": 30}
+            return self.update_pod(namespace, name, lambda p: p["metadata"].update(marks))
+        with self._cond:
+            return self._commit(self._existing((PODS, namespace, name)), None, "DELETED")
+
+    def pod(self, namespace, name) -> dict | None:
+        with self._cond:
+            return copy.deepcopy(self._objs.get((PODS, namespace, name)))
+
+    def pods(self) -> list[dict]:
+        return self._all(PODS)
+
+    def add_node(self, name, labels=None, capacity=None) -> dict:
+        node = json.loads(_NODE)
+        node["metadata"] |= {"name": name}
+        node["metadata"]["labels"] |= {"kubernetes.io/hostname": name, **(labels or {})}
+        status = node["status"]
+        status["capacity"] |= capacity or {}
+        status["allocatable"] = dict(status["capacity"])
+        status["addresses"].append({"type": "Hostname", "address": name})
+        status["conditions"][0] |= {"lastHeartbeatTime": _now(), "lastTransitionTime": _now()}
+        return self._create(NODES, "", node)
+
+    def node(self, name) -> dict | None:
+        with self._cond:
+            return copy.deepcopy(self._objs.get((NODES, "", name)))
+
+    def events(self) -> list[dict]:
+        """The events of both APIs, core/v1 first."""
+        return self._all(EVENTS) + self._all(EVENTS_V1)
+
+    # ---- store; _commit and _update need self._cond held ----
+
+    def _items(self, res) -> list[tuple[tuple, dict]]:
+        return sorted(((k, o) for k, o in self._objs.items() if k[0] is res), key=_ns_name)
+
+    def _all(self, res) -> list[dict]:
+        with self._cond:
+            return [copy.deepcopy(o) for _, o in self._items(res)]
+
+    def _existing(self, key) -> tuple:
+        if key not in self._objs:
+            res, _, name = key
+            details = {"name": name, "group": res.group, "kind": res.plural}
+            raise ApiError(404, f'{res.plural} "{name}" not found', details=details)
+        return key
+
+    def _commit(self, key, obj, ev_type) -> dict:
+        self._rv += 1
+        prev = self._objs.get(key)
+        if ev_type == "DELETED":
+            del self._objs[key]
+            obj = copy.deepcopy(prev)  # a DELETED object carries the deletion's own RV
+        else:
+            self._objs[key] = obj
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        self._history.append(_Ev(self._rv, key, ev_type, obj, prev))
+        if len(self._history) > self.history_size:
+            self._floor = self._history[-self.history_size - 1].rv
+            del self._history[: -self.history_size]
+        self._cond.notify_all()
+        return copy.deepcopy(obj)
+
+    def _create(self, res, ns, body, uid=None) -> dict:
+        if not isinstance(body, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        meta = body.setdefault("metadata", {})
+        if res.namespaced and meta.setdefault("namespace", ns) != ns:
+            raise ApiError(400, "the namespace of the object does not match the request's")
+        if not meta.get("name") and meta.get("generateName"):
+            suffix = "".join(secrets.choice("bcdfghjklmnpqrstvwxz2456789") for _ in range(5))
+            meta["name"] = meta["generateName"] + suffix
+        if not meta.get("name"):
+            raise ApiError(422, f"{res.kind} is invalid: metadata.name: Required value")
+        meta.pop("resourceVersion", None)
+        meta |= {"uid": uid or str(uuid.uuid4()), "creationTimestamp": _now()}
+        body["kind"], body["apiVersion"] = res.kind, res.api_version
+        _validate(res, body)
+        key, name = (res, ns, meta["name"]), meta["name"]
+        with self._cond:
+            if key in self._objs:
+                details = {"name": name, "kind": res.plural}
+                raise ApiError(
+                    409, f'{res.plural} "{name}" already exists', "AlreadyExists", details
+                )
+            return self._commit(key, body, "ADDED")
+
+    def _update(self, key, new, sub) -> dict:
+        """Store `new` over the current object. sub: None (main resource: status kept),
+        "status" (only status taken) or "all" (test helpers: everything taken)."""
+        res, _, name = key
+        cur = self._objs[self._existing(key)]
+        if not isinstance(new, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        rv = (new.get("metadata") or {}).get("resourceVersion")
+        if rv and rv != cur["metadata"]["resourceVersion"]:
+            raise ApiError(
+                409,
+                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                "modified; please apply your changes to the latest version and try again",
+                details={"name": name, "kind": res.plural},
+            )
+        if res.status_sub and sub == "status":
+            new = cur | {"status": new.get("status", {})}
+        elif res.status_sub and sub is None:
+            new = new | {"status": cur.get("status")}
+        new = copy.deepcopy(new)
+        meta = new.setdefault("metadata", {})
+        if meta.get("name", name) != name:
+            raise ApiError(400, f"the name of the object ({meta['name']}) is not {name}")
+        for f in ("name", "namespace", "uid", "creationTimestamp", "resourceVersion"):
+            if f in cur["metadata"]:  # server-managed: a client cannot change them
+                meta[f] = cur["metadata"][f]
+        new["kind"], new["apiVersion"] = res.kind, res.api_version
+        _validate(res, new)
+        if new == cur:  # the real server does not bump the RV of a no-op write
+            return copy.deepcopy(new)
+        return self._commit(key, new, "MODIFIED")
+
+    def _state_at(self, res, rv: int) -> dict:
+        """The objects of one resource as they were at `rv`: history after it, undone."""
+        if rv < self._floor:
+            raise ApiError(410, "The resourceVersion for the provided list is too old.")
+        state = dict(self._items(res))
+        for ev in reversed(self._history):
+            if ev.rv <= rv:
+                break
+            if ev.key[0] is res and ev.prev is None:
+                state.pop(ev.key, None)
+            elif ev.key[0] is res:
+                state[ev.key] = ev.prev
+        return state
+
+    # ---- HTTP ----
+
+    def _track(self, server, conn, add: bool) -> None:
+        with self._cond:
+            if not add:
+                self._conns.discard(conn)
+            elif server is self._httpd:
+                self._conns.add(conn)
+            else:  # accepted just as stop() ran: it goes the way of the others
+                conn.shutdown(socket.SHUT_RDWR)
+
+    def _take_rule(self, what, method, path, is_watch):
+        with self._cond:
+            for rule in self._rules:
+                w, m, rx, watch, value, _ = rule
+                if (
+                    w == what
+                    and m in (method, "*")
+                    and rx.search(path)
+                    and watch in (None, is_watch)
+                ):
+                    rule[5] -= 1
+                    if rule[5] <= 0:
+                        self._rules.remove(rule)
+                    return value
+        return None
+
+    def _handle(self, h, method) -> None:
+        url = urlsplit(h.path)
+        query = {k: v[-1] for k, v in parse_qs(url.query, keep_blank_values=True).items()}
+        body = h.rfile.read(int(h.headers.get("Content-Length") or 0))
+        self.requests.append((method, url.path, query))
+        is_watch = query.get("watch") in ("true", "1")
+        try:
+            if h.headers.get("Authorization") != f"Bearer {self.token}":
+                raise ApiError(401, "Unauthorized")
+            if delay := self._take_rule("delay", method, url.path, is_watch):
+                time.sleep(delay)
+            if code := self._take_rule("fail", method, url.path, is_watch):
+                raise ApiError(code, f"injected failure: HTTP {code}")
+            result = self._route(h, method, url.path, query, body, is_watch)
+            if result is None:
+                return  # a watch wrote its own response
+            code, obj = result
+        except ApiError as e:
+            code, obj = e.code, e.status
+        except Exception as e:  # a bug in this simulator: make it visible to the client
+            code, obj = 500, status_obj(500, f"simulator error: {e!r}")
+        data = json.dumps(obj).encode()
+        try:
+            h.send_response(code)
+            h.send_header("Content-Type", "application/json")
+            h.send_header("Content-Length", str(len(data)))
+            h.send_header("Audit-Id", str(uuid.uuid4()))
+            if code == 429:
+                h.send_header("Retry-After", "1")
+            h.end_headers()
+            h.wfile.write(data)
+        except OSError:
+            h.close_connection = True
+
+    def _route(self, h, method, path, query, body, is_watch):
+        m = _PATH.match(path)
+        res = m and _RESOURCES.get((m["group"] or "", m["plural"]))
+        ns, name, sub = (m["ns"] or "", m["name"], m["sub"]) if res else ("", None, None)
+        if (
+            not res
+            or (ns and not res.namespaced)
+            or (name and res.namespaced and not ns)
+            or (sub and (sub != "status" or not res.status_sub))
+        ):
+            raise ApiError(404, "the server could not find the requested resource")
+        key = (res, ns, name)
+        if name is None and method == "GET" and is_watch:
+            return self._watch(h, res, ns, query)
+        if name is None and method == "GET":
+            return 200, self._list(res, ns, query)
+        if name is None and method == "POST" and (ns or not res.namespaced):
+            return 201, self._create(res, ns, _json(body))
+        if name and method == "GET":
+            with self._cond:
+                return 200, copy.deepcopy(self._objs[self._existing(key)])
+        if name and method == "PUT":
+            with self._cond:
+                return 200, self._update(key, _json(body), sub)
+        if name and method == "PATCH":
+            ctype = h.headers.get("Content-Type", "").split(";")[0].strip()
+            if ctype not in _PATCHERS:
+                raise ApiError(415, f"the body of the request was in an unknown format: {ctype}")
+            doc = _json(body)
+            if isinstance(doc, list) != (ctype == "application/json-patch+json"):
+                raise ApiError(400, f"the body is not a valid {ctype} document")
+            with self._cond:
+                patched = _PATCHERS[ctype](self._objs[self._existing(key)], doc)
+                return 200, self._update(key, patched, sub)
+        if name and method == "DELETE" and not sub:
+            return 200, self._delete(key, _json(body) if body.strip() else {})
+        raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    def _list(self, res, ns, query) -> dict:
+        match, rv = _matcher(res, ns, query), query.get("resourceVersion", "")
+        with self._cond:
+            n = _parse_rv(rv) if rv else 0
+            if n > self._rv:
+                raise ApiError(504, f"Too large resource version: {n}, current: {self._rv}")
+            exact = query.get("resourceVersionMatch") == "Exact"
+            state = self._state_at(res, n) if exact else dict(self._items(res))
+            items = [o for _, o in sorted(state.items(), key=_ns_name) if match(o)]
+            # List items go without kind and apiVersion on the wire.
+            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]
+            meta = {"resourceVersion": str(n if exact else self._rv)}
+            return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta} | {
+                "items": copy.deepcopy(items)
+            }
+
+    def _delete(self, key, opts) -> dict:
+        res, _, name = key
+        with self._cond:
+            cur = self._objs[self._existing(key)]
+            for f, want in ((opts or {}).get("preconditions") or {}).items():
+                if want and want != cur["metadata"].get(f):
+                    msg = f"Precondition failed: {f}: {want}, {f} in object meta: "
+                    msg += str(cur["metadata"].get(f))
+                    raise ApiError(
+                        409, f'Operation cannot be fulfilled on {res.plural} "{name}": ' + msg
+                    )
+            obj = self._commit(key, None, "DELETED")
+        if res.return_deleted:
+            return obj
+        details = {"name": name, "kind": res.plural, "uid": obj["metadata"]["uid"]}
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"} | {
+            "details": details
+        }
+
+    def _watch(self, h, res, ns, query) -> None:
+        match, rv = _matcher(res, ns, query), query.get("resourceVersion", "")
+        now = time.monotonic()
+        end = now + float(query.get("timeoutSeconds") or self.default_watch_timeout)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        bookmark = now + self.bookmark_interval if bookmarks else float("inf")
+        with self._cond:
+            w = _Watch(
+                res, match, self._rv, self._gen, self._watch_epoch, end, bookmark, h.connection
+            )
+            if rv in ("", "0"):  # "get state and start at most recent": synthetic ADDEDs
+                batch = [("ADDED", o) for _, o in self._items(res) if match(o)]
+            else:
+                w.last, batch = _parse_rv(rv), []  # a bad RV is a 400, before any header
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Transfer-Encoding", "chunked")
+        h.send_header("Cache-Control", "no-cache, private")
+        h.end_headers()
+        try:
+            while batch is not None:
+                for ev_type, obj in batch:
+                    line = json.dumps({"type": ev_type, "object": obj}).encode() + b"\n"
+                    h.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                if batch and batch[-1][0] == "ERROR":
+                    break
+                batch = self._next_batch(w)
+            h.wfile.write(b"0\r\n\r\n")  # the clean end of a chunked stream
+        except (OSError, _Abort):
+            h.close_connection = True  # no last chunk: the client sees a broken stream
+
+    def _next_batch(self, w: _Watch) -> list | None:
+        """Wait for what a watch sends next; None at its clean end (timeout, drop_watches)."""
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                if w.gen != self._gen or _peer_closed(w.conn):
+                    raise _Abort
+                if w.epoch != self._watch_epoch or now >= w.end:
+                    return None
+                if w.last < self._floor:  # the history went past this watch: it must re-list
+                    msg = f"too old resource version: {w.last} ({self._floor})"
+                    return [("ERROR", status_obj(410, msg))]
+                start = bisect.bisect_right(self._history, w.last, key=_rv_of)
+                batch = [(t, ev.obj) for ev in self._history[start:] if (t := _seen_as(ev, w))]
+                w.last = self._rv
+                if now >= w.next_bookmark:
+                    meta = {"resourceVersion": str(w.last)}
+                    obj = {"kind": w.res.kind, "apiVersion": w.res.api_version, "metadata": meta}
+                    batch.append(("BOOKMARK", obj))
+                    w.next_bookmark = now + self.bookmark_interval
+                if batch:
+                    return batch
+                self._cond.wait(min(w.end, w.next_bookmark, now + 1.0) - now)
+
+
+def _seen_as(ev: _Ev, w: _Watch) -> str | None:
+    """The event a watch sees: entering or leaving its selection is an ADDED or DELETED."""
+    if ev.key[0] is not w.res:
+        return None
+    if ev.type != "MODIFIED":
+        return ev.type if w.match(ev.obj) else None
+    was, now = w.match(ev.prev), w.match(ev.obj)
+    return ("MODIFIED" if was else "ADDED") if now else ("DELETED" if was else None)
+
+
+def _rv_of(ev: _Ev) -> int:
+    return ev.rv
+
+
+def _ns_name(item) -> tuple:
+    return item[0][1:]
+
+
+def _parse_rv(rv: str) -> int:
+    try:
+        return int(rv)
+    except ValueError:
+        raise ApiError(400, f"invalid resource version: {rv!r}") from None
+
+
+def _json(body: bytes):
+    try:
+        return json.loads(body or b"null")
+    except ValueError as e:
+        raise ApiError(400, f"couldn't decode the request body: {e}") from None
+
+
+def _peer_closed(sock) -> bool:
+    """Whether the client closed its end: a watch that sends nothing would never notice."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
