@@ -26,8 +26,9 @@ Implemented, with the real server's wire shapes and status codes:
   ``timeoutSeconds`` ends the stream cleanly; ``allowWatchBookmarks`` gives a BOOKMARK
   every ``bookmark_interval`` seconds.
 * A list with ``resourceVersionMatch=Exact`` answers the state at that RV (rebuilt from
-  history) or HTTP 410 when the RV is older than the history; an RV newer than the
-  server's gives 504 "Too large resource version".
+  history) or HTTP 410 when the RV is older than the history. A list or watch from an RV
+  newer than the server's gives 504 "Too large resource version" (without the real
+  server's 3 s wait for it).
 * Patches: strategic merge (merge patch, plus merge-by-key for the usual list fields and
   ``$patch: delete|replace``), merge patch (RFC 7386), JSON patch (RFC 6902 add, remove,
   replace, test; ``~0``/``~1``; a failing op gives 422). A stale
@@ -841,7 +842,7 @@ class TestApiServer:
         match, rv = _matcher(res, ns, query), query.get("resourceVersion", "")
         with self._cond:
             n = _parse_rv(rv) if rv else 0
-            if n > self._rv:
+            if n > self._rv:  # the real server waits 3 s for it, then says this
                 raise ApiError(504, f"Too large resource version: {n}, current: {self._rv}")
             exact = query.get("resourceVersionMatch") == "Exact"
             state = self._state_at(res, n) if exact else dict(self._items(res))
@@ -886,6 +887,9 @@ class TestApiServer:
                 batch = [("ADDED", o) for _, o in self._items(res) if match(o)]
             else:
                 w.last, batch = _parse_rv(rv), []  # a bad RV is a 400, before any header
+                if w.last > self._rv:  # the real server waits 3 s for it, then says this
+                    msg = f"Too large resource version: {w.last}, current: {self._rv}"
+                    raise ApiError(504, msg)
         h.send_response(200)
         h.send_header("Content-Type", "application/json")
         h.send_header("Transfer-Encoding", "chunked")

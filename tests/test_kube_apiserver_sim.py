@@ -118,9 +118,8 @@ def test_watch_from_resource_version_replays_then_streams_live(server, v1):
     ):
         pod = ev["object"]
         seen.append((ev["type"], pod.metadata.name, pod.status.phase))
-        rvs = int(pod.metadata.resource_version)
-        assert rvs > int(rv)
-        rv = pod.metadata.resource_version  # strictly increasing
+        assert int(pod.metadata.resource_version) > int(rv)  # strictly increasing
+        rv = pod.metadata.resource_version
         if pod.metadata.name == "late":
             w.stop()
     assert seen == [
@@ -166,6 +165,10 @@ def test_watch_from_compacted_resource_version_raises_410(server, v1):
     with pytest.raises(client.ApiException) as e:
         v1.list_pod_for_all_namespaces(resource_version=rv, resource_version_match="Exact")
     assert e.value.status == 410
+    future = str(int(current) + 5)  # an RV this server never gave out
+    with pytest.raises(client.ApiException) as e:
+        list(watch.Watch().stream(v1.list_pod_for_all_namespaces, resource_version=future))
+    assert e.value.status == 504
 
 
 def test_list_at_exact_resource_version(server, v1):
