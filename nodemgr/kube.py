@@ -452,7 +452,10 @@ class KubeAdapter:
                 return
             except KubeNotFound:
                 del self._events[key]  # deleted or expired: post a new one
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod}
         cached = self.pod(namespace, pod)
+        if cached is not None and cached.uid:
+            involved["uid"] = cached.uid  # kubectl describe pod matches events by it
         # Unique per attempt (as kubelet: <pod>.<hex ns>); 253 is the name limit.
         name = f"{pod[:230]}.{time.time_ns():x}"
         self._session.call(
@@ -464,13 +467,7 @@ class KubeAdapter:
                 "apiVersion": "v1",
                 "kind": "Event",
                 "metadata": {"name": name, "namespace": namespace},
-                "involvedObject": {
-                    "apiVersion": "v1",
-                    "kind": "Pod",
-                    "namespace": namespace,
-                    "name": pod,
-                    "uid": "" if cached is None else cached.uid,
-                },
+                "involvedObject": involved,
                 "reason": reason,
                 "message": value["message"],
                 "type": value["type"],

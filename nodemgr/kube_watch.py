@@ -92,7 +92,7 @@ class PodWatch:
         with self._response_lock:
             response = self._response
         if response is not None:
-            _abort_response(response)
+            _wake_reader(response)  # the watch thread closes it
 
     def _publish(self, pods: dict[PodKey, PodInfo], synced: bool | None = None) -> None:
         if self._stop.is_set():
@@ -195,7 +195,7 @@ class PodWatch:
             self.watching = False
             with self._response_lock:
                 self._response = None
-            _abort_response(response)
+            _close_response(response)
         return resource_version
 
     def _apply(self, event: Mapping[str, Any], resource_version: str) -> str:
@@ -229,11 +229,11 @@ def _lines(response: Any) -> Iterator[str]:
         yield buffer.decode("utf-8", "replace")
 
 
-def _abort_response(response: Any) -> None:
-    """Close a streaming response, waking a thread blocked reading it.
+def _wake_reader(response: Any) -> None:
+    """Make a read of the stream blocked in another thread return (at EOF).
 
-    close() alone does not interrupt a recv() another thread is blocked in;
-    shutdown() of the socket does.
+    Only shutdown() of the socket does: close() does not interrupt a blocked
+    recv(), and closing the response waits for the reader's buffer lock.
     """
     connection = getattr(response, "connection", None)
     sock = getattr(connection, "sock", None)
@@ -242,9 +242,14 @@ def _abort_response(response: Any) -> None:
             sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+
+def _close_response(response: Any) -> None:
+    """Close a stream this thread has stopped reading (its connection is not reused)."""
+    _wake_reader(response)
     try:
         response.close()
-    except Exception:  # already closed, or mid-read in the other thread: either way done
+    except Exception:  # already closed: done either way
         pass
 
 
