@@ -30,7 +30,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
-from nodemgr.errors import KubeApiError, KubeExpired
+from nodemgr.errors import KubeApiError, KubeExpired, KubeForbidden, KubeUnavailable
 from nodemgr.kube_client import ApiSession, map_error, status_error
 from nodemgr.kube_writes import Backoff
 from nodemgr.podmatch import ContainerRequest, PodInfo
@@ -124,10 +124,14 @@ class PodWatch:
                 resource_version = None
                 with self._changed:
                     self._synced = False
-                continue
+                if time.monotonic() - began >= 1.0:
+                    continue
+                delay = backoff.next_delay_seconds()  # expired at once again: do not spin
             except KubeApiError as e:
                 delay = backoff.next_delay_seconds()
                 log.debug("pod watch failed, again in %.1f s: %s", delay, e)
+                if not isinstance(e, (KubeUnavailable, KubeForbidden)):  # those are logged
+                    self._session.log_once(f"pod watch: {e}", logging.WARNING)
             except Exception:  # a bug must not end the watch for the daemon's lifetime
                 delay = backoff.next_delay_seconds()
                 log.exception("pod watch failed, again in %.1f s", delay)
@@ -168,6 +172,10 @@ class PodWatch:
             )
         except Exception as e:
             error = map_error(e, "watch", "pods")
+            if error.status == 504 and "too large resource version" in str(error).lower():
+                # The server's versions went back (etcd restored, a new
+                # cluster at the same address): ours means nothing there.
+                raise KubeExpired(str(error), 504) from e
             session.note_error(error)
             raise error from e
         with self._response_lock:

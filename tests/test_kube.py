@@ -574,6 +574,24 @@ def test_relist_after_expired_watch(api, make_adapter):
     wait_until(lambda: names(adapter) == ["ml/new", "ml/newer"], what="watch after relist")
 
 
+def test_relist_when_the_servers_versions_went_back(api, make_adapter):
+    api.add_pod("ml", "old", NODE)
+    adapter = make_adapter()
+    # An API server restored from an older etcd at the same address: the
+    # adapter's resourceVersion is ahead of it ("Too large resource version").
+    api.stop()
+    restored = TestApiServer(token=api.token)
+    restored._port = api._port  # the same address (the simulator has no public knob for it)
+    restored.start()
+    try:
+        restored.add_pod("ml", "restored", NODE)
+        assert restored.resource_version < int(adapter.pod("ml", "old").resource_version)
+        wait_until(lambda: names(adapter) == ["ml/restored"], what="relist")
+        assert adapter.synced
+    finally:
+        restored.stop()
+
+
 def test_clean_watch_end_resumes_without_relist(api, make_adapter):
     adapter = make_adapter()
     api.drop_watches()
