@@ -42,7 +42,9 @@ from nodemgr.deviceids import ResourceKind, memory_device_id
 from nodemgr.errors import BindError, ConfigError, GpushareError
 from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
+from nodemgr.kube import KubeAdapter
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
+from nodemgr.kubesync import CandidatePods, Publisher, post_refusal, post_violation
 from nodemgr.ledger import Ledger
 from nodemgr.metrics import Metrics
 from nodemgr.mps_supervisor import MpsSupervisor
@@ -80,6 +82,7 @@ def run(
     reload_requested = reload_requested or threading.Event()
     inventory = open_inventory(settings.gpus)
     ledger = supervisor = hook_server = watchdog = status_server = metrics_server = None
+    kube = publisher = None
     workers_stop = threading.Event()  # the MPS supervisor's and the watchdog's
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
     facts = DaemonFacts(version=_version())
@@ -89,7 +92,15 @@ def run(
         check_device_list_size(cards, settings.resources.memory_unit_mib)
         ledger = Ledger(settings.state_dir)
         layout = MpsLayout(settings.run_dir) if settings.mps.enabled else None
-        allocator = Allocator(settings, cards, ledger, mps_layout=layout)
+        # Started first: pod identity should be ready when kubelet admits the first pod.
+        kube = KubeAdapter(settings.kubernetes, settings.node_name)
+        kube.start()
+        pods = None
+        if settings.kubernetes.enabled:
+            pods = CandidatePods(kube, (settings.resources.memory, settings.resources.core))
+        allocator = Allocator(settings, cards, ledger, mps_layout=layout, pods=pods)
+        if settings.kubernetes.enabled:
+            allocator.on_refusal = lambda demand, message: post_refusal(kube, demand, message)
         _log_inventory(allocator)
         if layout is not None:
             # Before serving: the first shared container must not wait for MPS.
@@ -114,6 +125,8 @@ def run(
             ledger,
             supervisor.control_pids if supervisor is not None else set,
         )
+        if settings.kubernetes.enabled:
+            watchdog.on_violation = lambda v, card, action: post_violation(kube, v, card, action)
         watchdog.start(workers_stop, ProcEvents)
         status = LiveStatus(
             settings.node_name,
@@ -138,6 +151,16 @@ def run(
                 # The device plugin matters more than its metrics: run on, say it loudly.
                 log.error("%s; running on without metrics", e)
         observe_allocate = metrics.observe_allocate if settings.metrics.enabled else None
+        if settings.kubernetes.enabled:
+            publisher = Publisher(
+                kube,
+                allocator,
+                status.document,
+                settings.resources.memory_unit_mib,
+                settings.mps.enabled,
+                settings.kubernetes.label_prefix,
+            )
+            publisher.start(workers_stop)
         kubelet_socket = os.path.join(settings.kubelet.device_plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
         while not stop.is_set():
@@ -188,9 +211,13 @@ def run(
                 server.stop()
         if watchdog is not None:
             watchdog.join(timeout=2)
-        if supervisor is not None:
+        if supervisor is not None or publisher is not None:
             allocator.wake_watchers()
-            supervisor.join(timeout=2)
+        for worker in (supervisor, publisher):
+            if worker is not None:
+                worker.join(timeout=2)
+        if kube is not None:
+            kube.stop()
         podresources.close()
         if ledger is not None:
             ledger.close()

@@ -68,6 +68,8 @@ class Watchdog:
         self._mps_control_pids = mps_control_pids
         self._clock = clock
         self.counts: Counter[str] = Counter()  # violation onsets by kind
+        # Told of each violation onset: (violation, card label, action); posts a pod Event.
+        self.on_violation: Callable[[Violation, str, str], None] | None = None
         self.kills = 0
         self._active: set[tuple] = set()  # keys of the violations seen in the last scan
         # (pid, start ticks) -> cgroups. Only cgroups are cached: a process
@@ -263,6 +265,11 @@ class Watchdog:
             self._ledger.add_violation(violation, self._settings.action, self._clock())
         except GpushareError as e:
             log.error("cannot record the violation in the ledger: %s", e)
+        if self.on_violation is not None:
+            try:
+                self.on_violation(violation, card, self._settings.action)
+            except Exception:  # telling the pod must never stop enforcement
+                log.exception("reporting the violation failed")
 
     def _kill(self, violation: Violation, starts: dict[int, int]) -> None:
         for pid in violation.pids:
