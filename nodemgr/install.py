@@ -49,6 +49,7 @@ from nodemgr.config import (
     EnforcementSettings,
     GpuSettings,
     KubeletSettings,
+    KubernetesSettings,
     MetricsSettings,
     MpsSettings,
     ResourceSettings,
@@ -190,6 +191,7 @@ def _default_config(env: jinja2.Environment, target: Target) -> str:
         enforcement=EnforcementSettings(),
         status=StatusSettings(),
         metrics=MetricsSettings(),
+        kubernetes=KubernetesSettings(),
     )
 
 

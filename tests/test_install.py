@@ -310,10 +310,10 @@ def test_config_option_names_the_file_the_unit_passes(tmp_path, capsys):
 
 
 def test_bad_existing_config_stops_install_with_exit_2(tmp_path, capsys):
-    write_config(tmp_path, {"kubernetes": {}})
+    write_config(tmp_path, {"kubernetes": {"enabled": "yes"}})
     code, out, err = nodemgr(capsys, "install", "--root", str(tmp_path))
     assert code == 2
-    assert "config error: kubernetes" in err and "check-config" in err
+    assert "config error: kubernetes.enabled" in err and "check-config" in err
     assert set(tree(tmp_path)) == {CONFIG}
 
 
