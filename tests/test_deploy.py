@@ -708,3 +708,10 @@ def test_cli_refuses_without_changing_anything(tmp_path):
     )
     assert bad.returncode == 2 and "absent.crt" in bad.stderr
     assert not out.exists()
+
+
+def test_the_verb_contract_is_what_the_adapter_declares_it_uses():
+    from nodemgr.kube import API_PERMISSIONS
+
+    declared = {(group, resource): frozenset(verbs) for group, resource, verbs in API_PERMISSIONS}
+    assert declared == DAEMON_API_VERBS
