@@ -19,6 +19,7 @@ import argparse
 import statistics
 import time
 
+from bench.stats import percentile
 from tests.daemon_proc import CORE, MEMORY, Node
 from tests.kubelet_sim import ContainerSpec, TestKubelet
 
@@ -30,11 +31,6 @@ CARDS = [
     }
     for i in range(8)
 ]
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def main() -> None:

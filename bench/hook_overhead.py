@@ -23,12 +23,9 @@ import argparse
 import statistics
 import time
 
+from bench.report import Figure, machine_lines
+from bench.stats import percentile
 from tests.runc_env import EnforcementNode
-
-
-def percentile(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(p / 100 * len(ordered)))]
 
 
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
@@ -60,6 +57,38 @@ def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
         node.close()
 
 
+def figures(times: dict[str, dict[str, list[float]]]) -> list[Figure]:
+    """What the hook adds to the median, per operation: the p50 difference to no hook."""
+
+    def p50(variant: str, op: str) -> float:
+        return statistics.median(times[variant][op])
+
+    return [
+        Figure("hook_rounds", len(times["no hook"]["create"]), "hook rounds (real runc)"),
+        Figure("create_p50_ms_no_hook", p50("no hook", "create"), "runc run -d, no hook, p50 (ms)"),
+        Figure(
+            "hook_overhead_p50_ms",
+            p50("hook, GPU", "create") - p50("no hook", "create"),
+            "hook adds to creation, GPU container, p50 (ms)",
+        ),
+        Figure(
+            "hook_overhead_nogpu_p50_ms",
+            p50("hook, no GPU", "create") - p50("no hook", "create"),
+            "hook adds to creation, no GPU, p50 (ms)",
+        ),
+        Figure(
+            "create_p50_ratio_gpu",
+            p50("hook, GPU", "create") / p50("no hook", "create"),
+            "creation with hook / without, GPU, p50",
+        ),
+        Figure(
+            "hook_delete_overhead_p50_ms",
+            p50("hook, GPU", "delete") - p50("no hook", "delete"),
+            "poststop hook adds to deletion, p50 (ms)",
+        ),
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=60)
@@ -74,12 +103,7 @@ def main() -> None:
                 f"{name:<14} {op:<7} {len(values):>4} {p50:>8.2f} {percentile(values, 90):>8.2f} "
                 f"{p50 - base[op]:>+8.2f}"
             )
-    gpu = statistics.median(times["hook, GPU"]["create"]) - base["create"]
-    nogpu = statistics.median(times["hook, no GPU"]["create"]) - base["create"]
-    print(f"hook_overhead_p50_ms={gpu:.2f}")
-    print(f"hook_overhead_nogpu_p50_ms={nogpu:.2f}")
-    ratio = statistics.median(times["hook, GPU"]["create"]) / base["create"]
-    print(f"create_p50_ratio_gpu={ratio:.2f}")
+    print("\n".join(machine_lines(figures(times))))
 
 
 if __name__ == "__main__":

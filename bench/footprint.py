@@ -1,0 +1,348 @@
+"""What the daemon costs a node: RSS and CPU, idle and while admitting 100 containers/s.
+
+The real gpushare-node on 8 simulated H200 cards with the production defaults
+for its periodic work (reconcile every 10 s, MPS health check every 5 s per
+card, watchdog scan every 1 s), MPS through the stand-in control binary. The
+test kubelet admits 384 containers of 2 GiB + 2 %, spread over the cards: 48
+per card, MPS's client limit, so a full node. Then:
+
+- idle: the daemon's CPU time over a window (user + system, from
+  /proc/PID/stat) divided by the window, in % of one core, and its RSS. The
+  MPS health checks run the control binary as a child process; its CPU is
+  reported on its own (``children``): here it is the stand-in, a Python
+  script, whose start-up costs far more than NVIDIA's C binary would (that
+  figure needs a GPU node);
+- busy: pods of 1 GiB + 1 % admitted (and deleted, oldest first) at 100 per
+  second through the test kubelet, rate-limited, on top of the 384; the
+  daemon's CPU and RSS over that window, and the rate really reached (the
+  test kubelet shares the machine's two cores with the daemon).
+
+Two configurations: the daemon as deployed, with its Kubernetes adapter on
+(pods bound to the node in a test API server before kubelet admits them, as
+the scheduler does; the adapter watches them and publishes annotations), and
+with the adapter off (the device plugin alone), which splits the cost.
+
+The targets: RSS under 100 MB, idle CPU under 1 % of one core.
+
+Run: ``.venv/bin/python -m bench.footprint [--idle-seconds 30] [--busy-seconds 10]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+import psutil
+
+from bench.nodes import CARD_COUNT, h200_node, node_name
+from bench.report import Figure
+from nodemgr.deviceids import ResourceKind, card_of
+from nodemgr.procevents import ProcEvents, ProcEventsUnavailable
+from tests.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.kube_apiserver_sim import TestApiServer
+from tests.kubelet_sim import ContainerSpec, TestKubelet
+
+MPS_CLIENTS_PER_CARD = 48
+FULL_POD = {MEMORY: 2, CORE: 2}  # 48 per card: 96 GiB of 141 and 96 % of the card
+CHURN_POD = {MEMORY: 1, CORE: 1}  # fits in what the full node has left (4 % per card)
+CHURN_HELD = 16  # churn pods alive at once: half of the 32 % left on the node
+RSS_TARGET_MB = 100
+IDLE_CPU_TARGET_PERCENT = 1.0
+MIB = 1024 * 1024
+
+
+@dataclass
+class FullNode:
+    node: Node
+    kubelet: TestKubelet
+    per_card: dict[int, int]  # card index -> allocations
+    api: TestApiServer | None = None
+
+    def create_pod(self, namespace: str, name: str, requests: dict[str, int]) -> None:
+        """With the API: the scheduler binds the pod before kubelet admits it."""
+        if self.api is not None:
+            self.api.add_pod(
+                namespace,
+                name,
+                node_name(self.node),
+                containers=[{"name": "main", "requests": {r: str(n) for r, n in requests.items()}}],
+            )
+
+    def delete_pod(self, namespace: str, name: str) -> None:
+        self.kubelet.remove_pod(namespace, name)
+        if self.api is not None:
+            self.api.delete_pod(namespace, name)
+
+    def close(self) -> None:
+        self.node.cleanup()
+        self.kubelet.stop()
+        if self.api is not None:
+            self.api.stop()
+
+
+def full_node(
+    allocations: int = CARD_COUNT * MPS_CLIENTS_PER_CARD, kubernetes: bool = False
+) -> FullNode:
+    """The daemon with ``allocations`` containers admitted, production intervals.
+
+    ``kubernetes``: a test API server holds the pods (bound to the node before
+    admission, as the scheduler does) and the daemon's Kubernetes adapter is on.
+    """
+    api = None
+    if kubernetes:
+        api = TestApiServer()
+        api.start()
+    node = h200_node(production_intervals=True, resources={"placement": "spread"}, api=api)
+    kubelet = TestKubelet(node.device_plugin_dir, node.pod_resources_socket)
+    full = FullNode(node, kubelet, {}, api)
+    kubelet.start()
+    node.start()
+    try:
+        for resource in (MEMORY, CORE, WHOLE):
+            kubelet.wait_for_resource(resource, timeout=60)
+        cards = Counter()
+        for i in range(allocations):
+            full.create_pod("full", f"p{i}", FULL_POD)
+            result = kubelet.admit_pod("full", f"p{i}", [ContainerSpec("main", dict(FULL_POD))])
+            if not result.ok:
+                raise RuntimeError(f"admitting pod {i} of {allocations}: {result.error}")
+            memory_ids = result.containers[0].device_ids[MEMORY]
+            cards[card_of(ResourceKind.MEMORY, memory_ids[0])] += 1
+    except BaseException:
+        full.close()
+        raise
+    index = {uuid: i for i, uuid in enumerate(sorted(cards))}
+    full.per_card = {index[uuid]: n for uuid, n in cards.items()}
+    return full
+
+
+@dataclass(frozen=True)
+class Usage:
+    seconds: float
+    cpu_percent: float  # the daemon's own threads, % of one core
+    children_cpu_percent: float  # processes it ran and reaped (MPS control commands)
+    rss_mib: float  # at the end of the window
+    peak_rss_mib: float  # the kernel's high-water mark (VmHWM) since the daemon started
+
+
+def _peak_rss_mib(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
+
+
+class CpuWindow:
+    """CPU time of one process (and its reaped children) between start and stop."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self._process = psutil.Process(pid)
+        self._times = self._process.cpu_times()
+        self._started = time.monotonic()
+
+    def stop(self) -> Usage:
+        times = self._process.cpu_times()
+        seconds = time.monotonic() - self._started
+        own = (times.user + times.system) - (self._times.user + self._times.system)
+        children = (times.children_user + times.children_system) - (
+            self._times.children_user + self._times.children_system
+        )
+        return Usage(
+            seconds=seconds,
+            cpu_percent=100 * own / seconds,
+            children_cpu_percent=100 * children / seconds,
+            rss_mib=self._process.memory_info().rss / MIB,
+            peak_rss_mib=_peak_rss_mib(self.pid),
+        )
+
+
+class EventCounter:
+    """Counts the machine's process events (exec, exit) as the daemon's watchdog sees them.
+
+    The watchdog follows every exec and exit on the machine through the netlink
+    process connector, so its idle CPU grows with what else runs there; the
+    count says how busy the machine was. None where the connector is missing.
+    """
+
+    def __init__(self) -> None:
+        self.events = 0
+        self.available = False
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._count, daemon=True)
+        self._thread.start()
+        self._ready.wait()
+
+    def _count(self) -> None:
+        # pyroute2's socket belongs to the thread that made it (as in the daemon's watchdog).
+        try:
+            source = ProcEvents()
+        except ProcEventsUnavailable:
+            self._ready.set()
+            return
+        self.available = True
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                news = source.read(0.2)
+                self.events += len(news.execs) + len(news.exits)
+        finally:
+            source.close()
+
+    def stop(self) -> int | None:
+        self._stop.set()
+        self._thread.join()
+        return self.events if self.available else None
+
+
+def idle(full: FullNode, seconds: float) -> tuple[Usage, float | None]:
+    """The daemon's usage over ``seconds`` of doing nothing, and process events per second."""
+    counter = EventCounter()
+    window = CpuWindow(full.node.process.pid)
+    time.sleep(seconds)
+    usage = window.stop()
+    events = counter.stop()
+    return usage, None if events is None else events / usage.seconds
+
+
+@dataclass(frozen=True)
+class Busy:
+    usage: Usage
+    admitted: int
+    refused: int
+    rate_per_second: float  # admissions really made per second
+
+
+def busy(full: FullNode, seconds: float, rate_per_second: float = 100.0) -> Busy:
+    """Admit (and delete, oldest first) churn pods at ``rate_per_second`` for ``seconds``."""
+    kubelet = full.kubelet
+    window = CpuWindow(full.node.process.pid)
+    started = time.monotonic()
+    held: list[str] = []
+    admitted = refused = 0
+    while time.monotonic() - started < seconds:
+        # Rate-limited: admission i starts no earlier than i / rate after the start.
+        wait = started + (admitted + refused) / rate_per_second - time.monotonic()
+        if wait > 0:
+            time.sleep(wait)
+        pod = f"churn{admitted + refused}"
+        full.create_pod("churn", pod, CHURN_POD)
+        result = kubelet.admit_pod("churn", pod, [ContainerSpec("main", dict(CHURN_POD))])
+        held.append(pod)
+        if result.ok:
+            admitted += 1
+        else:
+            refused += 1
+        if len(held) > CHURN_HELD:
+            full.delete_pod("churn", held.pop(0))
+    elapsed = time.monotonic() - started
+    usage = window.stop()
+    for pod in held:
+        full.delete_pod("churn", pod)
+    return Busy(usage, admitted, refused, (admitted + refused) / elapsed)
+
+
+def figures(
+    full: FullNode,
+    idle_usage: Usage,
+    events_per_s: float | None,
+    busy_usage: Busy,
+    suffix: str = "",
+) -> list[Figure]:
+    """``suffix`` tells configurations apart: "" for the default one (the targets apply)."""
+    rss_mb = max(idle_usage.peak_rss_mib, busy_usage.usage.peak_rss_mib) * MIB / 1e6
+    per_card = ", ".join(str(full.per_card[i]) for i in sorted(full.per_card))
+    where = " [Kubernetes adapter on]" if full.api is not None else " [adapter off]"
+    targeted = suffix == ""
+
+    def target(text: str, met: bool) -> dict:
+        return {"target": text, "met": met} if targeted else {}
+
+    return [
+        Figure(
+            f"footprint_allocations{suffix}",
+            sum(full.per_card.values()),
+            "allocations held" + where,
+            note=f"per card: {per_card}",
+        ),
+        Figure(
+            f"idle_rss_mib{suffix}",
+            idle_usage.rss_mib,
+            "idle RSS (MiB)" + where,
+            **target(f"< {RSS_TARGET_MB} MB", idle_usage.rss_mib * MIB / 1e6 < RSS_TARGET_MB),
+        ),
+        Figure(
+            f"idle_cpu_percent{suffix}",
+            idle_usage.cpu_percent,
+            f"idle CPU, daemon (% of a core, {idle_usage.seconds:.0f} s)" + where,
+            **target(
+                f"< {IDLE_CPU_TARGET_PERCENT:g} %", idle_usage.cpu_percent < IDLE_CPU_TARGET_PERCENT
+            ),
+        ),
+        Figure(
+            f"idle_proc_events_per_s{suffix}",
+            "skipped" if events_per_s is None else events_per_s,
+            "idle: process events/s on the machine" + where,
+            note="" if events_per_s is not None else "no netlink process connector here",
+        ),
+        Figure(
+            f"idle_children_cpu_percent{suffix}",
+            idle_usage.children_cpu_percent,
+            "idle CPU, MPS control commands (stand-in)" + where,
+        ),
+        Figure(
+            f"busy_admissions_per_s{suffix}",
+            busy_usage.rate_per_second,
+            "busy: admissions per second reached" + where,
+            note=f"{busy_usage.refused} refused" if busy_usage.refused else "",
+            **target(">= 100", busy_usage.rate_per_second >= 100 * 0.95),
+        ),
+        Figure(
+            f"busy_cpu_percent{suffix}",
+            busy_usage.usage.cpu_percent,
+            "busy CPU, daemon (% of a core)" + where,
+        ),
+        Figure(
+            f"busy_cpu_ms_per_admission{suffix}",
+            busy_usage.usage.cpu_percent * 10 / busy_usage.rate_per_second,
+            "busy: daemon CPU ms per admission" + where,
+        ),
+        Figure(
+            f"busy_children_cpu_percent{suffix}",
+            busy_usage.usage.children_cpu_percent,
+            "busy CPU, MPS control commands (stand-in)" + where,
+        ),
+        Figure(f"busy_rss_mib{suffix}", busy_usage.usage.rss_mib, "busy RSS (MiB)" + where),
+        Figure(
+            f"peak_rss_mib{suffix}",
+            max(idle_usage.peak_rss_mib, busy_usage.usage.peak_rss_mib),
+            "peak RSS since start (MiB)" + where,
+            **target(f"< {RSS_TARGET_MB} MB", rss_mb < RSS_TARGET_MB),
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--idle-seconds", type=float, default=30)
+    parser.add_argument("--busy-seconds", type=float, default=10)
+    parser.add_argument("--kubernetes", action="store_true", help="adapter on, test API server")
+    args = parser.parse_args()
+    full = full_node(kubernetes=args.kubernetes)
+    try:
+        time.sleep(2)  # the admissions' after-effects (ListAndWatch, reconcile) settle
+        idle_usage, events_per_s = idle(full, args.idle_seconds)
+        busy_usage = busy(full, args.busy_seconds)
+    finally:
+        full.close()
+    for figure in figures(full, idle_usage, events_per_s, busy_usage):
+        print(f"{figure.label:<48} {figure.name}={figure.value} {figure.note}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,266 @@
+"""Every benchmark in one run: a table per section, then ``name=value`` lines.
+
+What ``bench/run`` runs (it sets up the venv and runc first). Sections, each
+in its own module with what it measures and why:
+
+1. Allocate latency next to a floor (bench/allocate_latency.py), plus the
+   distribution plot;
+2. ListAndWatch size by memory unit, the smallest safe unit and the daemon's
+   refusal of an unsafe one (bench/listandwatch_size.py);
+3. footprint, idle and busy, on a full node (bench/footprint.py), with the
+   Kubernetes adapter on (as deployed; a test API server) and off;
+4. restart: daemon start to READY=1, re-registration after kubelet restarts
+   (bench/restart.py, on the same full node, adapter on);
+5. enforcement reaction (bench/enforcement_reaction.py, real runc);
+6. runtime hook overhead (bench/hook_overhead.py, real runc).
+
+A figure whose feature is not built is ``absent``; one this machine cannot
+measure (no runc, not root) is ``skipped`` with the reason in the notes; one
+whose section failed is ``failed`` (the error goes to stderr and the exit
+status is 1). The figures are distributions and ratios measured in the same
+run: the development machines are small and shared, single timings mislead.
+
+Run: ``bench/run [--quick] [--plot FILE]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import os
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from bench import (
+    allocate_latency,
+    enforcement_reaction,
+    footprint,
+    hook_overhead,
+    listandwatch_size,
+    restart,
+)
+from bench.report import Figure, machine_lines, skipped, table
+from tests import runc_env
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DEFAULT_PLOT = os.path.join(REPO, "docs", "allocate_latency.png")
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Settings:
+    admissions: int
+    law_units: tuple[int, ...]
+    law_repeats: int
+    idle_seconds: float
+    busy_seconds: float
+    restarts: int
+    enforcement_runs: int
+    hook_rounds: int
+
+
+FULL = Settings(
+    admissions=2000,
+    law_units=listandwatch_size.UNITS_MIB,
+    law_repeats=3,
+    idle_seconds=30,
+    busy_seconds=10,
+    restarts=5,
+    enforcement_runs=40,
+    hook_rounds=40,
+)
+QUICK = Settings(
+    admissions=300,
+    law_units=tuple(u for u in listandwatch_size.UNITS_MIB if u >= 16),
+    law_repeats=1,
+    idle_seconds=10,
+    busy_seconds=4,
+    restarts=2,
+    enforcement_runs=8,
+    hook_rounds=8,
+)
+
+
+@dataclass(frozen=True)
+class Section:
+    title: str
+    # The names the issue requires from this section: reported as failed if it fails.
+    required: tuple[str, ...]
+    run: Callable[[], list[Figure]]
+
+
+def machine() -> list[Figure]:
+    """Where and when: figures only compare with figures from the same kind of machine."""
+
+    def version(package: str) -> str:
+        try:
+            return importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if "model name" in line), cpu)
+    except OSError:
+        pass
+    return [
+        Figure("date", datetime.date.today().isoformat(), "date"),
+        Figure("machine_cores", os.cpu_count() or 0, "CPU cores", note=f"CPU: {cpu}"),
+        Figure("python_version", platform.python_version(), "Python"),
+        Figure("grpcio_version", version("grpcio"), "grpcio"),
+        Figure("kernel", platform.release(), "Linux kernel"),
+    ]
+
+
+def sections(settings: Settings, plot_path: str | None) -> list[Section]:
+    def latency() -> list[Figure]:
+        samples = allocate_latency.measure(settings.admissions)
+        if plot_path:
+            allocate_latency.plot(
+                samples,
+                plot_path,
+                f"Allocate latency over unix-socket gRPC, {samples.admissions} admissions, "
+                f"8 x H200 (simulated), {datetime.date.today().isoformat()}, "
+                f"{os.cpu_count()} cores, Python {platform.python_version()}",
+            )
+        return allocate_latency.figures(samples)
+
+    def law() -> list[Figure]:
+        rows = listandwatch_size.measure(settings.law_units, settings.law_repeats)
+        listandwatch_size.print_rows(rows)
+        safe = listandwatch_size.check_smallest_safe_unit()
+        return listandwatch_size.figures(rows, safe, listandwatch_size.daemon_refusal())
+
+    def deployed_node() -> list[Figure]:
+        # The daemon as deployed: its Kubernetes adapter on (a test API server holds
+        # the pods). Restarts come before the busy phase, whose pods the ledger keeps
+        # until their grace ends: READY is timed with exactly the 384 allocations.
+        full = footprint.full_node(kubernetes=True)
+        try:
+            time.sleep(2)  # the admissions' after-effects (ListAndWatch, reconcile) settle
+            idle, events_per_s = footprint.idle(full, settings.idle_seconds)
+            ready_s, ready_phases = restart.daemon_restarts(full, settings.restarts)
+            reregister_s = restart.kubelet_restarts(full, settings.restarts)
+            allocations = restart.ledger_allocations(full)
+            busy = footprint.busy(full, settings.busy_seconds)
+        finally:
+            full.close()
+        return footprint.figures(full, idle, events_per_s, busy) + restart.figures(
+            ready_s, ready_phases, reregister_s, allocations
+        )
+
+    def plain_node() -> list[Figure]:
+        # The same with the adapter off: what the device plugin alone costs.
+        full = footprint.full_node(kubernetes=False)
+        try:
+            time.sleep(2)
+            idle, events_per_s = footprint.idle(full, settings.idle_seconds)
+            busy = footprint.busy(full, settings.busy_seconds)
+        finally:
+            full.close()
+        return footprint.figures(full, idle, events_per_s, busy, suffix="_no_kube")
+
+    no_runc = runc_env.missing()
+
+    def enforcement() -> list[Figure]:
+        if no_runc:
+            return [skipped("enforcement_p99_ms", "over quota to killed, p99 (ms)", no_runc)]
+        return enforcement_reaction.figures(enforcement_reaction.measure(settings.enforcement_runs))
+
+    def hook() -> list[Figure]:
+        if no_runc:
+            return [skipped("hook_overhead_p50_ms", "hook adds to creation (ms)", no_runc)]
+        return hook_overhead.figures(hook_overhead.measure(settings.hook_rounds))
+
+    return [
+        Section(
+            "1. Allocate latency vs a trivial gRPC call (same run, same socket kind)",
+            ("allocate_p50_us", "allocate_p99_us", "floor_p99_us", "allocate_p99_ratio"),
+            latency,
+        ),
+        Section(
+            "2. ListAndWatch size, 8 x 141 GiB (H200)",
+            ("listandwatch_bytes_8x141g_gib", "smallest_safe_unit_mib_8x141g"),
+            law,
+        ),
+        Section(
+            "3-4. Footprint and restart, 8 x H200 with 384 allocations (8 cards x 48 clients), "
+            "Kubernetes adapter on (test API server)",
+            ("idle_rss_mib", "idle_cpu_percent", "ready_seconds_384"),
+            deployed_node,
+        ),
+        Section(
+            "3b. Footprint with the Kubernetes adapter off (device plugin alone)",
+            (),
+            plain_node,
+        ),
+        Section("5. Enforcement reaction (real runc)", ("enforcement_p99_ms",), enforcement),
+        Section("6. Runtime hook overhead (real runc)", ("hook_overhead_p50_ms",), hook),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a smoke run of about 2 minutes")
+    parser.add_argument(
+        "--plot",
+        default=DEFAULT_PLOT,
+        metavar="FILE",
+        help=f"Allocate latency plot, PNG (default {os.path.relpath(DEFAULT_PLOT, REPO)}; "
+        "'' for none)",
+    )
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    started = time.monotonic()
+    figures = machine()
+    print(table(figures), flush=True)
+    failed = []
+    for section in sections(settings, args.plot or None):
+        print(f"\n== {section.title}", flush=True)
+        section_started = time.monotonic()
+        try:
+            found = section.run()
+        except Exception:
+            traceback.print_exc()
+            failed.append(section.title)
+            found = [Figure(name, FAILED, name, note="the section failed: see stderr")
+                     for name in section.required]  # fmt: skip
+        print(table(found))
+        print(f"({time.monotonic() - section_started:.0f} s)", flush=True)
+        figures += found
+    figures += [
+        Figure("bench_quick", int(args.quick), "quick run"),
+        Figure("bench_seconds", round(time.monotonic() - started), "seconds, whole run"),
+    ]
+    if args.plot:
+        print(f"\nplot: {os.path.relpath(args.plot, REPO)}")
+    print()
+    for line in machine_lines(figures):
+        print(line)
+    if failed:
+        print(f"failed sections: {'; '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+def required_names() -> list[str]:
+    """Every name the issue asks for, in order (checked by tests/test_bench.py)."""
+    return [name for s in sections(QUICK, None) for name in s.required]
+
+
+def value_of(lines: list[str], name: str) -> str:
+    """The value of ``name`` in ``name=value`` lines (for tests and scripts)."""
+    for line in lines:
+        key, sep, value = line.partition("=")
+        if sep and key == name:
+            return value
+    raise KeyError(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

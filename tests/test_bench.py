@@ -1,0 +1,196 @@
+"""bench/: the suite reports every figure the issue asks for, in a form scripts can read.
+
+Nothing here times anything (timings are the benchmarks' job and would make
+tests flaky): the figure functions get synthetic samples, the suite's main
+runs with its sections replaced, and the ListAndWatch sizing runs for real on
+two units only (it is deterministic and fast).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from bench import (
+    allocate_latency,
+    enforcement_reaction,
+    footprint,
+    hook_overhead,
+    listandwatch_size,
+    restart,
+    suite,
+)
+from bench.report import ABSENT, SKIPPED, Figure, format_value, machine_lines, table
+from bench.stats import Summary, percentile
+
+# The names the issue requires, verbatim.
+ISSUE_NAMES = [
+    "allocate_p50_us",
+    "allocate_p99_us",
+    "floor_p99_us",
+    "allocate_p99_ratio",
+    "listandwatch_bytes_8x141g_gib",
+    "smallest_safe_unit_mib_8x141g",
+    "idle_rss_mib",
+    "idle_cpu_percent",
+    "ready_seconds_384",
+    "enforcement_p99_ms",
+    "hook_overhead_p50_ms",
+]
+
+
+def names(figures: list[Figure]) -> list[str]:
+    return [f.name for f in figures]
+
+
+def test_the_suite_requires_exactly_the_issues_names():
+    assert suite.required_names() == ISSUE_NAMES
+
+
+def synthetic_figures() -> list[Figure]:
+    """Every section's figure function, fed made-up but well-formed samples."""
+    samples = allocate_latency.Samples(
+        allocate=[0.004, 0.005, 0.006] * 10,
+        preferred=[0.003] * 30,
+        floor=[0.001, 0.002] * 15,
+        daemon_options=[0.002] * 15,
+        ledger_commit=[0.0015] * 10,
+        admissions=15,
+        stale_reuses=0,
+    )
+    rows = [
+        listandwatch_size.Row(1024, 1128, 71312, 73568, 8.0),
+        listandwatch_size.Row(64, 18048, 1164240, 1200336, 140.0),
+    ]
+    refusal = listandwatch_size.Refusal(2, "... use 68 MiB or more ...", 68)
+    full = footprint.FullNode(node=None, kubelet=None, per_card={i: 48 for i in range(8)})
+    usage = footprint.Usage(30.0, 0.5, 2.0, 60.0, 64.0)
+    busy = footprint.Busy(usage, admitted=500, refused=0, rate_per_second=50.0)
+    hook_times = {
+        variant: {"create": [30.0, 40.0], "delete": [100.0, 110.0]}
+        for variant in ("no hook", "hook, no GPU", "hook, GPU")
+    }
+    return (
+        allocate_latency.figures(samples)
+        + listandwatch_size.figures(rows, 74, refusal)
+        + footprint.figures(full, usage, 12.5, busy)
+        + footprint.figures(full, usage, None, busy, suffix="_no_kube")
+        + restart.figures([4.0, 4.2], [("interpreter", 0.5)], [0.7, 0.8], 384)
+        + enforcement_reaction.figures([400.0, 900.0, 950.0])
+        + hook_overhead.figures(hook_times)
+    )
+
+
+def test_every_required_name_comes_out_of_the_sections_figures_once():
+    figures = synthetic_figures()
+    lines = machine_lines(figures)  # raises on a name reported twice
+    keys = [line.partition("=")[0] for line in lines]
+    assert set(ISSUE_NAMES) <= set(keys)
+    for line in lines:
+        key, sep, value = line.partition("=")
+        assert sep and key and value and " " not in key, line
+
+
+def test_figures_follow_their_samples():
+    figures = {f.name: f for f in synthetic_figures()}
+    assert figures["allocate_p50_us"].value == pytest.approx(5000)
+    assert figures["floor_p99_us"].value == pytest.approx(2000)
+    assert figures["allocate_p99_ratio"].value == pytest.approx(3.0)
+    assert figures["allocate_p99_ratio"].met  # 3.0 is within "p99 within 3x the floor"
+    assert figures["smallest_safe_unit_mib_8x141g"].value == 74
+    assert figures["unsafe_unit_exit_code"].met
+    assert figures["idle_cpu_percent"].met and not figures["busy_admissions_per_s"].met
+    assert figures["idle_cpu_percent_no_kube"].met is None  # targets: the deployed daemon
+    assert figures["busy_cpu_ms_per_admission"].value == pytest.approx(0.1)
+    assert figures["ready_seconds_384"].value == pytest.approx(4.1)
+    assert figures["hook_overhead_p50_ms"].value == 0
+
+
+def test_the_refusal_must_name_the_unit():
+    rows = [listandwatch_size.Row(1024, 1128, 71312, 73568, 8.0)]
+    silent = listandwatch_size.Refusal(2, "config error", 68)
+    figure = {f.name: f for f in listandwatch_size.figures(rows, 74, silent)}
+    assert figure["unsafe_unit_exit_code"].met is False
+
+
+def test_listandwatch_sizes_are_the_real_messages_and_the_formula_agrees():
+    rows = listandwatch_size.measure((1024, 512), repeats=1)
+    assert [r.devices for r in rows] == [8 * 141, 8 * 282]
+    assert rows[0].message_bytes < rows[0].worst_bytes < rows[1].message_bytes
+    assert all(r.safe for r in rows)
+
+
+def test_a_failing_section_reports_its_names_as_failed_and_exits_1(monkeypatch, capsys):
+    def broken():
+        raise RuntimeError("boom")
+
+    def fine():
+        return [Figure("other_ms", 1.5, "other")]
+
+    monkeypatch.setattr(
+        suite,
+        "sections",
+        lambda settings, plot: [
+            suite.Section("broken", ("allocate_p50_us", "floor_p99_us"), broken),
+            suite.Section("fine", ("other_ms",), fine),
+        ],
+    )
+    assert suite.main(["--quick", "--plot", ""]) == 1
+    out = capsys.readouterr()
+    lines = out.out.splitlines()
+    assert suite.value_of(lines, "allocate_p50_us") == "failed"
+    assert suite.value_of(lines, "floor_p99_us") == "failed"
+    assert suite.value_of(lines, "other_ms") == "1.50"
+    assert suite.value_of(lines, "bench_quick") == "1"
+    assert "RuntimeError: boom" in out.err
+    # The table comes first, the machine-readable lines last.
+    assert lines.index("allocate_p50_us=failed") > next(
+        i for i, line in enumerate(lines) if line.startswith("figure")
+    )
+
+
+def test_without_runc_the_container_figures_are_skipped_with_the_reason(monkeypatch):
+    monkeypatch.setattr(suite.runc_env, "missing", lambda: "runc is not installed (test)")
+    by_title = {s.title[:2]: s for s in suite.sections(suite.QUICK, None)}
+    for key, name in (("5.", "enforcement_p99_ms"), ("6.", "hook_overhead_p50_ms")):
+        (figure,) = by_title[key].run()
+        assert figure.name == name and figure.value == SKIPPED
+        assert "runc is not installed" in figure.note
+        assert machine_lines([figure]) == [f"{name}=skipped"]
+
+
+def test_output_formatting():
+    assert format_value(3) == "3"
+    assert format_value(2.0) == "2"
+    assert format_value(1234.5678) == "1234.6"
+    assert format_value(12.3456) == "12.35"
+    assert format_value(0.012345) == "0.0123"
+    assert format_value(ABSENT) == "absent"
+    with pytest.raises(ValueError):
+        machine_lines([Figure("x_ms", 1, "x"), Figure("x_ms", 2, "x again")])
+    text = table([Figure("x_ms", 1.5, "x", target="< 2", met=True, note="why")])
+    assert "x_ms" in text and "yes" in text and "why" in text
+
+
+def test_percentiles_are_measured_values():
+    values = [float(v) for v in range(1, 101)]
+    assert percentile(values, 50) == 51
+    assert percentile(values, 99) == 100
+    assert Summary.of(values).max == 100
+    with pytest.raises(ValueError):
+        percentile([], 50)
+
+
+def test_the_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="bench/run installs matplotlib; the suite does not")
+    samples = allocate_latency.Samples(
+        allocate=[0.004 + i * 1e-5 for i in range(200)],
+        preferred=[0.003] * 200,
+        floor=[0.001 + i * 1e-6 for i in range(200)],
+        daemon_options=[0.002 + i * 1e-6 for i in range(100)],
+        ledger_commit=[0.0015] * 10,
+        admissions=100,
+        stale_reuses=0,
+    )
+    path = tmp_path / "latency.png"
+    allocate_latency.plot(samples, str(path), "test")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
