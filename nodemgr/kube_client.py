@@ -12,7 +12,11 @@ no other module imports the kubernetes client.
   socket errors) becomes one of the ``KubeApiError`` classes, in this one
   place; callers chain the original (``raise ... from``);
 - ``ApiSession``: the client both adapter threads share, one request at a
-  time per thread, and what the last request said (connected, last error).
+  time per thread, and what the last request said (connected, last error);
+- ``CommandClient``: the requests of the one-shot nodemgr commands
+  (``nodemgr doctor``: read this node, SelfSubjectAccessReviews of the
+  adapter's RBAC; ``nodemgr status --cluster``: list the nodes), which
+  report errors themselves and so log nothing.
 
 What it must not do: start threads, sleep or retry (the adapter does).
 """
@@ -23,6 +27,7 @@ import http.client
 import json
 import logging
 import os
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -30,7 +35,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes.client import ApiClient, Configuration, CoreV1Api
+from kubernetes.client import ApiClient, AuthorizationV1Api, Configuration, CoreV1Api
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
@@ -115,6 +120,18 @@ def find_credentials(
     raise KubeCredentialsError(
         f"no Kubernetes credentials (tried {'; '.join(tried)}): {CREDENTIALS_FIX}"
     )
+
+
+def credentials_problem(message: str) -> str:
+    """A credentials error's message without ``CREDENTIALS_FIX``, for callers with another fix.
+
+    (``nodemgr doctor`` puts the fix after "— fix:"; ``nodemgr status
+    --cluster`` runs with an admin's kubeconfig.)
+    """
+    problem, found, _ = message.partition(CREDENTIALS_FIX)
+    if not found:
+        return message
+    return re.sub(r"[;:,]?\s*(create it or|fix the file or)?\s*$", "", problem)
 
 
 def new_api_client(
@@ -203,6 +220,25 @@ def map_error(error: BaseException, verb: str, resource: str) -> KubeApiError:
     return KubeApiError(f"{what}: {type(error).__name__}: {error}")
 
 
+def request_json(
+    verb: str, resource: str, timeout_seconds: float, method: Callable[..., Any], *args, **kwargs
+) -> Any:
+    """One request through a client ``method``; its decoded JSON answer (not the client's models).
+
+    ``verb`` on ``resource`` names it in errors. Raises a ``KubeApiError``
+    chained to the client's error.
+    """
+    try:
+        response = method(*args, _preload_content=False, _request_timeout=timeout_seconds, **kwargs)
+        try:
+            data = response.data
+        finally:
+            response.release_conn()
+        return json.loads(data) if data else {}
+    except Exception as e:
+        raise map_error(e, verb, resource) from e
+
+
 def _status_message(error: ApiException) -> str:
     """The API server's own explanation (a Status object's message), else the HTTP reason."""
     body = error.body
@@ -277,18 +313,10 @@ class ApiSession:
         Raises a ``KubeApiError`` chained to the client's error.
         """
         try:
-            response = method(
-                *args, _preload_content=False, _request_timeout=self.timeout_seconds, **kwargs
-            )
-            try:
-                data = response.data
-            finally:
-                response.release_conn()
-            result = json.loads(data) if data else {}
-        except Exception as e:
-            error = map_error(e, verb, resource)
+            result = request_json(verb, resource, self.timeout_seconds, method, *args, **kwargs)
+        except KubeApiError as error:
             self.note_error(error)
-            raise error from e
+            raise
         self.note_ok()
         return result
 
@@ -324,3 +352,111 @@ class ApiSession:
     def close(self) -> None:
         self.api_client.rest_client.pool_manager.clear()
         self.api_client.close()
+
+
+@dataclass(frozen=True)
+class NodeSummary:
+    """What ``nodemgr status --cluster`` reads of a Node."""
+
+    name: str
+    internal_ip: str | None  # status.addresses of type InternalIP
+    annotations: Mapping[str, str]
+
+
+class CommandClient:
+    """The API client of a one-shot nodemgr command: ``doctor``, ``status --cluster``.
+
+    One request at a time, no threads, no retries and no log lines (the
+    command reports what went wrong). Each request raises a ``KubeApiError``
+    (``map_error``); the constructor a ``KubeCredentialsError`` for unusable
+    credentials.
+    """
+
+    def __init__(
+        self,
+        credentials: Credentials,
+        timeout_seconds: float,
+        environ: Mapping[str, str] | None = None,
+    ):
+        self.credentials = credentials
+        self.timeout_seconds = timeout_seconds
+        self._client = new_api_client(credentials, environ, pool_size=1)
+        self._core = CoreV1Api(self._client)
+        self._authorization = AuthorizationV1Api(self._client)
+
+    @property
+    def server(self) -> str:
+        return self._client.configuration.host
+
+    def read_node(self, name: str) -> dict:
+        return request_json(
+            "get", f"nodes/{name}", self.timeout_seconds, self._core.read_node, name
+        )
+
+    def can_i(self, verb: str, group: str, resource: str, name: str = "") -> tuple[bool, str]:
+        """Whether our identity may ``verb`` ``resource`` ("pods", "nodes/status") of ``group``.
+
+        Asks as ``kubectl auth can-i`` does: a SelfSubjectAccessReview, which
+        every authenticated user may create. Cluster-wide (no namespace, as
+        the adapter's requests); ``name`` narrows it to one object. Returns
+        (allowed, the authorizer's reason).
+        """
+        plural, _, subresource = resource.partition("/")
+        attributes = {"group": group, "resource": plural, "verb": verb}
+        if subresource:
+            attributes["subresource"] = subresource
+        if name:
+            attributes["name"] = name
+        review = {
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SelfSubjectAccessReview",
+            "spec": {"resourceAttributes": attributes},
+        }
+        answer = request_json(
+            "create",
+            "selfsubjectaccessreviews",
+            self.timeout_seconds,
+            self._authorization.create_self_subject_access_review,
+            review,
+        )
+        status = answer.get("status") or {}
+        reason = status.get("reason") or status.get("evaluationError") or ""
+        return status.get("allowed") is True, str(reason)
+
+    def list_nodes(self, page_size: int = 500) -> list[NodeSummary]:
+        """Every Node of the cluster (needs RBAC ``nodes list``), in pages of ``page_size``."""
+        nodes: list[NodeSummary] = []
+        token = ""
+        while True:
+            page = request_json(
+                "list",
+                "nodes",
+                self.timeout_seconds,
+                self._core.list_node,
+                limit=page_size,
+                **({"_continue": token} if token else {}),
+            )
+            for item in page.get("items") or []:
+                metadata = item.get("metadata") or {}
+                addresses = (item.get("status") or {}).get("addresses") or []
+                internal = [a.get("address") for a in addresses if a.get("type") == "InternalIP"]
+                nodes.append(
+                    NodeSummary(
+                        str(metadata.get("name", "")),
+                        internal[0] if internal else None,
+                        dict(metadata.get("annotations") or {}),
+                    )
+                )
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token:
+                return nodes
+
+    def close(self) -> None:
+        self._client.rest_client.pool_manager.clear()
+        self._client.close()
+
+    def __enter__(self) -> CommandClient:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()

@@ -36,15 +36,21 @@ Implemented, with the real server's wire shapes and status codes:
   409 Conflict.
 * Checks that real clusters make and clients get wrong: label/annotation maps of strings,
   label syntax (422), event times with a zone (400), core Event namespace rules (422).
+* authorization.k8s.io/v1 ``selfsubjectaccessreviews`` (create only, 201, what ``kubectl
+  auth can-i`` asks): a resource review is allowed when ``rbac_allowed`` is None (the
+  default: everything) or holds its (resource[/subresource], verb), e.g. ("nodes/status",
+  "patch"); group, namespace and name are not looked at; a non-resource review is allowed
+  only when everything is. Exactly one of resourceAttributes and nonResourceAttributes, or
+  422.
 * Bearer-token auth (401), 404/405/415 Status bodies, failure injection (``fail_next``,
   ``delay_next``), ``drop_watches()`` and a request log (``requests``).
 
-Not implemented: other resources, server-side apply (415), ``limit``/``continue`` paging
-(accepted; one page holds everything), ``sendInitialEvents``, ``dryRun``, managedFields,
-generation, quantity checks and canonical forms, graceful deletion over HTTP (a DELETE
-removes at once; ``delete_pod(graceful=True)`` marks a pod terminating), strategic merge
-directives other than ``$patch``, shared storage of the two Event APIs, pod spec
-immutability, TLS.
+Not implemented: other resources and access reviews, server-side apply (415),
+``limit``/``continue`` paging (accepted; one page holds everything), ``sendInitialEvents``,
+``dryRun``, managedFields, generation, quantity checks and canonical forms, graceful
+deletion over HTTP (a DELETE removes at once; ``delete_pod(graceful=True)`` marks a pod
+terminating), strategic merge directives other than ``$patch``, shared storage of the two
+Event APIs, pod spec immutability, TLS.
 """
 
 from __future__ import annotations
@@ -100,6 +106,7 @@ EVENTS_V1 = _Res(
     False,
 )
 _RESOURCES = {(r.group, r.plural): r for r in (PODS, NODES, EVENTS, EVENTS_V1)}
+ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/v1)/(?:namespaces/(?P<ns>[^/]+)/)?"
     r"(?P<plural>[a-z]+)(?:/(?P<name>[^/]+))?(?:/(?P<sub>[a-z]+))?$"
@@ -464,6 +471,8 @@ class TestApiServer:
         self.bookmark_interval = 60.0  # seconds between BOOKMARKs, for watches asking for them
         self.default_watch_timeout = 1800.0  # kube-apiserver's --min-request-timeout
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, query) of each request
+        # SelfSubjectAccessReviews: None allows everything, else only these (resource, verb).
+        self.rbac_allowed: set[tuple[str, str]] | None = None
         self._cond = threading.Condition()  # guards all below; watches wait on it
         self._objs: dict[tuple, dict] = {}  # (_Res, namespace, name) -> object, never mutated
         self._rv = 1000  # not 0: "0" means "any version" in the API
@@ -618,11 +627,15 @@ class TestApiServer:
     def pods(self) -> list[dict]:
         return self._all(PODS)
 
-    def add_node(self, name, labels=None, capacity=None) -> dict:
+    def add_node(self, name, labels=None, capacity=None, annotations=None, address=None) -> dict:
+        """A node as kubelet registers it; address: its InternalIP (default 10.0.0.11)."""
         node = json.loads(_NODE)
         node["metadata"] |= {"name": name}
         node["metadata"]["labels"] |= {"kubernetes.io/hostname": name, **(labels or {})}
+        node["metadata"]["annotations"] |= annotations or {}
         status = node["status"]
+        if address:
+            status["addresses"][0]["address"] = address
         status["capacity"] |= capacity or {}
         status["allocatable"] = dict(status["capacity"])
         status["addresses"].append({"type": "Hostname", "address": name})
@@ -801,6 +814,12 @@ class TestApiServer:
             h.close_connection = True
 
     def _route(self, h, method, path, query, body, is_watch):
+        if path == ACCESS_REVIEWS:
+            if method != "POST":
+                raise ApiError(
+                    405, "the server does not allow this method on the requested resource"
+                )
+            return 201, self._access_review(_json(body))
         m = _PATH.match(path)
         res = m and _RESOURCES.get((m["group"] or "", m["plural"]))
         ns, name, sub = (m["ns"] or "", m["name"], m["sub"]) if res else ("", None, None)
@@ -837,6 +856,29 @@ class TestApiServer:
         if name and method == "DELETE" and not sub:
             return 200, self._delete(key, _json(body) if body.strip() else {})
         raise ApiError(405, "the server does not allow this method on the requested resource")
+
+    def _access_review(self, review) -> dict:
+        spec = review.get("spec") if isinstance(review, dict) else None
+        spec = spec if isinstance(spec, dict) else {}
+        attributes, non_resource = spec.get("resourceAttributes"), spec.get("nonResourceAttributes")
+        if (attributes is None) == (non_resource is None):
+            raise ApiError(
+                422,
+                'SelfSubjectAccessReview.authorization.k8s.io "" is invalid: '
+                'spec.resourceAttributes: Invalid value: "null": exactly one of '
+                "nonResourceAttributes or resourceAttributes must be specified",
+            )
+        allowed = self.rbac_allowed is None
+        if attributes is not None and not allowed:
+            resource, sub = attributes.get("resource", ""), attributes.get("subresource")
+            allowed = (f"{resource}/{sub}" if sub else resource, attributes.get("verb")) in (
+                self.rbac_allowed
+            )
+        status = {"allowed": allowed}  # a denial by RBAC alone gives no reason on the wire
+        if allowed:
+            status["reason"] = 'RBAC: allowed by ClusterRoleBinding "sim" of ClusterRole "sim"'
+        review = {"kind": "SelfSubjectAccessReview", "apiVersion": "authorization.k8s.io/v1"}
+        return review | {"metadata": {"creationTimestamp": None}, "spec": spec, "status": status}
 
     def _list(self, res, ns, query) -> dict:
         match, rv = _matcher(res, ns, query), query.get("resourceVersion", "")

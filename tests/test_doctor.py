@@ -1,11 +1,15 @@
 """Pins ``nodemgr doctor``: each verdict (what was found -> PASS/WARN/FAIL, with the fix for
 WARN/FAIL) as a pure function; the probes against real files and real unix sockets in a fake
 node tree (hooks.d, containerd config and base spec, cgroup mounts, /proc status); the daemon
-probe against the real hook server, which it must leave unchanged; a simulated node with a
-listening kubelet and pod-resources socket, the stand-in MPS binary, a valid CRI-O hook and a
-running hook server passes (exit 0: only the simulated-GPU and Kubernetes WARNs remain); a node
-without NVML or kubelet FAILs with the reason and the fix (exit 1, through the real ``nodemgr``
-command); a bad config is one FAIL line naming the key (exit 2)."""
+probe against the real hook server, which it must leave unchanged; the Kubernetes API check
+against the test API server (tests/kube_apiserver_sim.py, the real client end to end): all
+of nodemgr.kube.API_PERMISSIONS allowed passes, a missing verb FAILs naming it and the RBAC
+fix, a rejected token, a stopped server and missing credentials FAIL, an unknown node WARNs,
+``kubernetes.enabled: false`` WARNs without a request; a simulated node with a listening
+kubelet and pod-resources socket, the stand-in MPS binary, a valid CRI-O hook, a running
+hook server and an API server that knows it passes (exit 0: only the simulated-GPU WARN
+remains); a node without NVML or kubelet FAILs with the reason and the fix (exit 1, through
+the real ``nodemgr`` command); a bad config is one FAIL line naming the key (exit 2)."""
 
 from __future__ import annotations
 
@@ -24,16 +28,27 @@ import pytest
 import yaml
 
 from hooks import protocol
-from nodemgr import doctor, install
+from nodemgr import doctor, install, kube, kube_client
 from nodemgr.allocator import Allocator
 from nodemgr.config import load_settings
 from nodemgr.containers import ContainerRegistry
-from nodemgr.doctor import FAIL, PASS, WARN, HookEntry, Host, Result, RuntimeHooks, SocketProbe
+from nodemgr.doctor import (
+    FAIL,
+    PASS,
+    WARN,
+    HookEntry,
+    Host,
+    KubeProbe,
+    Result,
+    RuntimeHooks,
+    SocketProbe,
+)
 from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.ledger import LEDGER_FILE, Ledger
 from nodemgr.statusserver import DaemonFacts, LiveStatus, StatusServer
 from tests.daemon_proc import MPS_STANDIN, _console_script
+from tests.kube_apiserver_sim import ACCESS_REVIEWS, TestApiServer
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SHIPPED_HOOKS_D = os.path.join(REPO, "hooks", "oci-hooks.d")
@@ -386,13 +401,88 @@ def test_ledger_verdicts():
     )
 
 
-def test_kubernetes_is_said_not_built():
-    result = doctor.kubernetes_result()
+ALL_VERBS = tuple(
+    (group, resource, verb) for group, resource, verbs in kube.API_PERMISSIONS for verb in verbs
+)
+SERVER = "https://10.0.0.1:6443"
+CREDS = "kubernetes.kubeconfig (/etc/gpushare/kubeconfig)"
+
+
+def test_kubernetes_disabled_warns_what_is_lost():
+    result = doctor.kubernetes_disabled_result()
     assert result.status == WARN
     assert result.detail == (
-        "not built in this version: no pod annotations, node labels or events; the gpushare "
-        "scheduler extender and kubectl inspect gpushare won't see this node's allocations"
+        "disabled: no pod annotations, node labels or events; the gpushare scheduler extender "
+        "and kubectl inspect gpushare won't see this node's allocations"
     )
+    assert "kubernetes.enabled: true" in result.fix and "deploy/README.md" in result.fix
+
+
+def test_kubernetes_credentials_verdict_keeps_the_fix_out_of_the_finding():
+    fix = kube_client.CREDENTIALS_FIX
+    problem = kube_client.credentials_problem(
+        f"no Kubernetes credentials (tried kubernetes.kubeconfig: not set; $KUBECONFIG: not "
+        f"set): {fix}"
+    )
+    assert doctor.kubernetes_credentials_result(problem, fix) == Result(
+        "Kubernetes API",
+        FAIL,
+        "kubernetes.enabled, but no Kubernetes credentials (tried kubernetes.kubeconfig: not "
+        "set; $KUBECONFIG: not set): gpushare-node would run as a plain device plugin (no pod "
+        "annotations, node labels or events)",
+        fix,
+    )
+    named = f"kubernetes.kubeconfig /k: no such file; create it or {fix}"
+    assert kube_client.credentials_problem(named) == "kubernetes.kubeconfig /k: no such file"
+    unusable = f"credentials from $KUBECONFIG (/k) are unusable: bad YAML; fix the file or {fix}"
+    assert kube_client.credentials_problem(unusable) == (
+        "credentials from $KUBECONFIG (/k) are unusable: bad YAML"
+    )
+
+
+def test_kubernetes_api_verdicts():
+    probe = KubeProbe(CREDS, SERVER, "node-a")
+    unreachable = doctor.kubernetes_result(
+        KubeProbe(**{**probe.__dict__, "error": "get nodes/node-a: timed out", "unavailable": True})
+    )
+    assert unreachable.status == FAIL
+    assert unreachable.detail == (
+        f"API server {SERVER} (credentials from {CREDS}) unreachable: get nodes/node-a: timed out"
+    )
+    rejected = doctor.kubernetes_result(
+        KubeProbe(**{**probe.__dict__, "error": "HTTP 401", "error_status": 401})
+    )
+    assert rejected.status == FAIL and "credentials rejected" in rejected.detail
+    assert "python deploy/render.py kubeconfig" in rejected.fix
+
+    allowed = KubeProbe(**{**probe.__dict__, "node": "found", "checked": ALL_VERBS})
+    passed = doctor.kubernetes_result(allowed)
+    assert passed == Result(
+        "Kubernetes API",
+        PASS,
+        f"API server {SERVER} (credentials from {CREDS}): node node-a found; RBAC allows every "
+        "request gpushare-node makes (get, list, watch, patch on pods; get, patch on nodes; "
+        "patch on nodes/status; create, patch on events)",
+    )
+    no_node = doctor.kubernetes_result(KubeProbe(**{**allowed.__dict__, "node": "missing"}))
+    assert no_node.status == WARN
+    assert "node node-a does not exist there (node_name wrong? kubelet not registered" in (
+        no_node.detail
+    )
+    assert "set node_name" in no_node.fix
+
+    refused_get = KubeProbe(**{**allowed.__dict__, "node": None, "node_error": "HTTP 403 (x)"})
+    other_authorizer = doctor.kubernetes_result(refused_get)
+    assert other_authorizer.status == FAIL and other_authorizer.detail.endswith("yet HTTP 403 (x)")
+
+    denied = (("", "pods", "watch"), ("", "nodes/status", "patch"))
+    refused = doctor.kubernetes_result(KubeProbe(**{**allowed.__dict__, "denied": denied}))
+    assert refused.status == FAIL
+    assert refused.detail.endswith(
+        "RBAC denies 2 of the 9 requests gpushare-node makes: watch on pods; patch on "
+        "nodes/status missing"
+    )
+    assert "`python deploy/render.py rbac | kubectl apply -f -`" in refused.fix
 
 
 def test_render_aligns_checks_and_appends_fix_and_summary():
@@ -585,15 +675,141 @@ def test_mps_binary_probe(tmp_path):
     assert not_exec.status == FAIL and "is not executable" in not_exec.detail
 
 
+# --- the Kubernetes API, against the test API server -------------------------------------
+
+
+@pytest.fixture
+def api_server():
+    server = TestApiServer()
+    server.start()
+    server.add_node("node-a")
+    yield server
+    server.stop()
+
+
+def kube_settings(tmp_path, **kubernetes):
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({"node_name": "node-a", "kubernetes": kubernetes}))
+    return load_settings(str(config))
+
+
+def reviews(server) -> list:
+    return [r for r in server.requests if r[:2] == ("POST", ACCESS_REVIEWS)]
+
+
+def test_kubernetes_with_every_permission_passes(api_server, tmp_path):
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    result = doctor.check_kubernetes(kube_settings(tmp_path, kubeconfig=kubeconfig), Host())
+    assert result.status == PASS, result
+    assert result.detail.startswith(
+        f"API server {api_server.url} (credentials from kubernetes.kubeconfig ({kubeconfig})): "
+        "node node-a found; RBAC allows every request gpushare-node makes"
+    )
+    assert api_server.requests[0][:2] == ("GET", "/api/v1/nodes/node-a")
+    assert len(reviews(api_server)) == len(ALL_VERBS) == 9
+
+
+def test_kubernetes_missing_verb_fails_naming_it(api_server, tmp_path):
+    api_server.rbac_allowed = {
+        (resource, verb)
+        for _, resource, verb in ALL_VERBS
+        if (resource, verb) != ("events", "patch")
+    }
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    result = doctor.check_kubernetes(kube_settings(tmp_path, kubeconfig=kubeconfig), Host())
+    assert result.status == FAIL
+    assert result.detail.endswith(
+        "RBAC denies 1 of the 9 requests gpushare-node makes: patch on events missing"
+    )
+    assert "python deploy/render.py rbac | kubectl apply -f -" in result.fix
+
+
+def test_kubernetes_without_nodes_get_still_names_every_missing_verb(api_server, tmp_path):
+    api_server.rbac_allowed = {("pods", "list"), ("pods", "watch")}
+    api_server.fail_next("GET", r"/nodes/node-a$", 403)  # what RBAC makes of the GET
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    result = doctor.check_kubernetes(kube_settings(tmp_path, kubeconfig=kubeconfig), Host())
+    assert result.status == FAIL
+    assert result.detail.endswith(
+        "RBAC denies 7 of the 9 requests gpushare-node makes: get, patch on pods; get, patch on "
+        "nodes; patch on nodes/status; create, patch on events missing"
+    )
+
+
+def test_kubernetes_bad_token_fails(api_server, tmp_path):
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    text = (tmp_path / "kubeconfig").read_text().replace(api_server.token, "revoked")
+    (tmp_path / "kubeconfig").write_text(text)
+    result = doctor.check_kubernetes(kube_settings(tmp_path, kubeconfig=kubeconfig), Host())
+    assert result.status == FAIL
+    assert result.detail.startswith(f"API server {api_server.url}: credentials rejected (from ")
+    assert "HTTP 401" in result.detail
+    assert reviews(api_server) == []  # nothing asked after the rejection
+
+
+def test_kubernetes_server_stopped_fails_with_its_url(api_server, tmp_path):
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    api_server.stop()
+    result = doctor.check_kubernetes(kube_settings(tmp_path, kubeconfig=kubeconfig), Host())
+    assert result.status == FAIL
+    assert result.detail.startswith(f"API server {api_server.url} (credentials from ")
+    assert " unreachable: get nodes/node-a: no answer from the API server" in result.detail
+    assert "reaches it" in result.fix
+
+
+def test_kubernetes_unknown_node_warns(api_server, tmp_path):
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    config = tmp_path / "config.yaml"
+    config.write_text(
+        yaml.safe_dump({"node_name": "gpu-7", "kubernetes": {"kubeconfig": kubeconfig}})
+    )
+    result = doctor.check_kubernetes(load_settings(str(config)), Host())
+    assert result.status == WARN
+    assert "node gpu-7 does not exist there (node_name wrong? kubelet not registered yet?)" in (
+        result.detail
+    )
+
+
+def test_kubernetes_disabled_warns_without_a_request(api_server, tmp_path):
+    kubeconfig = api_server.write_kubeconfig(tmp_path / "kubeconfig")
+    settings = kube_settings(tmp_path, enabled=False, kubeconfig=kubeconfig)
+    assert doctor.check_kubernetes(settings, Host()) == doctor.kubernetes_disabled_result()
+    assert api_server.requests == []
+
+
+def test_kubernetes_without_credentials_fails_saying_what_was_tried(tmp_path, monkeypatch):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    result = doctor.check_kubernetes(kube_settings(tmp_path), Host(root=str(tmp_path)))
+    assert result.status == FAIL
+    assert result.detail == (
+        "kubernetes.enabled, but no Kubernetes credentials (tried kubernetes.kubeconfig: not set; "
+        "$KUBECONFIG: not set; in-cluster: $KUBERNETES_SERVICE_HOST not set; "
+        f"{tmp_path}/home/.kube/config: no such file): gpushare-node would run as a plain device "
+        "plugin (no pod annotations, node labels or events)"
+    )
+    assert "deploy/README.md" in result.fix and "kubernetes.enabled: false" in result.fix
+    named = kube_settings(tmp_path, kubeconfig=str(tmp_path / "nowhere"))
+    missing = doctor.check_kubernetes(named, Host(root=str(tmp_path)))
+    assert missing.status == FAIL
+    assert f"kubernetes.kubeconfig {tmp_path}/nowhere: no such file:" in missing.detail
+
+
 # --- whole runs --------------------------------------------------------------------------
 
 
 class SimulatedNode:
     """A simulated node with everything doctor can find working: a listening kubelet and
     pod-resources socket, the stand-in MPS binary, the shipped CRI-O hooks in a fake root,
-    and a daemon's real hook and status servers (allocator, registry, ledger) on its sockets."""
+    a daemon's real hook and status servers (allocator, registry, ledger) on its sockets,
+    and a test API server that knows node-a and allows everything (its kubeconfig in the
+    config)."""
 
     def __init__(self, tmp_path):
+        self.api = TestApiServer()
+        self.api.start()
+        self.api.add_node("node-a")
         self.sockets = short_dir()
         self.hook_socket = f"{self.sockets}/run/hook.sock"
         self.config_path = str(tmp_path / "config.yaml")
@@ -606,6 +822,7 @@ class SimulatedNode:
             "state_dir": str(tmp_path / "state"),
             "run_dir": f"{self.sockets}/run",
             "mps": {"control_binary": MPS_STANDIN},
+            "kubernetes": {"kubeconfig": self.api.write_kubeconfig(tmp_path / "kubeconfig")},
             "gpus": {
                 "backend": "simulated",
                 "simulated": {
@@ -646,6 +863,7 @@ class SimulatedNode:
         for server in self.servers:
             server.close()
         shutil.rmtree(self.sockets, ignore_errors=True)
+        self.api.stop()
 
 
 def test_simulated_node_passes_what_can_pass(tmp_path, capsys):
@@ -666,12 +884,13 @@ def test_simulated_node_passes_what_can_pass(tmp_path, capsys):
         "runtime hook": PASS,
         "gpushare-node": PASS,
         "ledger": PASS,
-        "Kubernetes API": WARN,
+        "Kubernetes API": PASS,
     }
     assert code == 0
     assert all(r["fix"] for r in results.values() if r["status"] != PASS)
     assert results["GPUs"]["detail"].startswith("simulated: not a real GPU node")
     assert results["gpushare-node"]["detail"].startswith("running (pid")
+    assert results["Kubernetes API"]["detail"].startswith(f"API server {node.api.url} ")
 
 
 def test_node_without_kubelet_or_nvml_fails_through_the_real_command(tmp_path):

@@ -13,6 +13,9 @@ relies on:
 * strategic merge, merge and JSON patch (the client picks JSON patch for a list body),
   409 on a stale resourceVersion, no-op patches, node labels and status;
 * events (201; naive times and wrong namespaces refused as by a real server);
+* SelfSubjectAccessReviews (what ``kubectl auth can-i`` asks): all allowed by default,
+  else only the (resource[/subresource], verb) pairs in ``rbac_allowed``; 422 for a review
+  without attributes; a node added with an address and annotations;
 * failure injection (5xx, delays: a PATCH times out but is applied anyway, a GET is
   retried by urllib3), 401 without the token, 404/405/415;
 * stop() breaks an open watch (urllib3 ProtocolError) and refuses connections,
@@ -379,6 +382,51 @@ def test_auth_and_http_errors(server, v1, tmp_path):
     assert r.status == 415
     r = http.request("GET", f"{server.url}/api/v1/pods", headers=auth)
     assert "kind" not in r.json()["items"][0]  # list items go without kind on the wire
+
+
+def test_self_subject_access_reviews(server, tmp_path):
+    authz = client.AuthorizationV1Api(make_api(server, tmp_path))
+
+    def can_i(verb, resource, subresource=None, name=None):
+        attributes = client.V1ResourceAttributes(
+            verb=verb, resource=resource, subresource=subresource, name=name
+        )
+        review = client.V1SelfSubjectAccessReview(
+            spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes)
+        )
+        answer = authz.create_self_subject_access_review(review)
+        assert answer.spec.resource_attributes.verb == verb  # the spec comes back
+        return answer.status.allowed
+
+    assert can_i("delete", "secrets")  # default: everything allowed
+    server.rbac_allowed = {("pods", "list"), ("nodes/status", "patch")}
+    assert can_i("list", "pods")
+    assert not can_i("watch", "pods")
+    assert can_i("patch", "nodes", "status", name="node-a")
+    assert not can_i("patch", "nodes", name="node-a")  # the main resource is another rule
+    assert not can_i("get", "nodes")
+    assert server.requests[-1][:2] == (
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+    )
+
+    http = urllib3.PoolManager()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    r = http.request("POST", server.url + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                     headers=auth, body=b'{"spec": {}}')  # fmt: skip
+    assert r.status == 422 and "exactly one of" in r.json()["message"]
+    r = http.request("POST", server.url + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                     body=b'{"spec": {"resourceAttributes": {"verb": "get"}}}')  # fmt: skip
+    assert r.status == 401
+
+
+def test_node_with_address_and_annotations(server, v1):
+    server.add_node("node-b", annotations={"example.com/x": "1"}, address="192.168.0.72")
+    node = v1.read_node("node-b")
+    assert node.metadata.annotations["example.com/x"] == "1"
+    assert node.metadata.annotations["node.alpha.kubernetes.io/ttl"] == "0"  # kept
+    internal = [a.address for a in node.status.addresses if a.type == "InternalIP"]
+    assert internal == ["192.168.0.72"]
 
 
 def test_stop_breaks_watches_and_restart_keeps_data(server, v1):
