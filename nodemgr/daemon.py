@@ -44,7 +44,13 @@ from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
 from nodemgr.kube import KubeAdapter
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
-from nodemgr.kubesync import CandidatePods, Publisher, post_refusal, post_violation
+from nodemgr.kubesync import (
+    CandidatePods,
+    Publisher,
+    candidate_filter,
+    post_refusal,
+    post_violation,
+)
 from nodemgr.ledger import Ledger
 from nodemgr.metrics import Metrics
 from nodemgr.mps_supervisor import MpsSupervisor
@@ -93,11 +99,14 @@ def run(
         ledger = Ledger(settings.state_dir)
         layout = MpsLayout(settings.run_dir) if settings.mps.enabled else None
         # Started first: pod identity should be ready when kubelet admits the first pod.
-        kube = KubeAdapter(settings.kubernetes, settings.node_name)
+        shared_resources = (settings.resources.memory, settings.resources.core)
+        kube = KubeAdapter(
+            settings.kubernetes,
+            settings.node_name,
+            candidate_filter=candidate_filter(shared_resources),
+        )
         kube.start()
-        pods = None
-        if settings.kubernetes.enabled:
-            pods = CandidatePods(kube, (settings.resources.memory, settings.resources.core))
+        pods = CandidatePods(kube) if settings.kubernetes.enabled else None
         allocator = Allocator(settings, cards, ledger, mps_layout=layout, pods=pods)
         if settings.kubernetes.enabled:
             allocator.on_refusal = lambda demand, message: post_refusal(kube, demand, message)

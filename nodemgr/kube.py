@@ -112,8 +112,10 @@ class KubeAdapter:
         max_backoff_seconds: float = 30.0,
         event_interval_seconds: float = 60.0,
         events_per_second: float = 5.0,
+        candidate_filter: Callable[[PodInfo], bool] | None = None,
     ):
         self.settings = settings
+        self._candidate_filter = candidate_filter
         self.node_name = node_name
         self._clock = clock  # event timestamps and rate limit; delays use time.monotonic
         self._environ = environ
@@ -172,6 +174,7 @@ class KubeAdapter:
             self._stop,
             self._watch_timeout_seconds,
             Backoff(*self._backoff_seconds),
+            self._candidate_filter,
         )
         self._writer = threading.Thread(target=self._write_loop, name="kube-writer", daemon=True)
         log.info(
@@ -217,6 +220,10 @@ class KubeAdapter:
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return None if self._watch is None else self._watch.pod(namespace, name)
+
+    def candidates(self) -> tuple[PodInfo, ...]:
+        """The cached pods ``candidate_filter`` accepts, kept per event: no walk of the cache."""
+        return () if self._watch is None else self._watch.candidates()
 
     @property
     def generation(self) -> int:

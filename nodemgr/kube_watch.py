@@ -23,7 +23,7 @@ import logging
 import socket
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -50,8 +50,14 @@ class PodWatch:
         stop: threading.Event,
         watch_timeout_seconds: int = 300,
         backoff: Backoff | None = None,
+        candidate: Callable[[PodInfo], bool] | None = None,
     ):
         self._session = session
+        # Which pods the allocator may match (pending, asking for a shared GPU), kept as
+        # an index updated per event: Allocate reads it without walking the whole cache.
+        self._candidate = candidate or (lambda pod: True)
+        self._candidates: tuple[PodInfo, ...] = ()
+        self._candidate_keys: dict[PodKey, PodInfo] = {}
         self._node_name = node_name
         self._selector = f"spec.nodeName={node_name}"
         self._stop = stop
@@ -74,6 +80,10 @@ class PodWatch:
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return self._cache[0].get((namespace, name))
 
+    def candidates(self) -> tuple[PodInfo, ...]:
+        """The cached pods the candidate filter accepts (all pods without a filter)."""
+        return self._candidates
+
     @property
     def generation(self) -> int:
         return self._generation
@@ -94,11 +104,21 @@ class PodWatch:
         if response is not None:
             _wake_reader(response)  # the watch thread closes it
 
-    def _publish(self, pods: dict[PodKey, PodInfo], synced: bool | None = None) -> None:
+    def _publish(
+        self,
+        pods: dict[PodKey, PodInfo],
+        synced: bool | None = None,
+        candidates: dict[PodKey, PodInfo] | None = None,
+    ) -> None:
         if self._stop.is_set():
             return  # nothing changes after stop
+        if candidates is None:
+            candidates = {key: pod for key, pod in pods.items() if self._candidate(pod)}
         with self._changed:
             self._cache = (pods, tuple(pods.values()))
+            if candidates is not self._candidate_keys:
+                self._candidate_keys = candidates
+                self._candidates = tuple(candidates.values())
             if synced is not None:
                 self._synced = synced
             self._generation += 1
@@ -217,11 +237,19 @@ class PodWatch:
         info = pod_info(obj)
         key = (info.namespace, info.name)
         pods = dict(self._cache[0])  # copy on write: readers keep their snapshot
-        if kind == "DELETED" or (info.node_name and info.node_name != self._node_name):
+        candidates = self._candidate_keys
+        gone = kind == "DELETED" or (info.node_name and info.node_name != self._node_name)
+        if gone:
             pods.pop(key, None)
         else:
             pods[key] = info
-        self._publish(pods)
+        if key in candidates or (not gone and self._candidate(info)):
+            candidates = dict(candidates)  # small: the pending GPU pods only
+            if gone or not self._candidate(info):
+                candidates.pop(key, None)
+            else:
+                candidates[key] = info
+        self._publish(pods, candidates=candidates)
         return new_version
 
 

@@ -41,14 +41,15 @@ VIOLATION_REASON = "GPUQuotaViolation"
 
 
 class CandidatePods:
-    """The allocator's PodSource over the adapter's pod cache."""
+    """The allocator's PodSource over the adapter's pod cache.
 
-    def __init__(self, adapter, resources: tuple[str, ...]):
+    The adapter keeps the candidates (pending pods asking for a shared GPU
+    resource, ``candidate_filter``) as an index updated per watch event, so
+    Allocate never walks the node's other pods.
+    """
+
+    def __init__(self, adapter):
         self._adapter = adapter
-        self._resources = resources
-        self._lock = threading.Lock()
-        self._built_for = -1
-        self._candidates: list[PodInfo] = []
 
     @property
     def live(self) -> bool:
@@ -64,14 +65,12 @@ class CandidatePods:
         return self._adapter.wait_for_change(seen_generation, timeout)
 
     def candidates(self) -> list[PodInfo]:
-        generation = self._adapter.generation
-        with self._lock:
-            if generation != self._built_for:
-                self._candidates = [
-                    pod for pod in self._adapter.pods() if is_candidate_pod(pod, self._resources)
-                ]
-                self._built_for = generation
-            return self._candidates
+        return list(self._adapter.candidates())
+
+
+def candidate_filter(resources: tuple[str, ...]):
+    """The adapter's index filter: pods kubelet may still admit for one of ``resources``."""
+    return lambda pod: is_candidate_pod(pod, resources)
 
 
 class Publisher:

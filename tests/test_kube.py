@@ -555,6 +555,27 @@ def test_cache_lists_then_follows_this_nodes_pods(api, make_adapter):
     assert len(requests_of(api, "GET", r"^/api/v1/pods$", watch=False)) == 1  # no relist
 
 
+def test_candidate_index_follows_events_without_walking_the_cache(api, make_adapter):
+    from nodemgr.podmatch import is_candidate_pod
+
+    api.add_pod("ml", "pending-gpu", NODE, containers=[{"name": "m", "requests": {MEM: "2"}}])
+    api.add_pod("ml", "running-gpu", NODE, phase="Running")
+    api.add_pod("ml", "pending-cpu", NODE, containers=[{"name": "m", "requests": {"cpu": "1"}}])
+    adapter = make_adapter(candidate_filter=lambda pod: is_candidate_pod(pod, (MEM, CORE)))
+
+    def candidates():
+        return sorted(p.name for p in adapter.candidates())
+
+    assert candidates() == ["pending-gpu"]  # from the LIST
+    api.add_pod("ml", "new-gpu", NODE, containers=[{"name": "m", "requests": {CORE: "20"}}])
+    wait_until(lambda: candidates() == ["new-gpu", "pending-gpu"], what="ADDED candidate")
+    api.set_pod_phase("ml", "pending-gpu", "Running")
+    wait_until(lambda: candidates() == ["new-gpu"], what="admitted pod leaves the index")
+    api.delete_pod("ml", "new-gpu")
+    wait_until(lambda: candidates() == [], what="DELETED candidate")
+    assert len(adapter.pods()) == 3  # the cache itself still holds the other pods
+
+
 def test_relist_after_expired_watch(api, make_adapter):
     api.add_pod("ml", "old", NODE)
     adapter = make_adapter()
