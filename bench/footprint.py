@@ -49,6 +49,9 @@ MPS_CLIENTS_PER_CARD = 48
 FULL_POD = {MEMORY: 2, CORE: 2}  # 48 per card: 96 GiB of 141 and 96 % of the card
 CHURN_POD = {MEMORY: 1, CORE: 1}  # fits in what the full node has left (4 % per card)
 CHURN_HELD = 16  # churn pods alive at once: half of the 32 % left on the node
+# How long before kubelet's admission the scheduler has bound a pod (the daemon's
+# pod watch must have seen it; kubelet itself learns of pods from the API).
+API_LEAD_SECONDS = 0.5
 RSS_TARGET_MB = 100
 IDLE_CPU_TARGET_PERCENT = 1.0
 MIB = 1024 * 1024
@@ -103,9 +106,14 @@ def full_node(
     try:
         for resource in (MEMORY, CORE, WHOLE):
             kubelet.wait_for_resource(resource, timeout=60)
-        cards = Counter()
+        # The scheduler binds pods before kubelet admits them, and kubelet learns of
+        # them from the API too: the daemon's pod watch has them by then.
         for i in range(allocations):
             full.create_pod("full", f"p{i}", FULL_POD)
+        if full.api is not None:
+            time.sleep(API_LEAD_SECONDS)
+        cards = Counter()
+        for i in range(allocations):
             result = kubelet.admit_pod("full", f"p{i}", [ContainerSpec("main", dict(FULL_POD))])
             if not result.ok:
                 raise RuntimeError(f"admitting pod {i} of {allocations}: {result.error}")
@@ -225,13 +233,17 @@ def busy(full: FullNode, seconds: float, rate_per_second: float = 100.0) -> Busy
     started = time.monotonic()
     held: list[str] = []
     admitted = refused = 0
+    # Pods are bound (in the API) this many admissions ahead of kubelet admitting them.
+    lead = max(1, int(API_LEAD_SECONDS * rate_per_second))
+    for i in range(lead):
+        full.create_pod("churn", f"churn{i}", CHURN_POD)
     while time.monotonic() - started < seconds:
         # Rate-limited: admission i starts no earlier than i / rate after the start.
         wait = started + (admitted + refused) / rate_per_second - time.monotonic()
         if wait > 0:
             time.sleep(wait)
         pod = f"churn{admitted + refused}"
-        full.create_pod("churn", pod, CHURN_POD)
+        full.create_pod("churn", f"churn{admitted + refused + lead}", CHURN_POD)
         result = kubelet.admit_pod("churn", pod, [ContainerSpec("main", dict(CHURN_POD))])
         held.append(pod)
         if result.ok:
@@ -244,6 +256,9 @@ def busy(full: FullNode, seconds: float, rate_per_second: float = 100.0) -> Busy
     usage = window.stop()
     for pod in held:
         full.delete_pod("churn", pod)
+    for i in range(admitted + refused, admitted + refused + lead):  # bound, never admitted
+        if full.api is not None:
+            full.api.delete_pod("churn", f"churn{i}")
     return Busy(usage, admitted, refused, (admitted + refused) / elapsed)
 
 
