@@ -33,7 +33,7 @@ import argparse
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import psutil
 
@@ -52,6 +52,7 @@ CHURN_HELD = 16  # churn pods alive at once: half of the 32 % left on the node
 # How long before kubelet's admission the scheduler has bound a pod (the daemon's
 # pod watch must have seen it; kubelet itself learns of pods from the API).
 API_LEAD_SECONDS = 0.5
+MAX_REFUSALS = 20  # while filling the node; more and the section fails
 RSS_TARGET_MB = 100
 IDLE_CPU_TARGET_PERCENT = 1.0
 MIB = 1024 * 1024
@@ -63,6 +64,9 @@ class FullNode:
     kubelet: TestKubelet
     per_card: dict[int, int]  # card index -> allocations
     api: TestApiServer | None = None
+    # Admissions refused while filling the node (each pod was replaced by another):
+    # a full node must take every pod that fits, so any is a finding.
+    refusals: list[str] = field(default_factory=list)
 
     def create_pod(self, namespace: str, name: str, requests: dict[str, int]) -> None:
         """With the API: the scheduler binds the pod before kubelet admits it."""
@@ -113,10 +117,23 @@ def full_node(
         if full.api is not None:
             time.sleep(API_LEAD_SECONDS)
         cards = Counter()
-        for i in range(allocations):
-            result = kubelet.admit_pod("full", f"p{i}", [ContainerSpec("main", dict(FULL_POD))])
+        i = 0
+        while sum(cards.values()) < allocations:
+            pod = f"p{i}"
+            if i >= allocations:  # a replacement for a refused pod: bound first, too
+                if i >= allocations + MAX_REFUSALS:
+                    raise RuntimeError(
+                        f"{len(full.refusals)} admissions refused; the first: {full.refusals[0]}"
+                    )
+                full.create_pod("full", pod, FULL_POD)
+                time.sleep(API_LEAD_SECONDS if full.api is not None else 0)
+            i += 1
+            result = kubelet.admit_pod("full", pod, [ContainerSpec("main", dict(FULL_POD))])
             if not result.ok:
-                raise RuntimeError(f"admitting pod {i} of {allocations}: {result.error}")
+                # As kubelet: the pod fails admission and is deleted; the node goes on.
+                full.refusals.append(f"{pod}: {result.error}")
+                full.delete_pod("full", pod)
+                continue
             memory_ids = result.containers[0].device_ids[MEMORY]
             cards[card_of(ResourceKind.MEMORY, memory_ids[0])] += 1
     except BaseException:
@@ -284,6 +301,14 @@ def figures(
             sum(full.per_card.values()),
             "allocations held" + where,
             note=f"per card: {per_card}",
+        ),
+        Figure(
+            f"fill_refusals{suffix}",
+            len(full.refusals),
+            "admissions refused while filling the node" + where,
+            target="0",
+            met=not full.refusals,
+            note=f"first: {full.refusals[0]}" if full.refusals else "",
         ),
         Figure(
             f"idle_rss_mib{suffix}",
