@@ -4,6 +4,8 @@ An H200 node is the largest common case for the device list (141 GiB of
 memory units per card) and for MPS (48 clients per card). The daemon is the
 real ``gpushare-node`` process (tests/daemon_proc.py); cards are simulated and
 MPS runs through the stand-in control binary, as in the end-to-end tests.
+``H200_CARDS`` carry the NUMA node a real board reports (the ListAndWatch
+sizing uses them); the simulated backend reports none.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import yaml
 from nodemgr.daemon import SOCKET_NAMES
 from nodemgr.deviceids import ResourceKind
 from nodemgr.inventory import Card
-from tests.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.daemon_proc import Node
 from tests.kube_apiserver_sim import TestApiServer
 
 H200_MEMORY_MIB = 141 * 1024  # 144384 MiB
@@ -32,7 +34,6 @@ H200_CARDS = [
     )
     for i in range(CARD_COUNT)
 ]
-RESOURCES = {ResourceKind.MEMORY: MEMORY, ResourceKind.CORE: CORE, ResourceKind.WHOLE: WHOLE}
 
 
 def h200_node(
