@@ -156,7 +156,9 @@ class Allocator:
         self._generation = 0
         # (allocation id, monotonic time) of the container whose second shared
         # resource may come next; see the module docstring.
-        self._open: tuple[str, float] | None = None
+        # The demand, when the pod was known, says exactly which resource and size the
+        # container asks next, so no time window is needed then.
+        self._open: tuple[str, float, Demand | None] | None = None
         # None: MPS off, shared containers get env quotas only.
         self._mps_layout = mps_layout
         # None: no Kubernetes API; a container's resources are linked by timing.
@@ -255,7 +257,7 @@ class Allocator:
             rest = sorted(set(free_ids) - set(must_include), key=self._card_index)
             return list(must_include) + rest[: max(size - len(must_include), 0)]
         free_here = Counter(card_of(kind, i) for i in free_ids)
-        carried = self._holder(demand, kind) if demand else self._open_allocation(kind)
+        carried = self._open_allocation(kind, size)
         if must_include:
             card_uuid = card_of(kind, must_include[0])
         elif carried is not None:
@@ -439,7 +441,7 @@ class Allocator:
         card_uuid = distinct[0]
         if self._usage.whole_allocations[card_uuid] > 0:
             raise ConflictError(f"{name}: {self._card_label(card_uuid)} is given out whole")
-        carried = self._holder(demand, kind) if demand else self._open_allocation(kind)
+        carried = self._open_allocation(kind, len(device_ids))
         self._open = None
         if carried is not None:
             if carried.cards[0] != card_uuid:
@@ -461,9 +463,8 @@ class Allocator:
                 if demand
                 else None,
             )
-            if demand is None:
-                # Only a container's first shared resource can be carried over.
-                self._open = (allocation.id, self._monotonic())
+            # Only a container's first shared resource can be carried over.
+            self._open = (allocation.id, self._monotonic(), demand)
         return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
 
     def _store(self, allocation: Allocation) -> None:
@@ -589,16 +590,24 @@ class Allocator:
         limit = self._units[card_uuid] if kind is ResourceKind.MEMORY else CORE_DEVICES_PER_CARD
         return index < limit
 
-    def _open_allocation(self, kind: ResourceKind) -> Allocation | None:
+    def _open_allocation(self, kind: ResourceKind, size: int) -> Allocation | None:
+        """The allocation of the container being admitted, if this request is its next one.
+
+        kubelet allocates one container's resources back to back, so the container
+        whose first shared resource was just allocated is the one asking now when:
+        its pod is known and it asks exactly this (no time limit needed), or, without
+        the pod, the request comes within ADMISSION_WINDOW_SECONDS.
+        """
         if self._open is None:
             return None
-        allocation_id, since = self._open
+        allocation_id, since, demand = self._open
         allocation = self._allocations.get(allocation_id)
-        if (
-            allocation is None
-            or kind in allocation.devices
-            or self._monotonic() - since > ADMISSION_WINDOW_SECONDS
-        ):
+        if allocation is None or kind in allocation.devices:
+            return None
+        if demand is not None:
+            wanted = demand.memory_units if kind is ResourceKind.MEMORY else demand.core_percent
+            return allocation if wanted == size else None
+        if self._monotonic() - since > ADMISSION_WINDOW_SECONDS:
             return None
         return allocation
 
@@ -669,6 +678,8 @@ class Allocator:
         if self._pods is None:
             return None
         with self._lock:
+            if self._open is not None and self._open_allocation(kind, size) is not None:
+                return self._open[2]  # the container's second resource: its first one's demand
             held: dict[tuple[str, str, str], set[str]] = defaultdict(set)
             for allocation in self._allocations.values():
                 if allocation.owner is not None and not allocation.whole:
@@ -696,18 +707,6 @@ class Allocator:
             generation = self._pods.wait_for_change(generation, left)
             demand = find_demand(self._pods.candidates(), name, size, memory, core, frozen)
         return demand
-
-    def _holder(self, demand: Demand, kind: ResourceKind) -> Allocation | None:
-        """The allocation of the demanded container, when it holds another shared resource."""
-        owner = ContainerRef(demand.namespace, demand.pod, demand.container)
-        for allocation in self._allocations.values():
-            if (
-                allocation.owner == owner
-                and not allocation.whole
-                and kind not in allocation.devices
-            ):
-                return allocation
-        return None
 
     def _refused(self, demand: Demand | None, message: str) -> None:
         if demand is not None and self.on_refusal is not None:

@@ -398,3 +398,55 @@ def test_no_wait_when_the_watch_is_not_live(settings):
     result = admit(allocator, [(MEM, 5)])[MEM]
     assert time.monotonic() - started < 0.5
     assert "ALIYUN_COM_GPU_MEM_POD" not in result.envs  # pod unknown: left out, never faked
+
+
+def test_identical_pending_pods_admitted_in_any_order_give_one_allocation_each(settings, clock):
+    """Found by the footprint benchmark: with many identical pending pods, a guess of the
+    wrong pod (corrected later by kubelet's record) must never split a container's two
+    resources into two allocations or onto two cards."""
+    pods = Pods(
+        *(
+            gpu_pod(f"p{i}", ("main", {MEM_NAME: 1, CORE_NAME: 2}), created=float(i))
+            for i in range(12)
+        )
+    )
+    allocator = with_pods(settings, clock, pods)
+    record = {}
+    for i in reversed(range(12)):  # kubelet admits them newest first
+        order = [(MEM, 1), (CORE, 2)] if i % 2 else [(CORE, 2), (MEM, 1)]
+        results = admit(allocator, order)
+        [allocation_id] = {r.allocation_id for r in results.values()}
+        allocation = allocator.allocation(allocation_id)
+        record[ContainerRef("ns", f"p{i}", "main")] = {
+            MEM_NAME: list(allocation.devices[MEM]),
+            CORE_NAME: list(allocation.devices[CORE]),
+        }
+        if i % 3 == 0:
+            allocator.reconcile(record)  # kubelet's record names the real pods meanwhile
+    allocator.reconcile(record)
+    allocations = allocator.allocations()
+    assert len(allocations) == 12
+    assert all(len(a.cards) == 1 and a.memory_units == 1 and a.core_percent == 2
+               for a in allocations)  # fmt: skip
+    assert {a.owner.pod for a in allocations} == {f"p{i}" for i in range(12)}
+
+
+def test_second_resource_follows_the_first_even_with_an_older_half_admitted_pod(settings, clock):
+    """An older pod whose admission stopped after its memory (kubelet keeps those devices)
+    looks like a container mid-admission; the next container's share must still join that
+    next container's own memory, on its card."""
+    half = gpu_pod("half", ("main", {MEM_NAME: 1, CORE_NAME: 2}), created=0.0)
+    pinned = gpu_pod(
+        "pinned",
+        ("main", {MEM_NAME: 1, CORE_NAME: 2}),
+        created=1.0,
+        annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"},
+    )
+    allocator = with_pods(settings, clock, Pods(half, pinned))
+    admit(allocator, [(MEM, 1)])  # "half": its share request then failed in kubelet
+    results = admit(allocator, [(MEM, 1), (CORE, 2)])  # "pinned", on the extender's GPU1
+    assert results[MEM].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+    assert results[CORE].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+    assert results[MEM].allocation_id == results[CORE].allocation_id
+    half_allocation = next(a for a in allocator.allocations() if a.owner.pod == "half")
+    assert half_allocation.core_percent == 0  # untouched
