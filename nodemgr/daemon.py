@@ -42,7 +42,6 @@ from nodemgr.deviceids import ResourceKind, memory_device_id
 from nodemgr.errors import BindError, ConfigError, GpushareError
 from nodemgr.hookserver import HookServer
 from nodemgr.inventory import Card, open_inventory
-from nodemgr.kube import KubeAdapter
 from nodemgr.kubelet import KubeletUnavailable, PodResourcesClient, register
 from nodemgr.kubesync import (
     CandidatePods,
@@ -99,14 +98,22 @@ def run(
         ledger = Ledger(settings.state_dir)
         layout = MpsLayout(settings.run_dir) if settings.mps.enabled else None
         # Started first: pod identity should be ready when kubelet admits the first pod.
-        shared_resources = (settings.resources.memory, settings.resources.core)
-        kube = KubeAdapter(
-            settings.kubernetes,
-            settings.node_name,
-            candidate_filter=candidate_filter(shared_resources),
-        )
-        kube.start()
-        pods = CandidatePods(kube) if settings.kubernetes.enabled else None
+        pods = None
+        if settings.kubernetes.enabled:
+            # Imported only when used: the kubernetes client alone is ~20 MiB of memory.
+            from nodemgr.kube import KubeAdapter
+
+            shared_resources = (settings.resources.memory, settings.resources.core)
+            kube = KubeAdapter(
+                settings.kubernetes,
+                settings.node_name,
+                candidate_filter=candidate_filter(shared_resources),
+            )
+            kube.start()
+            pods = CandidatePods(kube)
+        else:
+            log.info("kubernetes.enabled is false: a plain device plugin (no pod identity, "
+                     "annotations, labels or events)")  # fmt: skip
         allocator = Allocator(settings, cards, ledger, mps_layout=layout, pods=pods)
         if settings.kubernetes.enabled:
             allocator.on_refusal = lambda demand, message: post_refusal(kube, demand, message)

@@ -35,6 +35,8 @@ from nodemgr.podmatch import Demand, PodInfo, is_candidate_pod
 log = logging.getLogger(__name__)
 
 PUBLISH_PERIOD_SECONDS = 5.0  # also without allocation changes: health and use move
+# At most one publish per second: a burst of admissions is one recomputation, not one each.
+MIN_PUBLISH_INTERVAL_SECONDS = 1.0
 REPUBLISH_SECONDS = 60.0  # everything again, whether or not it changed
 REFUSAL_REASON = "GPUShareRefused"
 VIOLATION_REASON = "GPUQuotaViolation"
@@ -105,6 +107,7 @@ class Publisher:
 
     def _run(self, stop: threading.Event) -> None:
         generation, changed, next_publish, next_full = -1, True, 0.0, 0.0
+        pending, last_publish = True, float("-inf")
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_full:
@@ -113,11 +116,15 @@ class Publisher:
                 # re-registered the node. The adapter skips what is already in place.
                 self._sent_pods, self._sent_node = {}, None
                 next_full = now + REPUBLISH_SECONDS
-            if changed or now >= next_publish:
+            pending = pending or changed
+            if (pending and now >= last_publish + MIN_PUBLISH_INTERVAL_SECONDS) or (
+                now >= next_publish
+            ):
                 try:
                     self.publish()
                 except Exception:  # the next change or period tries again
                     log.exception("publishing to the Kubernetes API failed")
+                pending, last_publish = False, now
                 next_publish = now + PUBLISH_PERIOD_SECONDS
             # Short waits: a stop is noticed at once.
             seen, generation = generation, self._allocator.wait_for_change(generation, 0.5)
