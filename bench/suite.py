@@ -12,7 +12,9 @@ in its own module with what it measures and why:
 4. restart: daemon start to READY=1, re-registration after kubelet restarts
    (bench/restart.py, on the same full node, adapter on);
 5. enforcement reaction (bench/enforcement_reaction.py, real runc);
-6. runtime hook overhead (bench/hook_overhead.py, real runc).
+6. runtime hook overhead (bench/hook_overhead.py, real runc);
+7. Allocate with the Kubernetes pod cache empty vs holding 5,000 pods
+   (bench/kube_cache_latency.py, test API server).
 
 A figure whose feature is not built is ``absent``; one this machine cannot
 measure (no runc, not root) is ``skipped`` with the reason in the notes; one
@@ -41,6 +43,7 @@ from bench import (
     enforcement_reaction,
     footprint,
     hook_overhead,
+    kube_cache_latency,
     listandwatch_size,
     restart,
 )
@@ -62,6 +65,7 @@ class Settings:
     restarts: int
     enforcement_runs: int
     hook_rounds: int
+    kube_cache_admissions: int
     adapter_off_too: bool  # footprint a second time with the Kubernetes adapter off
 
 
@@ -74,6 +78,7 @@ FULL = Settings(
     restarts=5,
     enforcement_runs=40,
     hook_rounds=40,
+    kube_cache_admissions=300,
     adapter_off_too=True,
 )
 QUICK = Settings(
@@ -85,6 +90,7 @@ QUICK = Settings(
     restarts=2,
     enforcement_runs=8,
     hook_rounds=8,
+    kube_cache_admissions=100,
     adapter_off_too=False,
 )
 
@@ -181,6 +187,10 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             return [skipped("hook_overhead_p50_ms", "hook adds to creation (ms)", no_runc)]
         return hook_overhead.figures(hook_overhead.measure(settings.hook_rounds))
 
+    def kube_cache() -> list[Figure]:
+        samples = kube_cache_latency.measure(settings.kube_cache_admissions, 5000)
+        return kube_cache_latency.figures(samples, 5000)
+
     return [
         Section(
             "1. Allocate latency vs a trivial gRPC call (same run, same socket kind)",
@@ -211,6 +221,11 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         ),
         Section("5. Enforcement reaction (real runc)", ("enforcement_p99_ms",), enforcement),
         Section("6. Runtime hook overhead (real runc)", ("hook_overhead_p50_ms",), hook),
+        Section(
+            "7. Allocate with the Kubernetes pod cache empty vs 5,000 pods cached",
+            ("kube_cache_allocate_p99_ratio",),
+            kube_cache,
+        ),
     ]
 
 

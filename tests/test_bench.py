@@ -43,7 +43,20 @@ def names(figures: list[Figure]) -> list[str]:
 
 
 def test_the_suite_requires_exactly_the_issues_names():
-    assert suite.required_names() == ISSUE_NAMES
+    # plus issue 5's: Allocate latency unchanged with 5,000 pods in the cache
+    assert suite.required_names() == [*ISSUE_NAMES, "kube_cache_allocate_p99_ratio"]
+
+
+def test_kube_cache_figures_are_ratios_of_the_two_phases():
+    from bench import kube_cache_latency
+
+    figures = {
+        f.name: f
+        for f in kube_cache_latency.figures({"empty": [0.004] * 50, "full": [0.005] * 50}, 5000)
+    }
+    assert figures["kube_cache_allocate_p99_ratio"].value == pytest.approx(1.25)
+    assert figures["kube_cache_allocate_p99_ratio"].met is True
+    assert figures["kube_allocate_p50_us_5000_pods"].value == pytest.approx(5000)
 
 
 def synthetic_figures() -> list[Figure]:
