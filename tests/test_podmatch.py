@@ -95,7 +95,7 @@ def test_extender_index_per_container_then_pod_wide():
 
 
 def test_garbage_extender_annotations_count_as_not_said():
-    for annotations in (
+    for given in (
         {"ALIYUN_COM_GPU_MEM_IDX": "x"},
         {"ALIYUN_COM_GPU_MEM_IDX": "-1"},
         {"ALIYUN_COM_GPU_MEM_IDX": "\u0663"},  # a non-ASCII digit
@@ -103,4 +103,4 @@ def test_garbage_extender_annotations_count_as_not_said():
         {"scheduler.framework.gpushare.allocation": '{"0": {"a": 1}}'},
         {"scheduler.framework.gpushare.allocation": "[1, 2]"},
     ):
-        assert parse_extender_index(pod("p", ("a", {MEM: 1}), annotations=annotations), 0) is None
+        assert parse_extender_index(pod("p", ("a", {MEM: 1}), annotations=given), 0) is None
