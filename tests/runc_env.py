@@ -190,7 +190,7 @@ def running(pid: int) -> bool:
 class EnforcementNode:
     """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
 
-    def __init__(self, action: str = "kill", interval_seconds: float = 1.0):
+    def __init__(self, action: str = "kill"):
         require()
         self.node = Node()
         self.usage_file = os.path.join(self.node.root, "usage.json")
@@ -198,9 +198,7 @@ class EnforcementNode:
         self.node.rewrite_config(
             lambda c: (
                 c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file),
-                c.__setitem__(
-                    "enforcement", {"action": action, "interval_seconds": interval_seconds}
-                ),
+                c.__setitem__("enforcement", {"action": action}),
             )
         )
         self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
