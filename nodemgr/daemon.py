@@ -87,7 +87,8 @@ def run(
     reload_requested = reload_requested or threading.Event()
     inventory = open_inventory(settings.gpus)
     ledger = supervisor = hook_server = watchdog = status_server = metrics_server = None
-    kube = publisher = None
+    publisher = None
+    kube = None  # the Kubernetes adapter, when kubernetes.enabled
     workers_stop = threading.Event()  # the MPS supervisor's and the watchdog's
     podresources = PodResourcesClient(settings.kubelet.pod_resources_socket)
     facts = DaemonFacts(version=_version())
@@ -98,24 +99,10 @@ def run(
         ledger = Ledger(settings.state_dir)
         layout = MpsLayout(settings.run_dir) if settings.mps.enabled else None
         # Started first: pod identity should be ready when kubelet admits the first pod.
-        pods = None
-        if settings.kubernetes.enabled:
-            # Imported only when used: the kubernetes client alone is ~20 MiB of memory.
-            from nodemgr.kube import KubeAdapter
-
-            shared_resources = (settings.resources.memory, settings.resources.core)
-            kube = KubeAdapter(
-                settings.kubernetes,
-                settings.node_name,
-                candidate_filter=candidate_filter(shared_resources),
-            )
-            kube.start()
-            pods = CandidatePods(kube)
-        else:
-            log.info("kubernetes.enabled is false: a plain device plugin (no pod identity, "
-                     "annotations, labels or events)")  # fmt: skip
+        kube = _start_kubernetes(settings)
+        pods = CandidatePods(kube) if kube is not None else None
         allocator = Allocator(settings, cards, ledger, mps_layout=layout, pods=pods)
-        if settings.kubernetes.enabled:
+        if kube is not None:
             allocator.on_refusal = lambda demand, message: post_refusal(kube, demand, message)
         _log_inventory(allocator)
         if layout is not None:
@@ -141,7 +128,7 @@ def run(
             ledger,
             supervisor.control_pids if supervisor is not None else set,
         )
-        if settings.kubernetes.enabled:
+        if kube is not None:
             watchdog.on_violation = lambda v, card, action: post_violation(kube, v, card, action)
         watchdog.start(workers_stop, ProcEvents)
         status = LiveStatus(
@@ -167,7 +154,7 @@ def run(
                 # The device plugin matters more than its metrics: run on, say it loudly.
                 log.error("%s; running on without metrics", e)
         observe_allocate = metrics.observe_allocate if settings.metrics.enabled else None
-        if settings.kubernetes.enabled:
+        if kube is not None:
             publisher = Publisher(
                 kube,
                 allocator,
@@ -238,6 +225,27 @@ def run(
         if ledger is not None:
             ledger.close()
         inventory.close()
+
+
+def _start_kubernetes(settings: Settings):
+    """The started Kubernetes adapter, or None with kubernetes.enabled false."""
+    if not settings.kubernetes.enabled:
+        log.info(
+            "kubernetes.enabled is false: a plain device plugin (no pod identity, "
+            "annotations, labels or events)"
+        )
+        return None
+    # Imported only when used: the kubernetes client alone is ~20 MiB of memory.
+    from nodemgr.kube import KubeAdapter
+
+    shared_resources = (settings.resources.memory, settings.resources.core)
+    kube = KubeAdapter(
+        settings.kubernetes,
+        settings.node_name,
+        candidate_filter=candidate_filter(shared_resources),
+    )
+    kube.start()
+    return kube
 
 
 def _tell_systemd(
