@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 from bench.kubelet_client import DeviceManager, FloorServer, plugin_stub, timed
 from bench.nodes import h200_node, plugin_socket
-from bench.report import Figure
+from bench.report import Figure, table
 from bench.stats import Summary
 from nodemgr.deviceids import ResourceKind
 from nodemgr.kubeapi import deviceplugin_v1beta1_pb2 as dp
@@ -228,8 +228,7 @@ def main() -> None:
     parser.add_argument("--plot", metavar="FILE", help="write the distribution plot (PNG)")
     args = parser.parse_args()
     samples = measure(args.admissions, args.window)
-    for figure in figures(samples):
-        print(f"{figure.label:<45} {figure.name}={figure.value}")
+    print(table(figures(samples)))
     if args.plot:
         plot(samples, args.plot, f"Allocate latency, {args.admissions} admissions")
 

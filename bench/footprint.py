@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 import psutil
 
 from bench.nodes import CARD_COUNT, h200_node, node_name
-from bench.report import Figure
+from bench.report import Figure, table
 from nodemgr.deviceids import ResourceKind, card_of
 from nodemgr.procevents import ProcEvents, ProcEventsUnavailable
 from tests.daemon_proc import CORE, MEMORY, WHOLE, Node
@@ -380,8 +380,7 @@ def main() -> None:
         busy_usage = busy(full, args.busy_seconds)
     finally:
         full.close()
-    for figure in figures(full, idle_usage, events_per_s, busy_usage):
-        print(f"{figure.label:<48} {figure.name}={figure.value} {figure.note}")
+    print(table(figures(full, idle_usage, events_per_s, busy_usage)))
 
 
 if __name__ == "__main__":

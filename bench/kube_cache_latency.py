@@ -26,7 +26,7 @@ import time
 
 from bench.kubelet_client import DeviceManager
 from bench.nodes import h200_node, node_name, plugin_socket
-from bench.report import Figure
+from bench.report import Figure, table
 from bench.stats import Summary
 from nodemgr.deviceids import ResourceKind
 from tests.daemon_proc import CORE, MEMORY
@@ -143,9 +143,7 @@ def main() -> None:
     parser.add_argument("--cached-pods", type=int, default=5000)
     args = parser.parse_args()
     samples = measure(args.admissions, args.cached_pods)
-    for figure in figures(samples, args.cached_pods):
-        value = f"{figure.value:.3f}" if isinstance(figure.value, float) else figure.value
-        print(f"{figure.label:<48} {value}")
+    print(table(figures(samples, args.cached_pods)))
     print(f"pod identity used: {samples['log'][0].count('ALIYUN_COM_GPU_MEM_POD=')} Allocate(s)")
 
 

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass, replace
 
 from bench.nodes import H200_CARDS, h200_node
-from bench.report import Figure
+from bench.report import Figure, table
 from nodemgr.allocator import Allocator
 from nodemgr.config import settings_from_mapping
 from nodemgr.daemon import (
@@ -252,8 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = measure(UNITS_MIB, args.repeats)
     print_rows(rows)
-    for figure in figures(rows, check_smallest_safe_unit(), daemon_refusal()):
-        print(f"{figure.label:<48} {figure.name}={figure.value}")
+    print(table(figures(rows, check_smallest_safe_unit(), daemon_refusal())))
 
 
 if __name__ == "__main__":

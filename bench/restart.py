@@ -26,7 +26,7 @@ import statistics
 import time
 
 from bench.footprint import FullNode, full_node
-from bench.report import Figure
+from bench.report import Figure, table
 from tests.daemon_proc import CORE, MEMORY, WHOLE
 from tests.test_systemd_notify import Listener
 
@@ -154,8 +154,7 @@ def main() -> None:
         allocations = ledger_allocations(full)
     finally:
         full.close()
-    for figure in figures(ready_s, ready_phases, reregister_s, allocations):
-        print(f"{figure.label:<48} {figure.name}={figure.value} {figure.note}")
+    print(table(figures(ready_s, ready_phases, reregister_s, allocations)))
 
 
 if __name__ == "__main__":
