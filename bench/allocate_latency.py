@@ -37,12 +37,12 @@ from bench.kubelet_client import DeviceManager, FloorServer, plugin_stub, timed
 from bench.nodes import h200_node, plugin_socket
 from bench.report import Figure, table
 from bench.stats import Summary
-from nodemgr.deviceids import ResourceKind
-from nodemgr.kubeapi import deviceplugin_v1beta1_pb2 as dp
-from nodemgr.ledger import Ledger
-from nodemgr.model import Allocation
-from tests.daemon_proc import CORE, MEMORY
-from tests.kubelet_sim import TestKubelet
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import Allocation
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
+from tests.harness.daemon_proc import CORE, MEMORY
+from tests.harness.kubelet_sim import TestKubelet
 
 RATIO_TARGET = 3.0
 POD = {MEMORY: 2, CORE: 1}  # 2 GiB and 1 % of one card: memory fills a card first (70 < 100)

@@ -20,8 +20,8 @@ import time
 
 from bench.report import Figure, machine_lines
 from bench.stats import Summary, percentile
-from tests.daemon_proc import GPU0
-from tests.runc_env import EnforcementNode, running
+from tests.harness.daemon_proc import GPU0
+from tests.harness.runc_env import EnforcementNode, running
 
 
 def measure(runs: int) -> list[float]:

@@ -22,8 +22,8 @@ from concurrent import futures  # noqa: E402
 
 import grpc  # noqa: E402
 
-from nodemgr.kubeapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc  # noqa: E402
-from nodemgr.plugin import OPTIONS  # noqa: E402
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc  # noqa: E402
+from nodemgr.kubelet.servicer import OPTIONS  # noqa: E402
 
 
 class FloorServicer(dp_grpc.DevicePluginServicer):

@@ -39,11 +39,11 @@ import psutil
 
 from bench.nodes import CARD_COUNT, h200_node, node_name
 from bench.report import Figure, table
-from nodemgr.deviceids import ResourceKind, card_of
-from nodemgr.procevents import ProcEvents, ProcEventsUnavailable
-from tests.daemon_proc import CORE, MEMORY, WHOLE, Node
-from tests.kube_apiserver_sim import TestApiServer
-from tests.kubelet_sim import ContainerSpec, TestKubelet
+from nodemgr.domain.deviceids import ResourceKind, card_of
+from nodemgr.enforcement.procevents import ProcEvents, ProcEventsUnavailable
+from tests.harness.apiserver_sim import TestApiServer
+from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 MPS_CLIENTS_PER_CARD = 48
 FULL_POD = {MEMORY: 2, CORE: 2}  # 48 per card: 96 GiB of 141 and 96 % of the card

@@ -25,7 +25,7 @@ import time
 
 from bench.report import Figure, machine_lines
 from bench.stats import percentile
-from tests.runc_env import EnforcementNode
+from tests.harness.runc_env import EnforcementNode
 
 
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:

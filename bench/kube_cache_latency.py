@@ -7,7 +7,7 @@ allocator only looks at pending pods that ask for a shared GPU resource, a
 list rebuilt once per cache change, not once per call.
 
 The real gpushare-node on 8 simulated H200 cards talks to the test API server
-(tests/kube_apiserver_sim.py, the real REST and watch protocol). Phase
+(tests/harness/apiserver_sim.py, the real REST and watch protocol). Phase
 "empty": pods of 2 GiB + 1 % are created pending (as the scheduler binds
 them), then admitted the way kubelet does (bench/kubelet_client.py: per
 resource GetPreferredAllocation then Allocate, each timed) and marked Running,
@@ -28,10 +28,10 @@ from bench.kubelet_client import DeviceManager
 from bench.nodes import h200_node, node_name, plugin_socket
 from bench.report import Figure, table
 from bench.stats import Summary
-from nodemgr.deviceids import ResourceKind
-from tests.daemon_proc import CORE, MEMORY
-from tests.kube_apiserver_sim import TestApiServer
-from tests.kubelet_sim import TestKubelet
+from nodemgr.domain.deviceids import ResourceKind
+from tests.harness.apiserver_sim import TestApiServer
+from tests.harness.daemon_proc import CORE, MEMORY
+from tests.harness.kubelet_sim import TestKubelet
 
 POD = {MEMORY: 2, CORE: 1}
 NAMESPACE = "bench"

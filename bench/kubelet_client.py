@@ -1,6 +1,6 @@
 """The bench's side of kubelet's device manager: admission RPCs, each timed.
 
-The test kubelet (tests/kubelet_sim.py) registers the daemon's resources and
+The test kubelet (tests/harness/kubelet_sim.py) registers the daemon's resources and
 serves PodResources; it times whole admissions, not single calls. To compare
 one Allocate call with one floor call, the bench makes those calls itself, as
 kubelet does: per container and resource, GetPreferredAllocation with every
@@ -23,8 +23,8 @@ from collections import defaultdict, deque
 
 import grpc
 
-from nodemgr.kubeapi import deviceplugin_v1beta1_pb2 as dp
-from nodemgr.kubeapi import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONNECT_TIMEOUT_S = 30.0

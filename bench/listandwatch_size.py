@@ -32,18 +32,18 @@ from dataclasses import dataclass, replace
 
 from bench.nodes import H200_CARDS, h200_node
 from bench.report import Figure, table
-from nodemgr.allocator import Allocator
-from nodemgr.config import settings_from_mapping
-from nodemgr.daemon import (
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.config.loading import settings_from_mapping
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.inventory import Card
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
+from nodemgr.kubelet.devicelists import (
     MAX_LIST_BYTES,
     memory_device_list_bytes,
     smallest_safe_memory_unit_mib,
 )
-from nodemgr.deviceids import ResourceKind
-from nodemgr.inventory import Card
-from nodemgr.kubeapi import deviceplugin_v1beta1_pb2 as dp
-from nodemgr.ledger import Ledger
-from nodemgr.plugin import HEALTHY, UNHEALTHY, DevicePluginServicer
+from nodemgr.kubelet.servicer import HEALTHY, UNHEALTHY, DevicePluginServicer
 
 UNITS_MIB = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
 KUBELET_LIMIT_BYTES = 4 * 1024 * 1024  # gRPC's default max receive message size

@@ -2,7 +2,7 @@
 
 An H200 node is the largest common case for the device list (141 GiB of
 memory units per card) and for MPS (48 clients per card). The daemon is the
-real ``gpushare-node`` process (tests/daemon_proc.py); cards are simulated and
+real ``gpushare-node`` process (tests/harness/daemon_proc.py); cards are simulated and
 MPS runs through the stand-in control binary, as in the end-to-end tests.
 ``H200_CARDS`` carry the NUMA node a real board reports (the ListAndWatch
 sizing uses them); the simulated backend reports none.
@@ -14,11 +14,11 @@ import os
 
 import yaml
 
-from nodemgr.daemon import SOCKET_NAMES
-from nodemgr.deviceids import ResourceKind
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.inventory import Card
-from tests.daemon_proc import Node
-from tests.kube_apiserver_sim import TestApiServer
+from nodemgr.runtime.wiring import SOCKET_NAMES
+from tests.harness.apiserver_sim import TestApiServer
+from tests.harness.daemon_proc import Node
 
 H200_MEMORY_MIB = 141 * 1024  # 144384 MiB
 CARD_COUNT = 8

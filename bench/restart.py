@@ -27,8 +27,8 @@ import time
 
 from bench.footprint import FullNode, full_node
 from bench.report import Figure, table
-from tests.daemon_proc import CORE, MEMORY, WHOLE
-from tests.test_systemd_notify import Listener
+from tests.harness.daemon_proc import CORE, MEMORY, WHOLE
+from tests.harness.notify_listener import Listener
 
 READY_TIMEOUT_S = 120.0
 
@@ -42,7 +42,7 @@ def _wait_ready(listener: Listener, deadline: float) -> float:
     raise TimeoutError("no READY=1 from gpushare-node")
 
 
-# Log lines that end each phase of a start, in order (nodemgr/daemon.py's messages).
+# Log lines that end each phase of a start, in order (nodemgr/runtime/wiring.py's messages).
 PHASES = (
     ("interpreter, imports, config", "starting gpushare-node"),
     ("GPUs and ledger", "allocations loaded from the ledger"),

@@ -48,7 +48,7 @@ from bench import (
     restart,
 )
 from bench.report import Figure, machine_lines, skipped, table
-from tests import runc_env
+from tests.harness import runc_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PLOT = os.path.join(REPO, "docs", "allocate_latency.png")

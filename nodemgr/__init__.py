@@ -1,15 +1,21 @@
 """gpushare-node: the node daemon that lets Kubernetes containers share GPUs.
 
-The package is the daemon (``gpushare-node``) and its CLI (``nodemgr``):
-configuration, GPU inventory, the durable allocation ledger, placement, the
-kubelet device plugin servers and the kubelet clients.
+The package is the daemon (``gpushare-node``) and its CLI (``nodemgr``),
+one sub-package per flow. Layers, top to bottom (enforced by import-linter,
+see pyproject.toml; a package may import only those below it):
 
-Layers (enforced by import-linter, see pyproject.toml), top to bottom:
-daemon/cli wire things together; plugin translates gRPC to calls on the
-allocator; kubelet holds the kubelet clients; allocator owns the allocation
-state; ledger and inventory do storage and GPU I/O; placement, reconcile and
-deviceids are pure logic with no I/O; config and errors are plain data.
+- ``runtime`` (the daemon: argv, signals, wiring, systemd notify) and ``cli``;
+- ``status``: the status socket and the metrics endpoint;
+- ``kubelet``, ``enforcement``, ``kubernetes``, ``supervision``: the four
+  edges of the daemon, which never import each other;
+- ``allocation``: the allocation state, its ledger and admission;
+- ``inventory``: the GPUs (NVML or simulated);
+- ``domain``: pure logic and data, no I/O;
+- ``config``; ``common`` (worker lifecycle, change notification, unix
+  servers); ``errors``.
 
-What it must not do: import pynvml anywhere but ``nodemgr.inventory.nvml``;
-call anything slow (network, API server, subprocess) on the Allocate path.
+What it must not do: import pynvml anywhere but ``nodemgr.inventory.nvml``,
+the kubernetes client anywhere but ``nodemgr.kubernetes``, prometheus_client
+anywhere but ``nodemgr.status.metrics``; call anything slow (network, API
+server, subprocess) on the Allocate path.
 """

@@ -52,7 +52,7 @@ class BindError(GpushareError):
 
 
 class KubeApiError(GpushareError):
-    """A request to the Kubernetes API server failed (nodemgr.kube maps the client's errors).
+    """A request to the Kubernetes API server failed (nodemgr.kubernetes maps the client's errors).
 
     ``status`` is the HTTP status when the server answered, else None.
     """

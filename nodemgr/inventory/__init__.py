@@ -10,7 +10,7 @@ What it must not do: decide anything about allocations; hold a lock or do
 slow work when asked for the card list (the allocator asks it at start-up).
 """
 
-from nodemgr.config import GpuSettings
+from nodemgr.config.schema import GpuSettings
 from nodemgr.inventory.base import Card, Inventory, ProcessUsage
 
 

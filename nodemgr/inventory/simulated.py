@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 
-from nodemgr.config import SimulatedSettings
+from nodemgr.config.schema import SimulatedSettings
 from nodemgr.errors import InventoryError
 from nodemgr.inventory.base import COMPUTE_MODES, Card, ProcessUsage
 

@@ -1,0 +1,332 @@
+"""The durable ledger: allocations, registered containers and the violation history.
+
+Every change is one transaction, committed (``synchronous=FULL``) before
+Allocate answers kubelet, so a crash or kill -9 at any instant leaves either
+the whole change or none of it. The file is never rewritten or deleted by
+the daemon: a corrupt ledger stops start-up with a message saying how to
+recover (move it aside; kubelet's record is adopted at the next reconcile).
+
+What it must not do: decide anything; it stores what the allocator and the
+enforcement say.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import threading
+from collections.abc import Iterable
+
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.domain.violations import Violation
+from nodemgr.errors import LedgerError
+
+SCHEMA_VERSION = "1"
+LEDGER_FILE = "ledger.sqlite"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS allocations (
+    id TEXT PRIMARY KEY,
+    memory_mib INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    confirmed_at REAL
+);
+CREATE TABLE IF NOT EXISTS devices (
+    kind TEXT NOT NULL,
+    device_id TEXT NOT NULL,
+    allocation_id TEXT NOT NULL REFERENCES allocations(id) ON DELETE CASCADE,
+    PRIMARY KEY (kind, device_id)
+);
+CREATE INDEX IF NOT EXISTS devices_by_allocation ON devices(allocation_id);
+CREATE TABLE IF NOT EXISTS containers (
+    id TEXT PRIMARY KEY,
+    allocation_id TEXT NOT NULL,
+    cgroup_hierarchy TEXT NOT NULL,
+    cgroup_path TEXT NOT NULL,
+    init_pid INTEGER NOT NULL,
+    init_start_ticks INTEGER NOT NULL,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    registered_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS violations (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    at REAL NOT NULL,
+    kind TEXT NOT NULL,
+    action TEXT NOT NULL,
+    card TEXT NOT NULL,
+    allocation_id TEXT,
+    container_id TEXT,
+    namespace TEXT,
+    pod TEXT,
+    container TEXT,
+    pids TEXT NOT NULL,
+    used_mib INTEGER NOT NULL,
+    quota_mib INTEGER NOT NULL,
+    detail TEXT NOT NULL
+);
+"""
+# The violation history keeps this many rows, oldest dropped first.
+VIOLATION_HISTORY_ROWS = 10000
+
+
+class Ledger:
+    """Allocations on disk. Thread-safe; every method is one short transaction."""
+
+    def __init__(self, state_dir: str, *, read_only: bool = False):
+        self.path = os.path.join(state_dir, LEDGER_FILE)
+        self._lock = threading.Lock()
+        try:
+            if read_only:
+                uri = f"file:{self.path}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+            else:
+                os.makedirs(state_dir, mode=0o700, exist_ok=True)
+                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._db.execute("PRAGMA busy_timeout=5000")
+            self._check_integrity()
+            if not read_only:
+                self._db.executescript(_SCHEMA)
+                self._check_schema_version()
+        except sqlite3.Error as e:
+            raise LedgerError(f"cannot open the ledger {self.path}: {e}{_RECOVERY_HINT}") from e
+
+    def _check_integrity(self) -> None:
+        result = self._db.execute("PRAGMA quick_check").fetchone()
+        if not result or result[0] != "ok":
+            raise LedgerError(f"the ledger {self.path} is corrupt ({result}){_RECOVERY_HINT}")
+
+    def _check_schema_version(self) -> None:
+        found = self.get_meta("schema_version")
+        if found is None:
+            self.set_meta("schema_version", SCHEMA_VERSION)
+        elif found != SCHEMA_VERSION:
+            raise LedgerError(
+                f"the ledger {self.path} has schema version {found}, this gpushare-node "
+                f"understands {SCHEMA_VERSION}: run the gpushare-node version that wrote it"
+            )
+
+    def load(self) -> list[Allocation]:
+        with self._lock:
+            try:
+                rows = self._db.execute(
+                    "SELECT id, memory_mib, created_at, namespace, pod, container, confirmed_at"
+                    " FROM allocations ORDER BY created_at, id"
+                ).fetchall()
+                device_rows = self._db.execute(
+                    "SELECT allocation_id, kind, device_id FROM devices"
+                ).fetchall()
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
+        devices: dict[str, dict[ResourceKind, list[str]]] = {}
+        for allocation_id, kind, device_id in device_rows:
+            try:
+                resource_kind = ResourceKind(kind)
+            except ValueError as e:
+                raise LedgerError(
+                    f"the ledger {self.path} holds device {device_id} of unknown kind {kind!r}"
+                ) from e
+            devices.setdefault(allocation_id, {}).setdefault(resource_kind, []).append(device_id)
+        allocations = []
+        for id_, memory_mib, created_at, namespace, pod, container, confirmed_at in rows:
+            owner = ContainerRef(namespace, pod, container) if pod is not None else None
+            allocations.append(
+                Allocation(
+                    id=id_,
+                    devices={k: tuple(sorted(v)) for k, v in devices.get(id_, {}).items()},
+                    memory_mib=memory_mib,
+                    created_at=created_at,
+                    owner=owner,
+                    confirmed_at=confirmed_at,
+                )
+            )
+        return allocations
+
+    def commit(self, put: Iterable[Allocation] = (), delete: Iterable[str] = ()) -> None:
+        """Store new or changed allocations and drop released ones, all or nothing."""
+        put, delete = list(put), list(delete)
+        with self._transaction():
+            for allocation_id in delete:
+                self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
+            for allocation in put:
+                self._write_allocation(allocation)
+            # All old device rows go first: a device may move between
+            # two allocations of this same change.
+            self._db.executemany(
+                "DELETE FROM devices WHERE allocation_id = ?", [(a.id,) for a in put]
+            )
+            for allocation in put:
+                self._write_devices(allocation)
+
+    def _write_allocation(self, allocation: Allocation) -> None:
+        self._db.execute(
+            "INSERT INTO allocations (id, memory_mib, created_at, namespace, pod, container,"
+            " confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+            " ON CONFLICT(id) DO UPDATE SET memory_mib = excluded.memory_mib,"
+            " namespace = excluded.namespace, pod = excluded.pod,"
+            " container = excluded.container, confirmed_at = excluded.confirmed_at",
+            (
+                allocation.id,
+                allocation.memory_mib,
+                allocation.created_at,
+                *_ref_columns(allocation.owner),
+                allocation.confirmed_at,
+            ),
+        )
+
+    def _write_devices(self, allocation: Allocation) -> None:
+        self._db.executemany(
+            "INSERT INTO devices (kind, device_id, allocation_id) VALUES (?, ?, ?)",
+            [
+                (str(kind), device_id, allocation.id)
+                for kind, device_id in allocation.device_pairs()
+            ],
+        )
+
+    def load_registrations(self) -> list[Registration]:
+        rows = self._read(
+            "SELECT id, allocation_id, cgroup_hierarchy, cgroup_path, init_pid, init_start_ticks,"
+            " namespace, pod, container, registered_at FROM containers ORDER BY registered_at, id"
+        )
+        return [
+            Registration(
+                container_id=row[0],
+                allocation_id=row[1],
+                cgroup=CgroupKey(row[2], row[3]),
+                init_pid=row[4],
+                init_start_ticks=row[5],
+                identity=ContainerRef(row[6], row[7], row[8]) if row[7] is not None else None,
+                registered_at=row[9],
+            )
+            for row in rows
+        ]
+
+    def put_registration(self, registration: Registration) -> None:
+        self._write(
+            "INSERT OR REPLACE INTO containers (id, allocation_id, cgroup_hierarchy, cgroup_path,"
+            " init_pid, init_start_ticks, namespace, pod, container, registered_at)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                registration.container_id,
+                registration.allocation_id,
+                registration.cgroup.hierarchy,
+                registration.cgroup.path,
+                registration.init_pid,
+                registration.init_start_ticks,
+                *_ref_columns(registration.identity),
+                registration.registered_at,
+            ),
+        )
+
+    def delete_registration(self, container_id: str) -> None:
+        self._write("DELETE FROM containers WHERE id = ?", (container_id,))
+
+    def add_violation(self, violation: Violation, action: str, at: float) -> None:
+        """Append to the violation history (bounded: the oldest rows go first)."""
+        self._write(
+            "INSERT INTO violations (at, kind, action, card, allocation_id, container_id,"
+            " namespace, pod, container, pids, used_mib, quota_mib, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                at,
+                violation.kind,
+                action,
+                violation.card_uuid,
+                violation.allocation_id,
+                violation.container_id,
+                *_ref_columns(violation.owner),
+                ",".join(str(pid) for pid in violation.pids),
+                violation.used_mib,
+                violation.quota_mib,
+                violation.detail,
+            ),
+            "DELETE FROM violations WHERE seq <= (SELECT MAX(seq) FROM violations) - ?",
+            (VIOLATION_HISTORY_ROWS,),
+        )
+
+    def violations(self, limit: int = 100) -> list[dict]:
+        """The newest ``limit`` violations, newest first, as plain dicts."""
+        names = (
+            "at", "kind", "action", "card", "allocation_id", "container_id", "namespace", "pod",
+            "container", "pids", "used_mib", "quota_mib", "detail",
+        )  # fmt: skip
+        rows = self._read(
+            f"SELECT {', '.join(names)} FROM violations ORDER BY seq DESC LIMIT ?", (limit,)
+        )
+        return [dict(zip(names, row, strict=True)) for row in rows]
+
+    def violation_counts(self) -> dict[str, int]:
+        """Allocation ID -> violations in the kept history."""
+        rows = self._read(
+            "SELECT allocation_id, COUNT(*) FROM violations"
+            " WHERE allocation_id IS NOT NULL GROUP BY allocation_id"
+        )
+        return dict(rows)
+
+    def _read(self, sql: str, params: tuple = ()) -> list[tuple]:
+        with self._lock:
+            try:
+                return self._db.execute(sql, params).fetchall()
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
+
+    def _write(self, *statements) -> None:
+        """Run (sql, params) pairs as one transaction."""
+        with self._transaction():
+            for sql, params in zip(statements[::2], statements[1::2], strict=True):
+                self._db.execute(sql, params)
+
+    @contextlib.contextmanager
+    def _transaction(self):
+        """One write transaction under the lock: committed whole, or rolled back."""
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield
+                    self._db.execute("COMMIT")
+                except BaseException:
+                    self._db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise LedgerError(f"cannot write the ledger {self.path}: {e}") from e
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._lock:
+            self._db.execute(
+                "INSERT INTO meta (key, value) VALUES (?, ?)"
+                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+                (key, value),
+            )
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:
+    """The namespace, pod and container columns of a container reference (NULLs for none)."""
+    return (ref.namespace, ref.pod, ref.container) if ref else (None, None, None)
+
+
+_RECOVERY_HINT = (
+    "; to recover, stop gpushare-node, move the file aside (keep it for a bug report) and "
+    "start again: allocations kubelet still reports are adopted from its PodResources record"
+)

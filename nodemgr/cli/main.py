@@ -1,0 +1,139 @@
+"""``nodemgr``: the operator's command line.
+
+``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/cli/install/steps.py) write and
+remove the systemd units, tmpfiles.d entry, default config and hook configs.
+The other commands read what the daemon wrote; none of them changes state:
+- ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
+- ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
+  the containers the runtime hook registered on each;
+- ``nodemgr violations [--config FILE] [--json] [--limit N]``: the watchdog's
+  history of quota violations, newest first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
+from nodemgr.cli import status as status_cli
+from nodemgr.cli.doctor import checks as doctor
+from nodemgr.cli.install import steps as install
+from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.errors import ConfigError, LedgerError
+
+# Subcommands that live in their own module: each has ``add_parser(sub)``, which
+# adds its parser and sets ``run`` (args -> exit code) as the parser default.
+_COMMAND_MODULES: tuple = (status_cli, doctor, install)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="nodemgr", description="gpushare-node operator tool")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for module in _COMMAND_MODULES:
+        module.add_parser(sub)
+    check = sub.add_parser("check-config", help="validate the daemon's configuration file")
+    check.add_argument("--config", metavar="FILE")
+    allocs = sub.add_parser("allocations", help="list the allocations in the ledger")
+    allocs.add_argument("--config", metavar="FILE")
+    allocs.add_argument("--json", action="store_true", help="machine-readable output")
+    history = sub.add_parser("violations", help="the history of quota violations")
+    history.add_argument("--config", metavar="FILE")
+    history.add_argument("--json", action="store_true", help="machine-readable output")
+    history.add_argument("--limit", type=int, default=50, help="newest N rows (default 50)")
+    args = parser.parse_args(argv)
+    if getattr(args, "run", None) is not None:
+        return args.run(args)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(config_error_line(e), file=sys.stderr)
+        return 2
+    if args.command == "check-config":
+        print(
+            f"{args.config or '(defaults)'}: ok (node {settings.node_name}, "
+            f"GPU backend {settings.gpus.backend})"
+        )
+        return 0
+    try:
+        ledger = _open_ledger(settings.state_dir)
+        try:
+            if args.command == "violations":
+                return _violations(ledger, args.json, args.limit)
+            return _allocations(ledger, args.json)
+        finally:
+            ledger.close()
+    except LedgerError as e:
+        print(f"nodemgr: {e}", file=sys.stderr)
+        return 1
+
+
+def _open_ledger(state_dir: str) -> Ledger:
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
+        raise LedgerError(
+            f"no ledger in {state_dir}: gpushare-node has not run here with this state_dir"
+        )
+    return Ledger(state_dir, read_only=True)
+
+
+def _allocations(ledger: Ledger, as_json: bool) -> int:
+    allocations = ledger.load()
+    containers: dict[str, list[str]] = {}
+    for registration in ledger.load_registrations():
+        containers.setdefault(registration.allocation_id, []).append(registration.container_id)
+    rows = [
+        {
+            "id": a.id,
+            "cards": list(a.cards),
+            "whole": a.whole,
+            "memory_mib": a.memory_mib,
+            "core_percent": a.core_percent,
+            "namespace": a.owner.namespace if a.owner else None,
+            "pod": a.owner.pod if a.owner else None,
+            "container": a.owner.container if a.owner else None,
+            "created_at": a.created_at,
+            "confirmed_by_kubelet": a.confirmed_at is not None,
+            "containers": containers.get(a.id, []),
+        }
+        for a in allocations
+    ]
+    if as_json:
+        print(json.dumps({"allocations": rows}, indent=2))
+        return 0
+    print(f"{'ID':<20} {'CARD':<44} {'MEMORY':>8} {'CORE':>5}  {'OWNER':<40} AGE")
+    for row in rows:
+        owner = (
+            f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "(unconfirmed)"
+        )
+        memory = "whole" if row["whole"] else f"{row['memory_mib']}M"
+        core = "" if row["whole"] else f"{row['core_percent']}%"
+        age = f"{int(time.time() - row['created_at'])}s"
+        print(
+            f"{row['id']:<20} {','.join(row['cards']):<44} {memory:>8} {core:>5}  {owner:<40} {age}"
+        )
+    return 0
+
+
+def _violations(ledger: Ledger, as_json: bool, limit: int) -> int:
+    rows = ledger.violations(limit)
+    if as_json:
+        print(json.dumps({"violations": rows}, indent=2))
+        return 0
+    if not rows:
+        print("no violations recorded")
+        return 0
+    for row in rows:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(row["at"]))
+        who = f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "-"
+        print(
+            f"{when}  {row['kind']:<11} {row['action']:<4}  {who}  container "
+            f"{row['container_id'] or '-'}  {row['card']}: {row['detail']}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

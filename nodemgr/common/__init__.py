@@ -1,0 +1,10 @@
+"""Small building blocks every flow uses, knowing nothing of GPUs or Kubernetes.
+
+- ``workers``: the one lifecycle of a background worker (start, stop,
+  join with a deadline, alive);
+- ``changes``: a generation counter threads wait on for "something changed";
+- ``unixserver``: a threaded unix-socket server with the socket's mode set
+  on the path itself.
+
+What it must not do: import any other nodemgr package but ``nodemgr.errors``.
+"""

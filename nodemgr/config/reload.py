@@ -1,0 +1,56 @@
+"""SIGHUP: which keys a running daemon applies from a re-read config file.
+
+Pure: given the settings in force and the newly loaded ones, says what is in
+force now, what was applied and what needs a restart. The daemon never runs
+half-changed: a key outside ``RELOADABLE_KEYS`` keeps its running value.
+"""
+
+import dataclasses
+from typing import Any
+
+from nodemgr.config.loading import join_key
+from nodemgr.config.schema import Settings
+
+__all__ = [
+    "RELOADABLE_KEYS",
+    "reload_settings",
+]
+
+# What a SIGHUP reload applies to the running daemon; any other change needs a restart.
+RELOADABLE_KEYS = frozenset(
+    {
+        "kubelet.reconcile_interval_seconds",
+        "kubelet.allocation_grace_seconds",
+        "mps.health_check_interval_seconds",
+        "enforcement.action",
+        "enforcement.interval_seconds",
+        "enforcement.grace_mib",
+    }
+)
+
+
+def reload_settings(running: Settings, loaded: Settings) -> tuple[Settings, list[str], list[str]]:
+    """What a reload does: (settings now in force, keys applied, keys that need a restart).
+
+    Only RELOADABLE_KEYS take the loaded value; every other key keeps its running
+    value until the daemon is restarted, so the daemon never runs half-changed.
+    """
+    applied: list[str] = []
+    restart: list[str] = []
+
+    def merge(key: str, old: Any, new: Any) -> Any:
+        if old == new:
+            return old
+        if dataclasses.is_dataclass(old) and key not in RELOADABLE_KEYS:
+            changes = {
+                f.name: merge(join_key(key, f.name), getattr(old, f.name), getattr(new, f.name))
+                for f in dataclasses.fields(old)
+            }
+            return dataclasses.replace(old, **changes)
+        if key in RELOADABLE_KEYS:
+            applied.append(key)
+            return new
+        restart.append(key)
+        return old
+
+    return merge("", running, loaded), applied, restart

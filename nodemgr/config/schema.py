@@ -1,0 +1,162 @@
+"""The configuration's schema: one frozen dataclass per section of the YAML file.
+
+Every field carries its default and a comment saying its unit and meaning;
+``Settings`` is the whole file. Instances are made only by
+:mod:`nodemgr.config.loading` (which validates) and passed explicitly to
+whoever needs them: nothing reads configuration from globals.
+
+What it must not do: any I/O, or validation (that is loading's job).
+"""
+
+import os
+from dataclasses import dataclass
+
+__all__ = [
+    "EnforcementSettings",
+    "GpuSettings",
+    "KubeletSettings",
+    "KubernetesSettings",
+    "MetricsSettings",
+    "MpsSettings",
+    "ResourceSettings",
+    "Settings",
+    "SimulatedDevice",
+    "SimulatedSettings",
+    "StatusSettings",
+]
+
+
+@dataclass(frozen=True)
+class KubeletSettings:
+    """Where kubelet is and how often gpushare-node compares its state with kubelet's."""
+
+    device_plugin_dir: str = "/var/lib/kubelet/device-plugins"  # kubelet.sock; our sockets too
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    reconcile_interval_seconds: float = 10.0  # > 0: period of the pod-resources reconcile
+    allocation_grace_seconds: float = 60.0  # >= 0: age before an unseen allocation is released
+
+
+@dataclass(frozen=True)
+class SimulatedDevice:
+    """One fake GPU of the simulated backend."""
+
+    uuid: str  # 1-52 chars of [A-Za-z0-9-], first alnum; unique (device IDs stay <= 63 chars)
+    name: str  # model name shown to operators, e.g. "Tesla T4"
+    memory_mib: int  # total memory in MiB, > 0
+
+
+@dataclass(frozen=True)
+class SimulatedSettings:
+    """The simulated GPU backend, for tests and machines without NVIDIA cards."""
+
+    devices: tuple[SimulatedDevice, ...] = ()
+    usage_file: str = ""  # absolute path of the per-process usage JSON; "" = no processes
+
+
+@dataclass(frozen=True)
+class GpuSettings:
+    """Where the GPU inventory comes from."""
+
+    backend: str = "nvml"  # "nvml" (real cards) or "simulated"
+    simulated: SimulatedSettings = SimulatedSettings()  # only with backend "simulated"
+
+
+@dataclass(frozen=True)
+class ResourceSettings:
+    """The extended resources offered to kubelet and how shares are placed on cards."""
+
+    memory: str = "aliyun.com/gpu-mem"  # one unit = memory_unit_mib MiB of one card
+    memory_unit_mib: int = 1024  # MiB per unit of the memory resource, > 0
+    core: str = "aliyun.com/gpu-core.percentage"  # one unit = 1% of one card's compute
+    whole: str = "nvidia.com/gpu"  # one unit = one whole card; "" = whole cards not offered
+    placement: str = "binpack"  # "binpack" (fill cards one by one) or "spread" (even out)
+
+
+@dataclass(frozen=True)
+class MpsSettings:
+    """One NVIDIA MPS control daemon per shared card, and what containers get of it."""
+
+    enabled: bool = True  # false: no MPS; shared containers get env quotas only
+    # The control binary: a name looked up in $PATH, or an absolute path.
+    control_binary: str = "nvidia-cuda-mps-control"
+    # Who keeps the control daemons alive: "process" (started detached by
+    # gpushare-node, adopted after its restart). "systemd" is not built yet.
+    supervisor: str = "process"
+    shm_size_mib: int = 0  # size of the shared /dev/shm tmpfs; 0 = half of RAM
+    health_check_interval_seconds: float = 5.0  # how often each control daemon is asked
+    command_timeout_seconds: float = 5.0  # a control command slower than this marks it hung
+
+
+@dataclass(frozen=True)
+class EnforcementSettings:
+    """The runtime hook's socket and the watchdog that holds GPU processes to their quotas."""
+
+    # What the watchdog does to a violation: "kill" (SIGKILL the offending
+    # processes, newest first, until the container is within quota) or "log".
+    action: str = "kill"
+    interval_seconds: float = 1.0  # > 0: period of the full scan of GPU processes
+    # >= 0: MiB a container may hold above its quota before it is a violation;
+    # covers the driver's per-context overhead that NVML counts for the process.
+    grace_mib: int = 128
+    hook_socket: str = ""  # absolute path of the runtime hook's socket; "" = <run_dir>/hook.sock
+
+
+@dataclass(frozen=True)
+class StatusSettings:
+    """The local status socket that ``nodemgr status`` reads (root-only, mode 0600)."""
+
+    socket: str = ""  # absolute path; "" = <run_dir>/status.sock
+
+
+@dataclass(frozen=True)
+class MetricsSettings:
+    """The Prometheus endpoint (``GET /metrics``)."""
+
+    enabled: bool = True  # false: no endpoint
+    # host:port to listen on; loopback by default (put a scraper or a proxy on
+    # the node, or set 0.0.0.0:PORT deliberately). Port 0 = any free port
+    # (tests). A port that cannot be bound is logged; the daemon runs on.
+    address: str = "127.0.0.1:9445"
+
+
+@dataclass(frozen=True)
+class KubernetesSettings:
+    """The Kubernetes API: pod identity at admission, gpushare annotations, node labels, events.
+
+    Optional: without it (``enabled: false``, or the API server unreachable)
+    the daemon is a plain device plugin and nothing waits on the API server.
+    """
+
+    enabled: bool = True
+    # Credentials: "" = $KUBECONFIG, else the in-cluster service account, else
+    # ~/.kube/config. An absolute path names a kubeconfig file.
+    kubeconfig: str = ""
+    # Prefix of the node labels gpushare-node writes (and the only ones it ever
+    # changes or removes), e.g. gpushare.aliyun.com/gpu-model.
+    label_prefix: str = "gpushare.aliyun.com/"
+    request_timeout_seconds: float = 10.0  # > 0: one API request; a slower one is retried later
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Everything gpushare-node is configured with."""
+
+    node_name: str  # Kubernetes node name; default $NODE_NAME, else the lowercased hostname
+    kubelet: KubeletSettings = KubeletSettings()
+    state_dir: str = "/var/lib/gpushare"  # absolute; durable state (the ledger)
+    run_dir: str = "/run/gpushare"  # absolute; runtime files, lost on reboot
+    gpus: GpuSettings = GpuSettings()
+    resources: ResourceSettings = ResourceSettings()
+    mps: MpsSettings = MpsSettings()
+    enforcement: EnforcementSettings = EnforcementSettings()
+    status: StatusSettings = StatusSettings()
+    metrics: MetricsSettings = MetricsSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
+
+    @property
+    def hook_socket(self) -> str:
+        return self.enforcement.hook_socket or os.path.join(self.run_dir, "hook.sock")
+
+    @property
+    def status_socket(self) -> str:
+        return self.status.socket or os.path.join(self.run_dir, "status.sock")

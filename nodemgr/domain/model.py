@@ -1,0 +1,112 @@
+"""The allocation record shared by the ledger, the allocator and reconcile (pure data).
+
+One ``Allocation`` is what one container holds on this node: either a shared
+allocation (memory and/or compute share devices, all on ONE card) or a
+whole-card allocation (one or more whole cards). Its device IDs are kubelet's
+own IDs, so kubelet's record and the ledger can be compared ID by ID.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from nodemgr.domain.deviceids import ResourceKind, card_of
+
+
+@dataclass(frozen=True, order=True)
+class ContainerRef:
+    """Which container kubelet says holds devices."""
+
+    namespace: str
+    pod: str
+    container: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.pod}/{self.container}"
+
+
+@dataclass(frozen=True)
+class Allocation:
+    id: str
+    # Device IDs per resource kind; a shared allocation has MEMORY and/or CORE,
+    # a whole one has WHOLE. Tuples are kept sorted.
+    devices: dict[ResourceKind, tuple[str, ...]]
+    # Memory in MiB at allocation time (units x memory_unit_mib), the limit
+    # written into the container's env.
+    memory_mib: int
+    created_at: float  # Unix seconds
+    owner: ContainerRef | None = None  # filled in from kubelet's PodResources record
+    confirmed_at: float | None = None  # last time kubelet's record showed it
+
+    @property
+    def whole(self) -> bool:
+        return ResourceKind.WHOLE in self.devices
+
+    @property
+    def core_percent(self) -> int:
+        return len(self.devices.get(ResourceKind.CORE, ()))
+
+    @property
+    def memory_units(self) -> int:
+        return len(self.devices.get(ResourceKind.MEMORY, ()))
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """UUIDs of the cards it holds, sorted (one for a shared allocation)."""
+        return tuple(
+            sorted(
+                {
+                    card_of(kind, device_id) or device_id
+                    for kind, ids in self.devices.items()
+                    for device_id in ids
+                }
+            )
+        )
+
+    def device_pairs(self) -> list[tuple[ResourceKind, str]]:
+        return [(kind, device_id) for kind, ids in self.devices.items() for device_id in ids]
+
+    def with_devices(self, kind: ResourceKind, ids: tuple[str, ...] | list[str]) -> Allocation:
+        devices = dict(self.devices)
+        if ids:
+            devices[kind] = tuple(sorted(ids))
+        else:
+            devices.pop(kind, None)
+        return replace(self, devices=devices)
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path mounted into the container (Allocate's ContainerAllocateResponse.mounts)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class CgroupKey:
+    """Where a container's processes are: one cgroup hierarchy and a path in it.
+
+    ``hierarchy`` is the controller list of a /proc/PID/cgroup line ("" for
+    the cgroup v2 unified hierarchy, "memory" for a v1 one).
+    """
+
+    hierarchy: str
+    path: str
+
+    def __str__(self) -> str:
+        return f"{self.hierarchy or 'unified'}:{self.path}"
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A container the runtime hook let start, and the allocation it uses."""
+
+    container_id: str
+    allocation_id: str
+    cgroup: CgroupKey
+    init_pid: int
+    init_start_ticks: int  # /proc/PID/stat starttime: tells a reused PID apart
+    identity: ContainerRef | None
+    registered_at: float  # Unix seconds

@@ -1,0 +1,171 @@
+"""Comparing the ledger with kubelet's PodResources record (pure).
+
+kubelet's record wins, always:
+- an allocation kubelet reports gets its owner (namespace/pod/container);
+- one kubelet no longer reports is released: at once when kubelet had shown
+  it before (the pod is gone), after ``allocation_grace_seconds`` when it is
+  fresh and kubelet has not caught up yet;
+- one whose devices kubelet reports for two containers is split (the daemon
+  guessed the container linkage wrong, see allocator.py);
+- devices kubelet reports that the ledger does not hold (ledger lost or
+  older than kubelet's checkpoint) are adopted, so they are never handed out
+  twice.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from nodemgr.domain.deviceids import ResourceKind, card_of
+from nodemgr.domain.model import Allocation, ContainerRef
+
+DeviceKey = tuple[ResourceKind, str]
+
+
+@dataclass
+class ReconcilePlan:
+    put: list[Allocation] = field(default_factory=list)  # new or changed allocations
+    delete: list[str] = field(default_factory=list)  # allocation IDs to release
+    notes: list[str] = field(default_factory=list)  # one log line per change, saying why
+
+    @property
+    def empty(self) -> bool:
+        return not self.put and not self.delete
+
+
+def plan_reconcile(
+    allocations: Iterable[Allocation],
+    reported: Mapping[DeviceKey, ContainerRef],
+    now: float,
+    grace_seconds: float,
+    memory_unit_mib: int,
+    new_id: Callable[[], str],
+) -> ReconcilePlan:
+    """What to change so that the ledger says what kubelet says.
+
+    ``reported`` maps each of this node's device IDs that kubelet reports as
+    allocated to the container holding it.
+    """
+    plan = ReconcilePlan()
+    held: set[DeviceKey] = set()
+    for allocation in allocations:
+        held.update(allocation.device_pairs())
+        _reconcile_one(allocation, reported, now, grace_seconds, memory_unit_mib, new_id, plan)
+    unheld = {key: ref for key, ref in reported.items() if key not in held}
+    for ref, devices in sorted(_group_by_container(unheld).items()):
+        for adopted in _allocations_for(devices, ref, now, memory_unit_mib, new_id):
+            plan.put.append(adopted)
+            plan.notes.append(
+                f"adopted {_describe_devices(adopted)} that kubelet reports for {ref} "
+                f"as allocation {adopted.id}: the ledger did not hold them"
+            )
+    return plan
+
+
+def _reconcile_one(
+    allocation: Allocation,
+    reported: Mapping[DeviceKey, ContainerRef],
+    now: float,
+    grace_seconds: float,
+    memory_unit_mib: int,
+    new_id: Callable[[], str],
+    plan: ReconcilePlan,
+) -> None:
+    mine = {key: reported[key] for key in allocation.device_pairs() if key in reported}
+    who = f"allocation {allocation.id}" + (f" ({allocation.owner})" if allocation.owner else "")
+    if not mine:
+        if allocation.confirmed_at is not None:
+            plan.delete.append(allocation.id)
+            plan.notes.append(f"released {who}: kubelet no longer reports its devices")
+        elif now - allocation.created_at > grace_seconds:
+            plan.delete.append(allocation.id)
+            plan.notes.append(
+                f"released {who}: kubelet never reported it within {grace_seconds:g} s "
+                "(the pod was refused or deleted during admission)"
+            )
+        return
+    groups = _group_by_container(mine)
+    # The container holding the memory keeps the allocation ID (its env has it).
+    owners = sorted(groups, key=lambda ref: (ResourceKind.MEMORY not in groups[ref], ref))
+    first = owners[0]
+    kept = replace(
+        allocation,
+        devices={kind: tuple(sorted(ids)) for kind, ids in groups[first].items()},
+        owner=first,
+        confirmed_at=allocation.confirmed_at or now,
+    )
+    kept = replace(kept, memory_mib=kept.memory_units * memory_unit_mib)
+    if kept != allocation:
+        plan.put.append(kept)
+        if allocation.owner != first:
+            plan.notes.append(f"allocation {allocation.id} belongs to {first} (kubelet's record)")
+        if kept.devices != allocation.devices:
+            plan.notes.append(
+                f"allocation {allocation.id} now holds {_describe_devices(kept)} "
+                f"as kubelet's record says (was {_describe_devices(allocation)})"
+            )
+    for ref in owners[1:]:
+        for split in _allocations_for(groups[ref], ref, now, memory_unit_mib, new_id):
+            plan.put.append(split)
+            plan.notes.append(
+                f"split {_describe_devices(split)} of allocation {allocation.id} off to {ref} "
+                f"as allocation {split.id}: kubelet gave them to another container"
+            )
+
+
+def _group_by_container(
+    reported: Mapping[DeviceKey, ContainerRef],
+) -> dict[ContainerRef, dict[ResourceKind, list[str]]]:
+    groups: dict[ContainerRef, dict[ResourceKind, list[str]]] = defaultdict(
+        lambda: defaultdict(list)
+    )
+    for (kind, device_id), ref in reported.items():
+        groups[ref][kind].append(device_id)
+    return groups
+
+
+def _allocations_for(
+    devices: Mapping[ResourceKind, list[str]],
+    ref: ContainerRef,
+    now: float,
+    memory_unit_mib: int,
+    new_id: Callable[[], str],
+) -> list[Allocation]:
+    """Allocations for devices of one container: whole cards apart, shared ones per card."""
+    per_card: dict[str, dict[ResourceKind, list[str]]] = defaultdict(lambda: defaultdict(list))
+    whole: dict[ResourceKind, list[str]] = {}
+    for kind, ids in devices.items():
+        if kind is ResourceKind.WHOLE:
+            whole[kind] = list(ids)
+            continue
+        for device_id in ids:
+            per_card[card_of(kind, device_id) or device_id][kind].append(device_id)
+    made = []
+    for group in ([whole] if whole else []) + [per_card[card] for card in sorted(per_card)]:
+        sorted_group = {kind: tuple(sorted(ids)) for kind, ids in group.items()}
+        units = len(sorted_group.get(ResourceKind.MEMORY, ()))
+        made.append(
+            Allocation(
+                id=new_id(),
+                devices=sorted_group,
+                memory_mib=units * memory_unit_mib,
+                created_at=now,
+                owner=ref,
+                confirmed_at=now,
+            )
+        )
+    return made
+
+
+def _describe_devices(allocation: Allocation) -> str:
+    parts = []
+    if allocation.memory_units:
+        parts.append(f"{allocation.memory_units} memory units")
+    if allocation.core_percent:
+        parts.append(f"{allocation.core_percent}% share")
+    if allocation.whole:
+        parts.append(f"whole card(s) {','.join(allocation.devices[ResourceKind.WHOLE])}")
+    cards = "" if allocation.whole else f" on {','.join(allocation.cards)}"
+    return " + ".join(parts) + cards

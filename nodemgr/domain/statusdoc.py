@@ -1,0 +1,270 @@
+"""The status document: every card and allocation of the node at a glance (pure).
+
+One builder, ``build_status``, makes the document that the status socket
+serves, ``nodemgr status --json`` prints, the metrics endpoint exports and
+``render_table`` shows to a person. The daemon feeds it live state; with
+the daemon down, ``nodemgr status`` feeds it the ledger's last state
+(``source: "ledger"``: no health, no usage, no MPS state; those are null).
+
+Document (JSON keys are a public contract: extend, never rename)::
+
+    {"node", "source": "daemon"|"ledger", "daemon": {...}|null,
+     "gpus": [{"index", "uuid", "model", "mode": "shared"|"whole"|"idle",
+               "memory_total_mib", "memory_allocated_mib", "memory_used_mib"|null,
+               "core_allocated_percent", "healthy"|null, "problem"|null,
+               "mps": {"state", "clients"|null, "detail"}, "allocations"}],
+     "allocations": [{"id", "gpu", "gpu_index", "gpus", "whole", "memory_mib",
+                      "memory_used_mib"|null, "core_percent", "namespace", "pod",
+                      "container", "state": "confirmed"|"pending", "containers",
+                      "violations", "created_at"}],
+     "enforcement": {"action", "violations": {kind: count}, "kills"}|null}
+
+None (null) always means "not known", never zero. No I/O, no clock: the
+caller passes everything in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from nodemgr.domain.model import Allocation
+
+SCHEMA_VERSION = 1
+
+
+class CardFacts(Protocol):
+    """What the document needs of a card (nodemgr.inventory.Card has it)."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_mib: int
+
+
+@dataclass(frozen=True)
+class MpsView:
+    """One card's MPS control daemon as the supervisor last saw it."""
+
+    state: str  # healthy, down, hung, broken, fault, starting, off (card given out whole)
+    clients: int | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class UsageView:
+    """GPU memory really used, from the watchdog's last scan."""
+
+    card_used_mib: Mapping[str, int]  # card UUID -> MiB held by all its processes
+    allocation_used_mib: Mapping[str, int]  # allocation ID -> MiB held by its containers
+
+
+MPS_DISABLED = MpsView("disabled", None, "mps.enabled is false: env quotas only")
+MPS_UNKNOWN = MpsView("unknown", None, "gpushare-node is not running")
+
+
+def build_status(
+    node: str,
+    cards: Sequence[CardFacts],
+    allocations: Iterable[Allocation],
+    *,
+    source: str,
+    card_problems: Mapping[str, str] | None,
+    mps: Mapping[str, MpsView] | None,
+    usage: UsageView | None,
+    containers: Mapping[str, int],
+    violations: Mapping[str, int],
+    enforcement: dict | None,
+    daemon: dict | None,
+) -> dict:
+    """The status document. ``card_problems`` None = health unknown (daemon down);
+    ``mps`` None = MPS disabled; a card missing from ``mps`` is shown as unknown."""
+    allocations = list(allocations)
+    index_of = {card.uuid: card.index for card in cards}
+    memory_of = {card.uuid: card.memory_mib for card in cards}
+    gpus = []
+    for card in sorted(cards, key=lambda c: c.index):
+        on_card = [a for a in allocations if card.uuid in a.cards]
+        whole = any(a.whole for a in on_card)
+        mode = "whole" if whole else "shared" if on_card else "idle"
+        if mps is None:
+            mps_view = MPS_DISABLED
+        else:
+            mps_view = mps.get(card.uuid, MPS_UNKNOWN)
+        problem = None if card_problems is None else card_problems.get(card.uuid)
+        gpus.append(
+            {
+                "index": card.index,
+                "uuid": card.uuid,
+                "model": card.name,
+                "mode": mode,
+                "memory_total_mib": card.memory_mib,
+                "memory_allocated_mib": card.memory_mib
+                if whole
+                else sum(a.memory_mib for a in on_card),
+                "memory_used_mib": None if usage is None else usage.card_used_mib.get(card.uuid, 0),
+                "core_allocated_percent": 100 if whole else sum(a.core_percent for a in on_card),
+                "healthy": None if card_problems is None else problem is None,
+                "problem": problem,
+                "mps": {
+                    "state": mps_view.state,
+                    "clients": mps_view.clients,
+                    "detail": mps_view.detail,
+                },
+                "allocations": len(on_card),
+            }
+        )
+    rows = []
+    for a in allocations:
+        card = a.cards[0] if a.cards else ""
+        rows.append(
+            {
+                "id": a.id,
+                "gpu": card,
+                "gpu_index": index_of.get(card),
+                "gpus": list(a.cards),
+                "whole": a.whole,
+                "memory_mib": sum(memory_of.get(c, 0) for c in a.cards)
+                if a.whole
+                else a.memory_mib,
+                "memory_used_mib": None
+                if usage is None
+                else usage.allocation_used_mib.get(a.id, 0),
+                "core_percent": 100 * len(a.cards) if a.whole else a.core_percent,
+                "namespace": a.owner.namespace if a.owner else None,
+                "pod": a.owner.pod if a.owner else None,
+                "container": a.owner.container if a.owner else None,
+                "state": "confirmed" if a.confirmed_at is not None else "pending",
+                "containers": containers.get(a.id, 0),
+                "violations": violations.get(a.id, 0),
+                "created_at": a.created_at,
+            }
+        )
+    return {
+        "schema": SCHEMA_VERSION,
+        "node": node,
+        "source": source,
+        "daemon": daemon,
+        "gpus": gpus,
+        "allocations": rows,
+        "enforcement": enforcement,
+    }
+
+
+# --- the table a person reads -------------------------------------------------------------
+
+
+def render_table(status: dict, now: float) -> str:
+    """``nodemgr status`` without --json: a header, one row per card, one per allocation."""
+    lines = [_header(status, now), ""]
+    cards = [
+        (
+            "GPU",
+            "MODEL",
+            "MODE",
+            "MEMORY ALLOC/USED/TOTAL",
+            "CORE",
+            "MPS",
+            "CLIENTS",
+            "PODS",
+            "HEALTH",
+        )
+    ]
+    for gpu in status["gpus"]:
+        mps = gpu["mps"]
+        cards.append(
+            (
+                str(gpu["index"]),
+                gpu["model"],
+                gpu["mode"],
+                f"{_gib(gpu['memory_allocated_mib'])} / {_gib(gpu['memory_used_mib'])} / "
+                f"{_gib(gpu['memory_total_mib'])}",
+                f"{gpu['core_allocated_percent']}%",
+                mps["state"],
+                _known(mps["clients"]),
+                str(gpu["allocations"]),
+                "?" if gpu["healthy"] is None else "ok" if gpu["healthy"] else gpu["problem"],
+            )
+        )
+    lines += _columns(cards)
+    lines.append("")
+    if not status["allocations"]:
+        lines.append("no allocations")
+        return "\n".join(lines)
+    rows = [
+        ("POD", "CONTAINER", "GPU", "MEMORY QUOTA/USED", "CORE", "STATE", "CTRS", "VIOL", "AGE")
+    ]
+    for a in status["allocations"]:
+        pod = f"{a['namespace']}/{a['pod']}" if a["pod"] else "(not yet known)"
+        gpu = (
+            ",".join(str(i) for i in _indexes(status, a)) if a["whole"] else _known(a["gpu_index"])
+        )
+        rows.append(
+            (
+                pod,
+                a["container"] or "-",
+                gpu,
+                "whole card"
+                if a["whole"]
+                else f"{_gib(a['memory_mib'])} / {_gib(a['memory_used_mib'])}",
+                "-" if a["whole"] else f"{a['core_percent']}%",
+                a["state"],
+                str(a["containers"]),
+                str(a["violations"]),
+                _age(now - a["created_at"]),
+            )
+        )
+    lines += _columns(rows)
+    return "\n".join(lines)
+
+
+def _header(status: dict, now: float) -> str:
+    node = f"node {status['node']}"
+    daemon = status["daemon"]
+    if status["source"] != "daemon" or daemon is None:
+        return (
+            f"{node}: gpushare-node is NOT running; last state from the ledger "
+            "(no health, usage or MPS state)"
+        )
+    state = "ready" if daemon.get("ready") else "starting (not registered with kubelet yet)"
+    head = (
+        f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
+    )
+    enforcement = status.get("enforcement")
+    if enforcement:
+        count = sum(enforcement["violations"].values())
+        head += (
+            f"; enforcement {enforcement['action']}: {count} violations, "
+            f"{enforcement['kills']} kills since start"
+        )
+    return head
+
+
+def _indexes(status: dict, allocation: dict) -> list[int]:
+    index_of = {gpu["uuid"]: gpu["index"] for gpu in status["gpus"]}
+    return [index_of[uuid] for uuid in allocation["gpus"] if uuid in index_of]
+
+
+def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+            for row in rows]  # fmt: skip
+
+
+def _gib(mib: int | None) -> str:
+    if mib is None:
+        return "?"
+    return f"{mib / 1024:.1f}G"
+
+
+def _known(value: object) -> str:
+    return "?" if value is None else str(value)
+
+
+def _age(seconds: float) -> str:
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"

@@ -1,0 +1,111 @@
+"""The daemon's end of the runtime hook socket (``<run_dir>/hook.sock``).
+
+Translates the protocol of :mod:`hooks.protocol` into calls on the
+:class:`~nodemgr.enforcement.registry.ContainerRegistry` and back; it decides nothing.
+A malformed request gets a refusal naming what is wrong. The socket is
+root-only (0600): only the container runtime talks to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+from hooks import protocol
+from hooks.gpuenv import GPU_ENV_NAMES
+from nodemgr.common.unixserver import UnixServer
+from nodemgr.domain.model import ContainerRef
+from nodemgr.enforcement.registry import ContainerRegistry
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_SECONDS = 2.0  # a client that sends nothing is dropped
+
+
+class BadRequest(Exception):
+    pass
+
+
+class HookServer:
+    def __init__(self, registry: ContainerRegistry, socket_path: str):
+        self.socket_path = socket_path
+        self._registry = registry
+        self._server: UnixServer | None = None
+
+    def start(self) -> None:
+        self._server = UnixServer(self.socket_path, self._handle, "hook-server")
+        self._server.start()
+        log.info("runtime hook socket ready at %s", self.socket_path)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+
+    def _handle(self, sock: socket.socket) -> None:
+        sock.settimeout(READ_TIMEOUT_SECONDS)
+        try:
+            answer = _answer(self._registry, protocol.read_message(sock))
+        except (protocol.ProtocolError, OSError) as e:
+            answer = _refusal(f"unreadable hook request ({e})")
+        except Exception as e:  # a bug must still answer (and refuse), not hang the hook
+            log.exception("runtime hook request failed")
+            answer = _refusal(f"internal error in gpushare-node ({e}); see its log")
+        try:
+            sock.sendall(protocol.encode(answer))
+        except OSError:
+            pass  # the hook gave up waiting; it refuses on its own
+
+
+def _answer(registry: ContainerRegistry, request: dict) -> dict:
+    try:
+        stage = request.get("stage")
+        container_id = _string(request, "container_id")
+        if stage == protocol.POSTSTOP:
+            registry.release(container_id)
+            return {"allowed": True, "message": "unregistered"}
+        if stage != protocol.CREATE:
+            raise BadRequest(f"unknown stage {stage!r}")
+        pid = request.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            raise BadRequest(f"pid must be a positive integer (got {pid!r})")
+        allowed, message = registry.admit(
+            container_id,
+            pid,
+            _env(request.get("env")),
+            _identity(request.get("identity")),
+            _string(request, "cgroup"),
+        )
+    except BadRequest as e:
+        return _refusal(f"bad hook request: {e}")
+    return {"allowed": allowed, "message": message}
+
+
+def _refusal(problem: str) -> dict:
+    log.warning("runtime hook: %s", problem)
+    return {"allowed": False, "message": f"gpushare-node refused the container: {problem}"}
+
+
+def _string(request: dict, name: str) -> str:
+    value = request.get(name)
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{name} must be a non-empty string")
+    return value
+
+
+def _env(value: object) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    ):
+        raise BadRequest("env must map names to strings")
+    return {k: v for k, v in value.items() if k in GPU_ENV_NAMES}
+
+
+def _identity(value: object) -> ContainerRef | None:
+    if not value:
+        return None
+    if not isinstance(value, dict):
+        raise BadRequest("identity must be an object")
+    fields = [value.get(k) for k in ("namespace", "pod", "container")]
+    if not all(isinstance(f, str) and f for f in fields):
+        return None  # partial identity: the runtime did not say; nothing to compare
+    return ContainerRef(*fields)

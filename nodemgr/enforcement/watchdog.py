@@ -1,0 +1,285 @@
+"""The run-time watchdog: GPU processes held to their container's quota.
+
+Every ``enforcement.interval_seconds`` it takes one snapshot (per-process GPU
+memory from the inventory; each process's cgroup, start time and quota env
+from /proc), asks :mod:`nodemgr.domain.violations` what is wrong, and acts: with
+``action: kill`` the offending processes get SIGKILL, newest first; with
+``log`` they are only reported. Every violation is logged with its
+pod/container/card/amounts, counted, and appended to the ledger's history once
+per onset (not once per scan while it lasts).
+
+The netlink process connector makes it react at once: an exec in a
+registered container brings the next scan forward, and exits drop cached
+/proc reads. Where the connector is unavailable the periodic scan alone runs.
+
+What it must not do: decide what a violation is (violations.py does) or kill
+anything but a GPU process it has just seen break a rule.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.config.schema import EnforcementSettings
+from nodemgr.domain.containercheck import CgroupError, parse_cgroups
+from nodemgr.domain.statusdoc import UsageView
+from nodemgr.domain.violations import (
+    GpuProcess,
+    Violation,
+    find_violations,
+    index_registrations,
+    registration_of,
+)
+from nodemgr.enforcement import procfs
+from nodemgr.enforcement.registry import ContainerRegistry
+from nodemgr.errors import GpushareError
+from nodemgr.inventory import Inventory
+
+log = logging.getLogger(__name__)
+
+# An exec in a registered container is scanned this soon: the new process
+# needs a moment to create its GPU context before NVML lists it.
+EXEC_RESCAN_SECONDS = 0.2
+_MAX_ANCESTRY = 8  # an MPS server is a child of its control daemon
+
+
+class Watchdog:
+    def __init__(
+        self,
+        settings: EnforcementSettings,
+        registry: ContainerRegistry,
+        allocator: Allocator,
+        inventory: Inventory,
+        ledger: Ledger,
+        mps_control_pids: Callable[[], set[int]] = set,
+        clock: Callable[[], float] = time.time,
+    ):
+        self._settings = settings
+        self._registry = registry
+        self._allocator = allocator
+        self._inventory = inventory
+        self._ledger = ledger
+        self._mps_control_pids = mps_control_pids
+        self._clock = clock
+        self.counts: Counter[str] = Counter()  # violation onsets by kind
+        # Told of each violation onset: (violation, card label, action); posts a pod Event.
+        self.on_violation: Callable[[Violation, str, str], None] | None = None
+        self.kills = 0
+        self._active: set[tuple] = set()  # keys of the violations seen in the last scan
+        # (pid, start ticks) -> cgroups. Only cgroups are cached: a process
+        # cannot leave its container's cgroup, but it can exec itself with
+        # another env, so environ is read again at every scan.
+        self._cache: dict[tuple[int, int], dict[str, str]] = {}
+        self._usage_problem: str | None = None
+        # Memory really used, from the last scan that could read it (nodemgr status, metrics).
+        self.last_usage: UsageView | None = None
+        self._raw_usage: list = []
+        self._thread: threading.Thread | None = None
+
+    def start(self, stop: threading.Event, events_source: Callable[[], object] | None) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(stop, events_source), name="watchdog", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, stop: threading.Event, events_source: Callable[[], object] | None) -> None:
+        events = None
+        if events_source is not None:
+            try:
+                events = events_source()
+            except Exception as e:  # ProcEventsUnavailable, or an unexpected pyroute2 failure
+                log.warning("%s: the watchdog relies on its periodic scan alone", e)
+        try:
+            next_scan = 0.0
+            while not stop.is_set():
+                wait = max(0.0, next_scan - time.monotonic())
+                if events is None:
+                    stop.wait(wait)
+                else:
+                    try:
+                        news = events.read(min(wait, 0.5))
+                    except Exception:  # a netlink failure must not stop enforcement
+                        log.exception("process events failed; the periodic scan alone runs")
+                        events.close()
+                        events = None
+                        continue
+                    for pid in news.exits:
+                        self._forget(pid)
+                    if news.lost or any(self._in_registered_container(p) for p in news.execs):
+                        next_scan = min(next_scan, time.monotonic() + EXEC_RESCAN_SECONDS)
+                if time.monotonic() >= next_scan and not stop.is_set():
+                    try:
+                        self.scan()
+                    except Exception:
+                        log.exception("watchdog scan failed; retrying at the next interval")
+                    next_scan = time.monotonic() + self._settings.interval_seconds
+        finally:
+            if events is not None:
+                events.close()
+
+    def scan(self) -> list[Violation]:
+        """One snapshot, its violations, and the action on each. Returns the violations."""
+        self._registry.prune()
+        processes = self._gpu_processes()
+        if processes is None:
+            return []
+        allocations = {a.id: a for a in self._allocator.allocations()}
+        shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
+        violations = find_violations(
+            self._registry.registrations(),
+            allocations,
+            processes,
+            shared_cards,
+            self._settings.grace_mib,
+        )
+        self.last_usage = self._usage_view(processes)
+        starts = {p.pid: p.start_ticks for p in processes}
+        active = set()
+        for violation in violations:
+            active.add(violation.key)
+            if violation.key not in self._active:
+                self._report(violation)
+            if self._settings.action == "kill":
+                self._kill(violation, starts)
+        self._active = active
+        return violations
+
+    @property
+    def action(self) -> str:
+        return self._settings.action
+
+    def set_settings(self, settings: EnforcementSettings) -> None:
+        """A config reload: the next scan uses the new action, interval and grace."""
+        self._settings = settings
+
+    def _usage_view(self, processes: list[GpuProcess]) -> UsageView:
+        card_used: Counter[str] = Counter()
+        for entry in self._raw_usage:  # every process, our MPS servers included
+            card_used[entry.gpu_uuid] += entry.used_mib
+        allocation_used: Counter[str] = Counter()
+        index = index_registrations(self._registry.registrations())
+        for process in processes:
+            registration = registration_of(index, process.cgroups)
+            if registration is not None:
+                allocation_used[registration.allocation_id] += process.used_mib
+        return UsageView(dict(card_used), dict(allocation_used))
+
+    def _gpu_processes(self) -> list[GpuProcess] | None:
+        try:
+            usage = self._inventory.process_usage()
+        except GpushareError as e:
+            if str(e) != self._usage_problem:
+                log.error("cannot read per-process GPU memory: %s; enforcement is paused", e)
+                self._usage_problem = str(e)
+            self.last_usage = None  # unknown, not zero
+            return None
+        self._raw_usage = usage
+        if self._usage_problem is not None:
+            log.info("per-process GPU memory readable again; enforcement resumes")
+            self._usage_problem = None
+        control_pids = None
+        processes = []
+        for entry in usage:
+            start_ticks = procfs.read_start_ticks(entry.pid)
+            if start_ticks is None:
+                continue  # exited (NVML may list a process for a moment after)
+            seen = self._read(entry.pid, start_ticks)
+            if seen is None:
+                continue
+            cgroups, env = seen
+            if control_pids is None:
+                control_pids = self._mps_control_pids()
+            if control_pids and self._descends_from(entry.pid, control_pids):
+                continue  # an MPS server: ours
+            processes.append(
+                GpuProcess(entry.pid, entry.gpu_uuid, entry.used_mib, start_ticks, cgroups, env)
+            )
+        live = {(p.pid, p.start_ticks) for p in processes}
+        for key in [k for k in self._cache if k not in live]:
+            del self._cache[key]
+        return processes
+
+    def _read(self, pid: int, start_ticks: int) -> tuple[dict[str, str], dict[str, str]] | None:
+        cgroups = self._cache.get((pid, start_ticks))
+        if cgroups is None:
+            text = procfs.read_cgroups_text(pid)
+            if text is None:
+                return None
+            try:
+                cgroups = parse_cgroups(text)
+            except CgroupError as e:
+                log.warning("process %d: %s", pid, e)
+                return None
+            self._cache[(pid, start_ticks)] = cgroups
+        env = procfs.read_gpu_env(pid)
+        return None if env is None else (cgroups, env)
+
+    def _forget(self, pid: int) -> None:
+        for key in [k for k in self._cache if k[0] == pid]:
+            del self._cache[key]
+
+    def _in_registered_container(self, pid: int) -> bool:
+        text = procfs.read_cgroups_text(pid)
+        if not text:
+            return False
+        try:
+            cgroups = parse_cgroups(text)
+        except CgroupError:
+            return False
+        index = index_registrations(self._registry.registrations())
+        return registration_of(index, cgroups) is not None
+
+    def _descends_from(self, pid: int, ancestors: set[int]) -> bool:
+        for _ in range(_MAX_ANCESTRY):
+            pid = procfs.read_parent(pid) or 0
+            if pid <= 1:
+                return False
+            if pid in ancestors:
+                return True
+        return False
+
+    def _report(self, violation: Violation) -> None:
+        self.counts[violation.kind] += 1
+        card = self._allocator.card_label(violation.card_uuid)
+        log.warning(
+            "violation (%s) by %s, container %s, allocation %s on %s: %s; action: %s",
+            violation.kind,
+            violation.owner or "unknown pod",
+            violation.container_id or "none",
+            violation.allocation_id or "none",
+            card,
+            violation.detail,
+            self._settings.action,
+        )
+        try:
+            self._ledger.add_violation(violation, self._settings.action, self._clock())
+        except GpushareError as e:
+            log.error("cannot record the violation in the ledger: %s", e)
+        if self.on_violation is not None:
+            try:
+                self.on_violation(violation, card, self._settings.action)
+            except Exception:  # telling the pod must never stop enforcement
+                log.exception("reporting the violation failed")
+
+    def _kill(self, violation: Violation, starts: dict[int, int]) -> None:
+        for pid in violation.pids:
+            if procfs.kill(pid, starts[pid]):
+                self.kills += 1
+                log.warning(
+                    "killed process %d (%s violation on %s; container %s, pod %s)",
+                    pid,
+                    violation.kind,
+                    self._allocator.card_label(violation.card_uuid),
+                    violation.container_id or "none",
+                    violation.owner or "unknown",
+                )

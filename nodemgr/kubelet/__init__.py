@@ -1,0 +1,12 @@
+"""The kubelet edge: the device plugin API served, and kubelet's APIs called.
+
+- ``servicer``: one gRPC DevicePlugin server per resource; it only translates
+  between protobuf and the allocation state's narrow interface;
+- ``devicelists``: the ListAndWatch message size, computed without building it;
+- ``registration``: Register with kubelet over kubelet.sock;
+- ``podresources``: kubelet's own record of who holds which device;
+- ``api``: code generated from kubelet's .proto files (see docs/kubelet-api.md).
+
+What it must not do: decide placement or hold allocation state; import
+``enforcement``, ``kubernetes`` or ``supervision``.
+"""

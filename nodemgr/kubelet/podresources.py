@@ -1,0 +1,49 @@
+"""kubelet's PodResources API: its own record of which container holds which devices.
+
+gRPC over kubelet's pod-resources unix socket. A failed read raises
+``KubeletUnavailable`` (never an empty record: the caller must not release
+anything because kubelet was restarting).
+"""
+
+from __future__ import annotations
+
+import grpc
+
+from nodemgr.domain.model import ContainerRef
+from nodemgr.kubelet.api import podresources_v1_pb2 as pr
+from nodemgr.kubelet.api import podresources_v1_pb2_grpc as pr_grpc
+from nodemgr.kubelet.registration import KubeletUnavailable
+
+KubeletRecord = dict[ContainerRef, dict[str, list[str]]]
+
+
+class PodResourcesClient:
+    """kubelet's own record of which container holds which device IDs."""
+
+    def __init__(self, socket_path: str, timeout_seconds: float = 2.0):
+        self.socket_path = socket_path
+        self._timeout_seconds = timeout_seconds
+        # The channel reconnects by path, so it survives kubelet recreating the socket.
+        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
+        self._stub = pr_grpc.PodResourcesListerStub(self._channel)
+
+    def list(self) -> KubeletRecord:
+        try:
+            response = self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout_seconds)
+        except grpc.RpcError as e:
+            raise KubeletUnavailable(
+                f"kubelet PodResources API at {self.socket_path} did not answer: "
+                f"{e.code().name}: {e.details()} (is kubelet running? is the path in "
+                "kubelet.pod_resources_socket right?)"
+            ) from e
+        record: KubeletRecord = {}
+        for pod in response.pod_resources:
+            for container in pod.containers:
+                ref = ContainerRef(pod.namespace, pod.name, container.name)
+                for devices in container.devices:
+                    ids = record.setdefault(ref, {}).setdefault(devices.resource_name, [])
+                    ids.extend(devices.device_ids)
+        return record
+
+    def close(self) -> None:
+        self._channel.close()

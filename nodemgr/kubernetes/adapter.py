@@ -1,0 +1,489 @@
+"""The Kubernetes adapter: a cache of this node's pods in, annotations, labels and events out.
+
+The adapter is this module with nodemgr.kubernetes.client (credentials, client,
+error mapping), nodemgr.kubernetes.podwatch (the pod watch and cache) and
+nodemgr.kubernetes.writes (coalescing queue, backoff, event rate limit); no other
+code talks to the API server. Two daemon threads:
+
+- the pod watch (kube_watch): one LIST of the pods bound to this node, then
+  a WATCH, kept in a local cache that the Allocate path reads;
+- the writer (here): pod annotations, node labels/annotations,
+  ``aliyun.com/gpu-count`` in node status, pod Events. Callers only queue
+  the desired state; a newer value for the same object coalesces with a
+  pending one; failures are retried with exponential backoff while the API
+  server is down, slow or says 5xx/429; a write is dropped with a log line
+  when the pod is gone (404) or RBAC forbids it (403).
+
+What it must not do: block or do I/O in the calls the Allocate path makes
+(``pods``, ``generation``, ``wait_for_change``, ``patch_pod_annotations``),
+raise out of ``start`` because the API server or the credentials are
+missing (the daemon then runs as a plain device plugin), touch node labels
+outside ``kubernetes.label_prefix``, or use the kubernetes client's global
+default configuration.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from nodemgr.config.schema import KubernetesSettings
+from nodemgr.domain.podmatch import PodInfo
+from nodemgr.errors import (
+    KubeApiError,
+    KubeConflict,
+    KubeCredentialsError,
+    KubeForbidden,
+    KubeNotFound,
+    KubeUnavailable,
+)
+from nodemgr.kubernetes.client import (
+    SERVICE_ACCOUNT_DIR,
+    ApiSession,
+    Credentials,
+    find_credentials,
+    new_api_client,
+    rfc3339,
+)
+from nodemgr.kubernetes.podwatch import PodWatch
+from nodemgr.kubernetes.writes import Backoff, EventLimiter, WriteQueue, merge_keys, replace
+
+log = logging.getLogger(__name__)
+
+# (API group, resource, verbs): every request the adapter makes. deploy/'s
+# ClusterRole must grant exactly these (a test compares them).
+API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("", "pods", ("get", "list", "watch", "patch")),
+    ("", "nodes", ("get", "patch")),
+    ("", "nodes/status", ("patch",)),
+    ("", "events", ("create", "patch")),
+)
+
+EVENT_COMPONENT = "gpushare-node"
+MERGE_PATCH = "application/merge-patch+json"
+# Repeats of an event patch the Event already posted (count, lastTimestamp),
+# as kubelet's recorder does, while it is younger than this: the API server
+# deletes events after an hour by default.
+EVENT_REUSE_SECONDS = 50 * 60.0
+_LABEL_PART = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
+
+
+@dataclass
+class _PostedEvent:
+    name: str
+    count: int
+    first_at: float  # adapter clock
+    type: str
+
+
+def _merge_event(older: dict, newer: dict) -> dict:
+    """Occurrences that waited in the queue add up; the latest message is shown."""
+    return {**newer, "count": older["count"] + newer["count"], "first_at": older["first_at"]}
+
+
+_MERGES: dict[str, Callable[[Any, Any], Any]] = {
+    "pod-annotations": merge_keys,
+    "node-labels": replace,
+    "node-annotations": merge_keys,
+    "node-resources": merge_keys,
+    "event": _merge_event,
+}
+
+
+class KubeAdapter:
+    """Pods of this node from the API server, and writes to it that never block the caller."""
+
+    def __init__(
+        self,
+        settings: KubernetesSettings,
+        node_name: str,
+        clock: Callable[[], float] = time.time,
+        *,
+        environ: Mapping[str, str] | None = None,
+        home: str | None = None,
+        service_account_dir: str = SERVICE_ACCOUNT_DIR,
+        watch_timeout_seconds: int = 300,
+        initial_backoff_seconds: float = 0.5,
+        max_backoff_seconds: float = 30.0,
+        event_interval_seconds: float = 60.0,
+        events_per_second: float = 5.0,
+        candidate_filter: Callable[[PodInfo], bool] | None = None,
+    ):
+        self.settings = settings
+        self._candidate_filter = candidate_filter
+        self.node_name = node_name
+        self._clock = clock  # event timestamps and rate limit; delays use time.monotonic
+        self._environ = environ
+        self._home = home
+        self._service_account_dir = service_account_dir
+        self._watch_timeout_seconds = watch_timeout_seconds
+        self._backoff_seconds = (initial_backoff_seconds, max_backoff_seconds)
+
+        # Writes, rate limit and mode; never held over I/O.
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._queue = WriteQueue(time.monotonic, initial_backoff_seconds, max_backoff_seconds)
+        self._limiter = EventLimiter(
+            clock,
+            per_key_interval_seconds=event_interval_seconds,
+            rate_per_second=events_per_second,
+        )
+        self._mode = "new"  # new (queueing), running, off (disabled, no credentials, stopped)
+        self._start_error: str | None = None
+
+        self._stop = threading.Event()
+        self._credentials: Credentials | None = None
+        self._session: ApiSession | None = None
+        self._watch: PodWatch | None = None
+        self._writer: threading.Thread | None = None
+        self._events: dict[tuple, _PostedEvent] = {}  # the writer thread's only
+
+    # --- life cycle ------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the watch and writer threads; without credentials, log why and do nothing."""
+        with self._lock:
+            if self._mode != "new":
+                return
+        if not self.settings.enabled:
+            log.info("kubernetes.enabled is false: no pod identity, annotations, labels or events")
+            self._go_off()
+            return
+        try:
+            credentials = find_credentials(
+                self.settings.kubeconfig, self._environ, self._home, self._service_account_dir
+            )
+            api_client = new_api_client(credentials, self._environ)
+        except KubeCredentialsError as e:
+            log.warning("Kubernetes API not used, running as a plain device plugin: %s", e)
+            self._start_error = str(e)
+            self._go_off()
+            return
+        self._credentials = credentials
+        self._session = ApiSession(
+            api_client, self.settings.request_timeout_seconds, self._clock, self._reconnected
+        )
+        self._watch = PodWatch(
+            self._session,
+            self.node_name,
+            self._stop,
+            self._watch_timeout_seconds,
+            Backoff(*self._backoff_seconds),
+            self._candidate_filter,
+        )
+        self._writer = threading.Thread(target=self._write_loop, name="kube-writer", daemon=True)
+        log.info(
+            "Kubernetes API server %s, credentials from %s",
+            self._session.host,
+            credentials.describe(),
+        )
+        with self._lock:
+            self._mode = "running"
+        self._watch.thread.start()
+        self._writer.start()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """Stop both threads; returns within ``timeout`` even when the API server hangs.
+
+        A request stuck on a hung server is abandoned (daemon threads): it
+        ends at its own timeout and changes nothing after the stop.
+        """
+        deadline = time.monotonic() + timeout
+        self._stop.set()
+        with self._lock:
+            self._mode = "off"
+            self._wake.notify_all()
+        if self._watch is None:
+            return
+        self._watch.abort()
+        threads = (self._watch.thread, self._writer)
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if not any(t.is_alive() for t in threads):
+            self._session.close()
+
+    def _go_off(self) -> None:
+        with self._lock:
+            self._mode = "off"
+            self._queue.clear()
+
+    # --- the pod cache (no I/O, no lock held over I/O) -------------------
+
+    def pods(self) -> list[PodInfo]:
+        """The pods bound to this node, as last seen."""
+        return [] if self._watch is None else list(self._watch.pods())
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return None if self._watch is None else self._watch.pod(namespace, name)
+
+    def candidates(self) -> tuple[PodInfo, ...]:
+        """The cached pods ``candidate_filter`` accepts, kept per event: no walk of the cache."""
+        return () if self._watch is None else self._watch.candidates()
+
+    @property
+    def generation(self) -> int:
+        """Bumps on every change of the cache."""
+        return 0 if self._watch is None else self._watch.generation
+
+    @property
+    def synced(self) -> bool:
+        """The cache holds a complete LIST (and the watch events after it)."""
+        return self._watch is not None and self._watch.synced
+
+    def wait_for_change(self, seen_generation: int, timeout: float) -> int:
+        """Wait up to ``timeout`` s for the generation to differ from ``seen_generation``."""
+        watch = self._watch
+        if watch is None:  # disabled or no credentials: nothing will ever change
+            self._stop.wait(timeout)
+            return 0
+        return watch.wait_for_change(seen_generation, timeout)
+
+    # --- writes: queued, never blocking ----------------------------------
+
+    def patch_pod_annotations(
+        self, namespace: str, name: str, annotations: Mapping[str, str | None]
+    ) -> None:
+        """Set (None: remove) annotations of a pod, merged with a pending patch of that pod."""
+        self._put(("pod-annotations", namespace, name), dict(annotations))
+
+    def set_node_labels(self, desired: Mapping[str, str]) -> None:
+        """Make the node's labels under the prefix exactly ``desired`` (names without it)."""
+        valid = {}
+        for name, value in desired.items():
+            if name and _LABEL_PART.fullmatch(name) and _LABEL_PART.fullmatch(value):
+                valid[name] = value
+            else:
+                log.warning(
+                    "node label %s%s=%r not written: name and value must be at most 63 of "
+                    "[A-Za-z0-9-_.], alphanumeric at both ends",
+                    self.settings.label_prefix,
+                    name,
+                    value,
+                )
+        self._put(("node-labels",), valid)
+
+    def set_node_annotations(self, annotations: Mapping[str, str | None]) -> None:
+        """Set (None: remove) annotations of the node (full keys)."""
+        self._put(("node-annotations",), dict(annotations))
+
+    def set_node_extended_resources(self, quantities: Mapping[str, int | None]) -> None:
+        """Set (None: remove) resources in the node's status capacity and allocatable."""
+        self._put(("node-resources",), dict(quantities))
+
+    def record_event(
+        self, namespace: str, pod: str, reason: str, message: str, type: str = "Warning"
+    ) -> None:
+        """An Event on the pod, subject to the rate limit (suppressed ones are counted)."""
+        with self._lock:
+            if self._mode == "off":
+                return
+            count = self._limiter.admit((namespace, pod, reason))
+            if count is None:
+                return
+            value = {"message": message, "type": type, "count": count, "first_at": self._clock()}
+            self._queue.put(("event", namespace, pod, reason), value, _merge_event)
+            self._wake.notify()
+
+    def _put(self, key: tuple, value: Any) -> None:
+        with self._lock:
+            if self._mode == "off":
+                return
+            self._queue.put(key, value, _MERGES[key[0]])
+            self._wake.notify()
+
+    def state(self) -> dict:
+        """For status, doctor and metrics."""
+        session, watch = self._session, self._watch
+        with self._lock:
+            pending = len(self._queue)
+            active = self._mode == "running"
+        return {
+            "enabled": self.settings.enabled,
+            "active": active,  # threads running (enabled, credentials found, not stopped)
+            "connected": session is not None and session.connected,
+            "watching": watch is not None and watch.watching,
+            "synced": self.synced,
+            "pods": len(self.pods()),
+            "pending_writes": pending,
+            "last_error": self._start_error if session is None else session.last_error,
+            "last_error_at": None if session is None else session.last_error_at,
+            "credentials": None if self._credentials is None else self._credentials.describe(),
+            "api_server": None if session is None else session.host,
+        }
+
+    def _reconnected(self) -> None:
+        """The API server answers again: whatever waits out a backoff goes now."""
+        with self._lock:
+            self._queue.reset_backoff()
+            self._wake.notify_all()
+
+    # --- the writer thread -----------------------------------------------
+
+    def _write_loop(self) -> None:
+        while not self._stop.is_set():
+            with self._wake:
+                if self._mode != "running":
+                    return
+                item = self._queue.take()
+                if item is None:
+                    wait_seconds = self._queue.seconds_until_due()
+                    self._wake.wait(5.0 if wait_seconds is None else min(wait_seconds, 5.0))
+                    continue
+            key, value = item
+            self._write(key, value)
+
+    def _write(self, key: tuple, value: Any) -> None:
+        kind = key[0]
+        try:
+            if kind == "pod-annotations":
+                self._write_pod_annotations(key[1], key[2], value)
+            elif kind == "node-labels":
+                self._write_node_labels(value)
+            elif kind == "node-annotations":
+                self._patch_node({"metadata": {"annotations": value}})
+            elif kind == "node-resources":
+                self._write_node_resources(value)
+            else:
+                self._write_event(key[1], key[2], key[3], value)
+        except (KubeUnavailable, KubeConflict) as e:
+            self._retry(key, value, e)
+            return
+        except KubeNotFound as e:
+            if kind.startswith("node-"):
+                # The Node object appears when kubelet registers: wait for it.
+                self._session.log_once(
+                    f"node {self.node_name} not found (yet?): {e}", logging.WARNING
+                )
+                self._retry(key, value, e)
+                return
+            log.info("dropped a write for %s/%s, it is gone: %s", key[1], key[2], e)
+        except KubeForbidden:
+            pass  # the session logged it once, with the RBAC it lacks
+        except KubeApiError as e:
+            log.warning("dropped a write the API server refused: %s", e)
+        except Exception:
+            log.exception("dropped a write to the Kubernetes API (%s)", kind)
+        with self._lock:
+            self._queue.done(key)
+
+    def _retry(self, key: tuple, value: Any, error: KubeApiError) -> None:
+        with self._lock:
+            delay = self._queue.retry(key, value, _MERGES[key[0]], str(error))
+        log.debug("write %s failed, again in %.1f s: %s", key, delay, error)
+
+    def _write_pod_annotations(self, namespace: str, name: str, annotations: dict) -> None:
+        cached = self.pod(namespace, name)
+        if cached is not None and all(
+            cached.annotations.get(k) == v for k, v in annotations.items()
+        ):
+            return  # the pod already shows them
+        self._session.call(
+            "patch",
+            f"pods/{namespace}/{name}",
+            self._session.core.patch_namespaced_pod,
+            name,
+            namespace,
+            {"metadata": {"annotations": annotations}},
+            _content_type=MERGE_PATCH,
+        )
+
+    def _write_node_labels(self, desired: dict[str, str]) -> None:
+        # Read first: the labels under our prefix that are no longer desired
+        # are removed, and only those; anything else on the node is not ours.
+        node = self._session.call(
+            "get", f"nodes/{self.node_name}", self._session.core.read_node, self.node_name
+        )
+        current = (node.get("metadata") or {}).get("labels") or {}
+        prefix = self.settings.label_prefix
+        patch: dict[str, str | None] = {
+            key: None
+            for key in current
+            if key.startswith(prefix) and key[len(prefix) :] not in desired
+        }
+        for name, value in desired.items():
+            if current.get(prefix + name) != value:
+                patch[prefix + name] = value
+        if patch:
+            self._patch_node({"metadata": {"labels": patch}})
+
+    def _patch_node(self, body: dict) -> None:
+        self._session.call(
+            "patch",
+            f"nodes/{self.node_name}",
+            self._session.core.patch_node,
+            self.node_name,
+            body,
+            _content_type=MERGE_PATCH,
+        )
+
+    def _write_node_resources(self, quantities: dict[str, int | None]) -> None:
+        values = {name: None if q is None else str(q) for name, q in quantities.items()}
+        self._session.call(
+            "patch",
+            f"nodes/status/{self.node_name}",
+            self._session.core.patch_node_status,
+            self.node_name,
+            {"status": {"capacity": values, "allocatable": values}},
+            _content_type=MERGE_PATCH,
+        )
+
+    def _write_event(self, namespace: str, pod: str, reason: str, value: dict) -> None:
+        key = (namespace, pod, reason)
+        now = self._clock()
+        for stale in [
+            k for k, p in self._events.items() if now - p.first_at >= EVENT_REUSE_SECONDS
+        ]:
+            del self._events[stale]
+        posted = self._events.get(key)
+        if posted is not None and posted.type == value["type"]:
+            try:
+                self._session.call(
+                    "patch",
+                    f"events/{namespace}/{posted.name}",
+                    self._session.core.patch_namespaced_event,
+                    posted.name,
+                    namespace,
+                    {
+                        "count": posted.count + value["count"],
+                        "message": value["message"],
+                        "lastTimestamp": rfc3339(now),
+                    },
+                    _content_type=MERGE_PATCH,
+                )
+                posted.count += value["count"]
+                return
+            except KubeNotFound:
+                del self._events[key]  # deleted or expired: post a new one
+        involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod}
+        cached = self.pod(namespace, pod)
+        if cached is not None and cached.uid:
+            involved["uid"] = cached.uid  # kubectl describe pod matches events by it
+        # Unique per attempt (as kubelet: <pod>.<hex ns>); 253 is the name limit.
+        name = f"{pod[:230]}.{time.time_ns():x}"
+        self._session.call(
+            "create",
+            f"events/{namespace}",
+            self._session.core.create_namespaced_event,
+            namespace,
+            {
+                "apiVersion": "v1",
+                "kind": "Event",
+                "metadata": {"name": name, "namespace": namespace},
+                "involvedObject": involved,
+                "reason": reason,
+                "message": value["message"],
+                "type": value["type"],
+                "count": value["count"],
+                "firstTimestamp": rfc3339(value["first_at"]),
+                "lastTimestamp": rfc3339(now),
+                "source": {"component": EVENT_COMPONENT, "host": self.node_name},
+                "reportingComponent": EVENT_COMPONENT,
+                "reportingInstance": self.node_name,
+            },
+        )
+        self._events[key] = _PostedEvent(name, value["count"], value["first_at"], value["type"])

@@ -1,0 +1,138 @@
+"""What the node tells the Kubernetes API: pod annotations, node labels and annotation (pure).
+
+Everything here is derived from the ledger's allocations and the cards, so a
+correction (kubelet's record naming another owner at reconcile) corrects what
+was published. The daemon compares the result with what it last sent and
+hands only the differences to the adapter, which queues and retries them.
+
+Pod annotations follow the gpushare conventions that the scheduler extender
+and ``kubectl inspect gpushare`` read (reference/gpushare-compat.md):
+``ALIYUN_COM_GPU_MEM_IDX`` (the card of the pod's first GPU container),
+``ALIYUN_COM_GPU_MEM_POD`` (the pod's memory units), ``ALIYUN_COM_GPU_MEM_DEV``
+(units per card), ``ALIYUN_COM_GPU_MEM_ASSIGNED=true``,
+``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` (Unix ns of the first allocation), and for a
+pod with several containers ``scheduler.framework.gpushare.allocation``
+(``{"<container index>": {"<gpu index>": units}}``), since one index cannot say
+where each container went.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+
+from nodemgr.domain.model import Allocation
+from nodemgr.domain.podmatch import (
+    ALLOCATION_ANNOTATION,
+    ASSIGNED_ANNOTATION,
+    ASSUME_TIME_ANNOTATION,
+    DEV_ANNOTATION,
+    IDX_ANNOTATION,
+    POD_ANNOTATION,
+    PodInfo,
+)
+from nodemgr.domain.statusdoc import CardFacts
+
+GPU_COUNT_RESOURCE = "aliyun.com/gpu-count"  # node capacity, for the gpushare extender
+NODE_ANNOTATION = "gpus"  # after the label prefix: per-card totals and allocations
+PodKey = tuple[str, str]  # (namespace, pod)
+
+_LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
+
+
+def pod_annotations(
+    allocations: Iterable[Allocation],
+    cards: Sequence[CardFacts],
+    memory_unit_mib: int,
+    pods: Mapping[PodKey, PodInfo],
+) -> dict[PodKey, dict[str, str]]:
+    """The gpushare annotations of every pod holding shared GPU resources here."""
+    index_of = {card.uuid: card.index for card in cards}
+    units_of = {card.uuid: card.memory_mib // memory_unit_mib for card in cards}
+    per_pod: dict[PodKey, list[Allocation]] = defaultdict(list)
+    for allocation in allocations:
+        if allocation.owner is not None and not allocation.whole and allocation.cards:
+            per_pod[(allocation.owner.namespace, allocation.owner.pod)].append(allocation)
+    result = {}
+    for key, held in per_pod.items():
+        pod = pods.get(key)
+        order = {c.name: i for i, c in enumerate(pod.containers)} if pod else {}
+        held.sort(key=lambda a: (order.get(a.owner.container, len(order)), a.owner.container))
+        first_card = held[0].cards[0]
+        annotations = {
+            IDX_ANNOTATION: str(index_of[first_card]),
+            POD_ANNOTATION: str(sum(a.memory_units for a in held)),
+            DEV_ANNOTATION: str(units_of[first_card]),
+            ASSIGNED_ANNOTATION: "true",
+            ASSUME_TIME_ANNOTATION: str(int(min(a.created_at for a in held) * 1e9)),
+        }
+        if pod is not None and len(pod.containers) > 1:
+            per_container = {
+                str(order[a.owner.container]): {str(index_of[a.cards[0]]): a.memory_units}
+                for a in held
+                if a.owner.container in order
+            }
+            annotations[ALLOCATION_ANNOTATION] = json.dumps(per_container, separators=(",", ":"))
+        result[key] = annotations
+    return result
+
+
+def node_labels(cards: Sequence, mps_enabled: bool) -> dict[str, str]:
+    """Labels (without prefix) to schedule by GPU type; unknown facts give no label."""
+    if not cards:
+        return {}
+    models = {card.name for card in cards}
+    labels = {
+        "gpu-count": str(len(cards)),
+        "gpu-model": label_value(models.pop()) if len(models) == 1 else "mixed",
+        "gpu-memory-mib": str(min(card.memory_mib for card in cards)),
+    }
+    capabilities = [getattr(card, "compute_capability", None) for card in cards]
+    if not mps_enabled:
+        labels["mps-capable"] = "false"
+    elif all(capabilities):
+        # MPS memory and thread limits need Volta (7.0) or newer (reference/mps.md).
+        labels["mps-capable"] = str(all(_at_least(c, (7, 0)) for c in capabilities)).lower()
+    return labels
+
+
+def node_annotation(status: Mapping) -> str:
+    """Per-card totals and allocations, compact JSON, from the status document."""
+    by_card: dict[str, list] = defaultdict(list)
+    for a in status["allocations"]:
+        for uuid in a["gpus"]:
+            by_card[uuid].append(
+                [a["namespace"], a["pod"], a["container"], a["memory_mib"], a["core_percent"]]
+            )
+    gpus = [
+        {
+            "index": g["index"],
+            "uuid": g["uuid"],
+            "model": g["model"],
+            "mode": g["mode"],
+            "healthy": g["healthy"],
+            "memory_mib": g["memory_total_mib"],
+            "memory_allocated_mib": g["memory_allocated_mib"],
+            "core_allocated_percent": g["core_allocated_percent"],
+            # [namespace, pod, container, memory_mib, core_percent]; pod null until known
+            "allocations": by_card.get(g["uuid"], []),
+        }
+        for g in status["gpus"]
+    ]
+    return json.dumps({"v": 1, "gpus": gpus}, separators=(",", ":"))
+
+
+def label_value(text: str) -> str:
+    """A valid label value: at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends."""
+    value = _LABEL_VALUE_BAD.sub("-", text.strip())[:63]
+    return value.strip("-_.") or "unknown"
+
+
+def _at_least(capability: str, minimum: tuple[int, int]) -> bool:
+    major, _, minor = capability.partition(".")
+    try:
+        return (int(major), int(minor or 0)) >= minimum
+    except ValueError:
+        return False

@@ -1,0 +1,170 @@
+"""Between the allocator and the Kubernetes adapter: pods in, annotations and events out.
+
+- ``CandidatePods`` gives the allocator the pods kubelet may still admit (the
+  adapter's cache filtered once per cache change, so Allocate does not walk
+  thousands of running pods);
+- ``Publisher`` (a thread) keeps the API in line with the ledger: the
+  gpushare annotations of every pod holding shared GPUs, the node's labels,
+  its per-card annotation and ``aliyun.com/gpu-count``. It sends only what
+  changed since it last sent; the adapter queues and retries, so the API
+  server being down delays this and blocks nothing;
+- ``post_refusal`` / ``post_violation`` turn refusals and enforcement actions
+  into pod Events (the adapter rate-limits them).
+
+What it must not do: decide anything (podmatch and kubepublish do), or call
+the API server itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
+from nodemgr.kubernetes.publish import (
+    GPU_COUNT_RESOURCE,
+    NODE_ANNOTATION,
+    node_annotation,
+    node_labels,
+    pod_annotations,
+)
+
+log = logging.getLogger(__name__)
+
+PUBLISH_PERIOD_SECONDS = 5.0  # also without allocation changes: health and use move
+# At most one publish per second: a burst of admissions is one recomputation, not one each.
+MIN_PUBLISH_INTERVAL_SECONDS = 1.0
+REPUBLISH_SECONDS = 60.0  # everything again, whether or not it changed
+REFUSAL_REASON = "GPUShareRefused"
+VIOLATION_REASON = "GPUQuotaViolation"
+
+
+class CandidatePods:
+    """The allocator's PodSource over the adapter's pod cache.
+
+    The adapter keeps the candidates (pending pods asking for a shared GPU
+    resource, ``candidate_filter``) as an index updated per watch event, so
+    Allocate never walks the node's other pods.
+    """
+
+    def __init__(self, adapter):
+        self._adapter = adapter
+
+    @property
+    def live(self) -> bool:
+        """Synced and its watch stream open: a newly bound pod is about to show up."""
+        state = self._adapter.state()
+        return bool(state.get("synced") and state.get("watching"))
+
+    @property
+    def generation(self) -> int:
+        return self._adapter.generation
+
+    def wait_for_change(self, seen_generation: int, timeout: float) -> int:
+        return self._adapter.wait_for_change(seen_generation, timeout)
+
+    def candidates(self) -> list[PodInfo]:
+        return list(self._adapter.candidates())
+
+
+def candidate_filter(resources: tuple[str, ...]):
+    """The adapter's index filter: pods kubelet may still admit for one of ``resources``."""
+    return lambda pod: is_candidate_pod(pod, resources)
+
+
+class Publisher:
+    def __init__(
+        self,
+        adapter,
+        allocator: Allocator,
+        status_document: Callable[[], dict],
+        memory_unit_mib: int,
+        mps_enabled: bool,
+        label_prefix: str,
+    ):
+        self._adapter = adapter
+        self._label_prefix = label_prefix
+        self._allocator = allocator
+        self._status_document = status_document
+        self._unit_mib = memory_unit_mib
+        self._mps_enabled = mps_enabled
+        self._sent_pods: dict[tuple[str, str], dict[str, str]] = {}
+        self._sent_node: tuple | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(stop,), name="kube-publisher", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, stop: threading.Event) -> None:
+        generation, changed, next_publish, next_full = -1, True, 0.0, 0.0
+        pending, last_publish = True, float("-inf")
+        while not stop.is_set():
+            now = time.monotonic()
+            if now >= next_full:
+                # Now and then everything again: a write the adapter dropped (pod not
+                # there yet, RBAC fixed since), or gpu-count that kubelet reset when it
+                # re-registered the node. The adapter skips what is already in place.
+                self._sent_pods, self._sent_node = {}, None
+                next_full = now + REPUBLISH_SECONDS
+            pending = pending or changed
+            if (pending and now >= last_publish + MIN_PUBLISH_INTERVAL_SECONDS) or (
+                now >= next_publish
+            ):
+                try:
+                    self.publish()
+                except Exception:  # the next change or period tries again
+                    log.exception("publishing to the Kubernetes API failed")
+                pending, last_publish = False, now
+                next_publish = now + PUBLISH_PERIOD_SECONDS
+            # Short waits: a stop is noticed at once.
+            seen, generation = generation, self._allocator.wait_for_change(generation, 0.5)
+            changed = generation != seen
+
+    def publish(self) -> None:
+        """Hand the adapter what differs from what was last sent."""
+        pods = {(p.namespace, p.name): p for p in self._adapter.pods()}
+        desired = pod_annotations(
+            self._allocator.allocations(), self._allocator.cards, self._unit_mib, pods
+        )
+        for key, wanted in desired.items():
+            if self._sent_pods.get(key) != wanted:
+                self._adapter.patch_pod_annotations(key[0], key[1], dict(wanted))
+                self._sent_pods[key] = wanted
+        for key in [k for k in self._sent_pods if k not in desired]:
+            del self._sent_pods[key]  # released: the pod is gone or lost its GPUs
+        labels = node_labels(self._allocator.cards, self._mps_enabled)
+        annotation = node_annotation(self._status_document())
+        node = (tuple(sorted(labels.items())), annotation)
+        if node != self._sent_node:
+            self._adapter.set_node_labels(labels)
+            self._adapter.set_node_annotations({self._label_prefix + NODE_ANNOTATION: annotation})
+            self._adapter.set_node_extended_resources(
+                {GPU_COUNT_RESOURCE: len(self._allocator.cards)}
+            )
+            self._sent_node = node
+
+
+def post_refusal(adapter, demand: Demand, message: str) -> None:
+    adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, message)
+
+
+def post_violation(adapter, violation, card_label: str, action: str) -> None:
+    if violation.owner is None:
+        return  # a process of no known pod: the log and the ledger have it
+    adapter.record_event(
+        violation.owner.namespace,
+        violation.owner.pod,
+        VIOLATION_REASON,
+        f"container {violation.owner.container} on {card_label}: {violation.detail} "
+        f"(action: {action})",
+    )

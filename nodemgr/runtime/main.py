@@ -1,0 +1,82 @@
+"""``gpushare-node``: the daemon's command line, logging and signals.
+
+Parses argv, loads the config (a bad one: one line on stderr, exit 2), turns
+SIGTERM/SIGINT into a stop request and SIGHUP into a reload request, then
+hands over to :func:`nodemgr.runtime.wiring.run`.
+
+Exit codes: 0 stopped by signal; 1 cannot start (no GPUs/NVML, ledger); 2 bad
+configuration (one line on stderr naming the key).
+"""
+
+from __future__ import annotations
+
+import os
+
+# gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to
+# stderr; it reads this once, when grpc is first imported, so it is set before
+# the imports below bring grpc in. The daemon says what matters in its own log.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
+
+import argparse
+import importlib.metadata
+import logging
+import signal
+import sys
+import threading
+
+from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.errors import ConfigError, GpushareError
+from nodemgr.runtime.wiring import run
+
+log = logging.getLogger("gpushare-node")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpushare-node", description="GPU sharing node daemon: kubelet device plugin"
+    )
+    parser.add_argument(
+        "--config", metavar="FILE", help="YAML configuration (default: built-in defaults)"
+    )
+    parser.add_argument(
+        "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
+    )
+    args = parser.parse_args(argv)
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        print(config_error_line(e), file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    stop, reload_requested = threading.Event(), threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    signal.signal(signal.SIGHUP, lambda *_: reload_requested.set())
+    log.info(
+        "starting gpushare-node %s on node %s (GPU backend %s)",
+        version(),
+        settings.node_name,
+        settings.gpus.backend,
+    )
+    try:
+        run(settings, stop, reload_requested, args.config, version=version())
+    except ConfigError as e:
+        print(config_error_line(e), file=sys.stderr)
+        return 2
+    except GpushareError as e:
+        log.error("cannot run: %s", e)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def version() -> str:
+    try:
+        return importlib.metadata.version("gpushare-node")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"

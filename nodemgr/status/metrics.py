@@ -1,0 +1,501 @@
+"""The Prometheus endpoint: what the node's cards and allocations look like, and how
+the daemon's hot paths behave.
+
+Three sources, all read at scrape time by one collector:
+
+- the status document (``snapshot()``, the same one ``nodemgr status`` shows):
+  cards, allocations, MPS, enforcement, readiness. It is turned into gauges and
+  counters here; a value the document gives as None (unknown) is left out, never
+  exported as 0;
+- the Allocate latency histogram, fed by :meth:`Metrics.observe_allocate`, which
+  the gRPC servicer calls through a plain callback (it knows nothing of Prometheus);
+- reconcile counters, fed by :meth:`Metrics.count_reconcile` and
+  :meth:`Metrics.count_reconcile_plan`.
+
+The counters and the histogram are kept here by hand, not as prometheus_client
+``Counter``/``Histogram`` objects: those add ``_created`` series (or need a
+process-wide switch to drop them) and hide their values behind private API.
+
+What it must not do: import anything of the daemon beyond errors (the daemon
+wires it), use prometheus_client's global registry (tests make many Metrics in
+one process), or let a failing snapshot break the scrape of everything else.
+This is the only module that imports prometheus_client.
+"""
+
+from __future__ import annotations
+
+import bisect
+import errno
+import logging
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from nodemgr.errors import BindError
+
+if TYPE_CHECKING:
+    from nodemgr.domain.reconcile import ReconcilePlan
+
+log = logging.getLogger(__name__)
+
+MIB_BYTES = 1024 * 1024
+
+# Allocate is in-memory work plus one SQLite transaction with an fsync: well
+# under a millisecond on tmpfs, a few ms on an SSD, tens on a busy disk. A
+# second is already pathological (kubelet's own timeout is minutes, but pods
+# wait on it), so the buckets stop soon after.
+ALLOCATE_BUCKETS_SECONDS = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+)  # fmt: skip
+_BUCKET_LE = (*(repr(b) for b in ALLOCATE_BUCKETS_SECONDS), "+Inf")  # the exposed "le" values
+
+RECONCILE_RESULTS = ("ok", "skipped", "failed")
+CARD_MODES = ("shared", "whole", "idle")
+ENFORCEMENT_ACTIONS = ("kill", "log")
+VIOLATION_KINDS = ("memory", "env", "unallocated")
+MPS_STATES = (
+    "healthy", "starting", "down", "hung", "broken", "fault", "off", "disabled", "unknown",
+)  # fmt: skip
+# States in which no MPS control daemon is supposed to run (card given out whole,
+# or mps.enabled false) or in which nobody knows yet: gpushare_gpu_mps_up is left
+# out for these, so that an alert on `gpushare_gpu_mps_up == 0` means "MPS should
+# be up and is not", and nothing else. gpushare_gpu_mps_state still shows them.
+MPS_UP_ABSENT = frozenset({"off", "disabled", "unknown"})
+
+CARD_LABELS = ("gpu", "index", "model")
+ALLOCATION_LABELS = ("allocation", "namespace", "pod", "container", "gpu", "mode")
+
+
+class Metrics:
+    """The daemon's metrics: a private registry, the hot-path callbacks, and the endpoint.
+
+    ``snapshot`` is called once per scrape, from the HTTP server's thread: it
+    must be cheap and thread-safe, and return the status document (see
+    nodemgr.domain.statusdoc for the contract).
+    """
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]):
+        self.registry = CollectorRegistry(auto_describe=False)
+        self._collector = _Collector(snapshot)
+        self.registry.register(self._collector)
+
+    def observe_allocate(self, resource: str, seconds: float, ok: bool) -> None:
+        """One Allocate call of ``resource``, answered (ok) or refused/failed, took ``seconds``."""
+        self._collector.observe_allocate(resource, seconds, ok)
+
+    def count_reconcile(self, result: str) -> None:
+        """One reconcile: ``ok``, ``skipped`` (kubelet unavailable) or ``failed``."""
+        if result not in RECONCILE_RESULTS:
+            raise ValueError(f"reconcile result must be one of {RECONCILE_RESULTS}: {result!r}")
+        self._collector.count_reconcile(result)
+
+    def count_reconcile_plan(self, plan: ReconcilePlan) -> None:
+        """What a reconcile changed: allocations released and allocations written."""
+        self._collector.count_reconcile_changes(released=len(plan.delete), updated=len(plan.put))
+
+    def render(self) -> bytes:
+        """The text exposition, as a scrape would get it."""
+        return generate_latest(self.registry)
+
+    def serve(self, address: str) -> MetricsServer:
+        """Serve ``GET /metrics`` on ``host:port`` (``[v6]:port``; port 0 = any free port).
+
+        Raises BindError, saying which address and why, when it cannot be bound.
+        """
+        host, port = split_host_port(address)
+        try:
+            family = socket.getaddrinfo(
+                host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+            )[0][0]
+        except socket.gaierror as e:
+            raise BindError(
+                f"cannot serve metrics on {address}: {host} is not an address of this node "
+                f"({e.strerror}); set metrics.address"
+            ) from e
+        server_class = type("_Server", (_ThreadingServer,), {"address_family": family})
+        try:
+            httpd = make_server(
+                host, port, make_wsgi_app(self.registry), server_class, _QuietHandler
+            )
+        except OSError as e:
+            raise BindError(f"cannot serve metrics on {address}: {_why(e)}") from e
+        server = MetricsServer(httpd)
+        log.info("serving metrics on http://%s/metrics", _join_host_port(host, server.port))
+        return server
+
+
+class MetricsServer:
+    """The running endpoint: ``.port`` (the bound port) and ``.stop()``."""
+
+    # serve_forever checks for shutdown this often: stop() returns within it.
+    POLL_SECONDS = 0.05
+
+    def __init__(self, httpd: WSGIServer):
+        self._httpd = httpd
+        self.port: int = httpd.server_address[1]
+        self._stopped = False
+        self._thread = threading.Thread(
+            target=httpd.serve_forever,
+            kwargs={"poll_interval": self.POLL_SECONDS},
+            name="metrics-http",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop serving and close the listening socket (the port is free on return)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=2)
+
+
+def split_host_port(address: str) -> tuple[str, int]:
+    """``host:port`` or ``[v6]:port`` (as config.py validates it) -> (host, port)."""
+    host, colon, port = address.rpartition(":")
+    if not colon or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
+        raise BindError(f"metrics address must be host:port or [v6]:port (got {address!r})")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def _join_host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _why(e: OSError) -> str:
+    if e.errno == errno.EADDRINUSE:
+        return (
+            "the port is in use (another gpushare-node or exporter?); set metrics.address "
+            "to a free host:port, or metrics.enabled: false"
+        )
+    if e.errno == errno.EADDRNOTAVAIL:
+        return "no interface of this node has that address; set metrics.address"
+    if e.errno == errno.EACCES:
+        return "permission denied (a port below 1024 needs CAP_NET_BIND_SERVICE)"
+    return f"{e.strerror or e}; set metrics.address"
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    # A slow scraper must not hold up the next one, nor our shutdown.
+    daemon_threads = True
+
+    def server_bind(self) -> None:
+        # HTTPServer.server_bind resolves the bound host with socket.getfqdn,
+        # which can wait seconds on DNS (0.0.0.0 becomes a lookup of our own
+        # hostname); nothing here needs the name.
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = self.server_address[:2]
+        self.setup_environ()
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        # wsgiref writes every request to stderr; a scrape every 15 s is not news.
+        pass
+
+
+class _Collector:
+    """Everything the registry exposes, computed at scrape time."""
+
+    def __init__(self, snapshot: Callable[[], Mapping[str, Any]]):
+        self._snapshot = snapshot
+        self._lock = threading.Lock()  # observe/count run on gRPC and daemon threads
+        # (resource, result) -> (count per bucket, not cumulative, the last for +Inf; [sum])
+        self._allocate: dict[tuple[str, str], tuple[list[int], list[float]]] = {}
+        self._reconcile = dict.fromkeys(RECONCILE_RESULTS, 0)
+        self._released = 0
+        self._updated = 0
+        self._scrape_errors = 0
+        self._last_error: str | None = None
+
+    # --- fed by the daemon ---------------------------------------------------------
+
+    def observe_allocate(self, resource: str, seconds: float, ok: bool) -> None:
+        key = (resource, "ok" if ok else "error")
+        slot = bisect.bisect_left(ALLOCATE_BUCKETS_SECONDS, seconds)  # le is inclusive
+        with self._lock:
+            counts, total = self._allocate.setdefault(
+                key, ([0] * (len(ALLOCATE_BUCKETS_SECONDS) + 1), [0.0])
+            )
+            counts[slot] += 1
+            total[0] += seconds
+
+    def count_reconcile(self, result: str) -> None:
+        with self._lock:
+            self._reconcile[result] += 1
+
+    def count_reconcile_changes(self, released: int, updated: int) -> None:
+        with self._lock:
+            self._released += released
+            self._updated += updated
+
+    # --- read by the registry ------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        try:
+            # Build everything before yielding anything: a document that breaks
+            # halfway gives no half-truths, only the scrape error.
+            from_snapshot = list(_from_document(self._snapshot()))
+        except Exception as e:
+            from_snapshot = []
+            self._snapshot_failed(e)
+        else:
+            self._last_error = None
+        yield from from_snapshot
+        yield from self._own()
+
+    def _snapshot_failed(self, e: Exception) -> None:
+        with self._lock:
+            self._scrape_errors += 1
+        # Once per distinct failure, not once per scrape: scrapers call every 15 s.
+        if repr(e) != self._last_error:
+            self._last_error = repr(e)
+            log.error("metrics: the status snapshot failed; exporting the rest", exc_info=e)
+
+    def _own(self) -> Iterator[Metric]:
+        with self._lock:
+            allocate = {k: (list(c), t[0]) for k, (c, t) in self._allocate.items()}
+            reconcile = dict(self._reconcile)
+            released, updated, errors = self._released, self._updated, self._scrape_errors
+
+        histogram = HistogramMetricFamily(
+            "gpushare_allocate_duration_seconds",
+            "Time the device plugin took to answer kubelet's Allocate, by resource and "
+            "result (ok, or error: refused or failed).",
+            labels=("resource", "result"),
+        )
+        for (resource, result), (counts, total) in sorted(allocate.items()):
+            buckets, cumulative = [], 0
+            for bound, count in zip(_BUCKET_LE, counts, strict=True):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            histogram.add_metric((resource, result), buckets, total)
+        yield histogram
+
+        counter = CounterMetricFamily(
+            "gpushare_reconcile",
+            "Comparisons of the ledger with kubelet's PodResources record, by result: ok, "
+            "skipped (kubelet unavailable, nothing released), failed.",
+            labels=("result",),
+        )
+        for result in RECONCILE_RESULTS:
+            counter.add_metric((result,), reconcile[result])
+        yield counter
+        yield CounterMetricFamily(
+            "gpushare_reconcile_allocations_released",
+            "Allocations released by reconcile because kubelet no longer reports them.",
+            value=released,
+        )
+        yield CounterMetricFamily(
+            "gpushare_reconcile_allocations_updated",
+            "Allocations written by reconcile from kubelet's record: owner filled in, devices "
+            "corrected, split off or adopted.",
+            value=updated,
+        )
+        yield CounterMetricFamily(
+            "gpushare_scrape_errors",
+            "Scrapes in which the status snapshot failed; its metrics were left out.",
+            value=errors,
+        )
+
+
+def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
+    """The status document as metric families (a KeyError/TypeError means a bad document).
+
+    A section the document gives as null (no daemon facts, no enforcement) is
+    left out, like any other unknown value.
+    """
+    daemon = doc["daemon"]
+    if daemon is not None:
+        yield GaugeMetricFamily(
+            "gpushare_daemon_ready",
+            "1 when the daemon serves kubelet (registered), 0 while it is starting.",
+            value=int(bool(daemon["ready"])),
+        )
+        info = GaugeMetricFamily(
+            "gpushare_build_info",
+            "Always 1; the gpushare-node version and the node name it runs as.",
+            labels=("version", "node"),
+        )
+        info.add_metric((str(daemon["version"]), str(doc["node"])), 1)
+        yield info
+    yield from _cards(doc["gpus"])
+    yield from _allocations(doc["allocations"])
+    if doc["enforcement"] is not None:
+        yield from _enforcement(doc["enforcement"])
+
+
+def _cards(cards: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    total = _gauge("gpushare_gpu_memory_total_bytes", "Memory of the card.", CARD_LABELS)
+    allocated = _gauge(
+        "gpushare_gpu_memory_allocated_bytes",
+        "Memory of the card given to containers (quotas; a whole card counts in full).",
+        CARD_LABELS,
+    )
+    used = _gauge(
+        "gpushare_gpu_memory_used_bytes",
+        "Memory the card's processes hold (absent when unknown).",
+        CARD_LABELS,
+    )
+    core = _gauge(
+        "gpushare_gpu_core_allocated_ratio",
+        "Compute share of the card given to containers (0-1; 1 = all SMs).",
+        CARD_LABELS,
+    )
+    mode = _gauge(
+        "gpushare_gpu_mode",
+        "1 for the card's current mode (shared, whole, idle), 0 for the others.",
+        (*CARD_LABELS, "mode"),
+    )
+    healthy = _gauge(
+        "gpushare_gpu_healthy",
+        "1 when the card can be handed out as advertised, 0 when its devices are Unhealthy "
+        "(absent when unknown).",
+        CARD_LABELS,
+    )
+    count = _gauge("gpushare_gpu_allocations", "Allocations on the card.", CARD_LABELS)
+    mps_up = _gauge(
+        "gpushare_gpu_mps_up",
+        "1 when the card's MPS control daemon is healthy, 0 when it is starting, down, "
+        "hung, broken or its server faulted; absent when MPS is not meant to run (off, "
+        "disabled) or its state is unknown.",
+        CARD_LABELS,
+    )
+    mps_state = _gauge(
+        "gpushare_gpu_mps_state",
+        "1 for the MPS state of the card, 0 for the other states.",
+        (*CARD_LABELS, "state"),
+    )
+    clients = _gauge(
+        "gpushare_gpu_mps_clients", "MPS clients on the card (absent when unknown).", CARD_LABELS
+    )
+    for card in cards:
+        labels = (str(card["uuid"]), str(card["index"]), str(card["model"]))
+        total.add_metric(labels, card["memory_total_mib"] * MIB_BYTES)
+        allocated.add_metric(labels, card["memory_allocated_mib"] * MIB_BYTES)
+        if card["memory_used_mib"] is not None:
+            used.add_metric(labels, card["memory_used_mib"] * MIB_BYTES)
+        core.add_metric(labels, card["core_allocated_percent"] / 100)
+        _one_hot(mode, labels, CARD_MODES, card["mode"])
+        if card["healthy"] is not None:
+            healthy.add_metric(labels, int(card["healthy"]))
+        count.add_metric(labels, card["allocations"])
+        mps = card["mps"]
+        state = mps["state"]
+        if state not in MPS_UP_ABSENT:
+            # A state this code does not know is read as "not healthy": an alert
+            # should fire on it rather than stay silent.
+            mps_up.add_metric(labels, int(state == "healthy"))
+        _one_hot(mps_state, labels, MPS_STATES, state)
+        if mps["clients"] is not None:
+            clients.add_metric(labels, mps["clients"])
+    yield from (total, allocated, used, core, mode, healthy, count, mps_up, mps_state, clients)
+
+
+def _allocations(allocations: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    quota = _gauge(
+        "gpushare_allocation_memory_quota_bytes",
+        "Memory quota of the allocation (whole cards: their memory).",
+        ALLOCATION_LABELS,
+    )
+    used = _gauge(
+        "gpushare_allocation_memory_used_bytes",
+        "Memory the allocation's processes hold (absent when unknown).",
+        ALLOCATION_LABELS,
+    )
+    core = _gauge(
+        "gpushare_allocation_core_quota_ratio",
+        "Compute share of the allocation (0-1 of a card; whole cards: 1 per card).",
+        ALLOCATION_LABELS,
+    )
+    confirmed = _gauge(
+        "gpushare_allocation_confirmed",
+        "1 when kubelet's record confirms the allocation, 0 while it is pending.",
+        ALLOCATION_LABELS,
+    )
+    containers = _gauge(
+        "gpushare_allocation_containers",
+        "Containers the runtime hook registered for the allocation.",
+        ALLOCATION_LABELS,
+    )
+    violations = _gauge(
+        "gpushare_allocation_violations",
+        "Violations recorded for the allocation in the ledger (a gauge: the ledger keeps "
+        "the newest 10,000 only).",
+        ALLOCATION_LABELS,
+    )
+    started = _gauge(
+        "gpushare_allocation_start_time_seconds",
+        "When the allocation was made (Unix time).",
+        ALLOCATION_LABELS,
+    )
+    for a in allocations:
+        labels = (
+            str(a["id"]),
+            a["namespace"] or "",  # unknown owner: an empty label, which PromQL reads as absent
+            a["pod"] or "",
+            a["container"] or "",
+            str(a["gpu"]),
+            "whole" if a["whole"] else "shared",
+        )
+        quota.add_metric(labels, a["memory_mib"] * MIB_BYTES)
+        if a["memory_used_mib"] is not None:
+            used.add_metric(labels, a["memory_used_mib"] * MIB_BYTES)
+        core.add_metric(labels, a["core_percent"] / 100)
+        confirmed.add_metric(labels, int(a["state"] == "confirmed"))
+        containers.add_metric(labels, a["containers"])
+        violations.add_metric(labels, a["violations"])
+        started.add_metric(labels, a["created_at"])
+    yield from (quota, used, core, confirmed, containers, violations, started)
+
+
+def _enforcement(enforcement: Mapping[str, Any]) -> Iterator[Metric]:
+    action = _gauge(
+        "gpushare_enforcement_action",
+        "1 for the configured enforcement action (kill, log), 0 for the other.",
+        ("action",),
+    )
+    _one_hot(action, (), ENFORCEMENT_ACTIONS, enforcement["action"])
+    yield action
+    violations = CounterMetricFamily(
+        "gpushare_enforcement_violations",
+        "Violation onsets the watchdog found since the daemon started, by kind: memory "
+        "(over quota), env (quota env missing or raised), unallocated (GPU process outside "
+        "any allocation).",
+        labels=("kind",),
+    )
+    counts = enforcement["violations"]
+    for kind in sorted({*VIOLATION_KINDS, *counts}):
+        violations.add_metric((kind,), counts.get(kind, 0))
+    yield violations
+    yield CounterMetricFamily(
+        "gpushare_enforcement_kills",
+        "Processes the watchdog killed since the daemon started.",
+        value=enforcement["kills"],
+    )
+
+
+def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, labels=labels)
+
+
+def _one_hot(family: GaugeMetricFamily, labels: tuple[str, ...], known, current: str) -> None:
+    """The enum pattern: one sample per state, 1 for the current one."""
+    states = known if current in known else (*known, current)
+    for state in states:
+        family.add_metric((*labels, state), int(state == current))

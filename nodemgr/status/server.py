@@ -1,0 +1,152 @@
+"""The status socket (``<run_dir>/status.sock``, root-only) that ``nodemgr status`` reads.
+
+One request per connection, as on the hook socket: the client writes one
+JSON line ``{"command": "status"}``, the daemon answers the status document
+of :mod:`nodemgr.domain.statusdoc` as one JSON line (or ``{"error": "..."}``) and
+closes. ``LiveStatus`` gathers the live state for that document and for
+the metrics endpoint; it reads, it never changes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from hooks import protocol
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.common.unixserver import UnixServer
+from nodemgr.domain.statusdoc import MpsView, UsageView, build_status
+from nodemgr.enforcement.registry import ContainerRegistry
+from nodemgr.errors import GpushareError
+
+log = logging.getLogger(__name__)
+
+READ_TIMEOUT_SECONDS = 2.0
+MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a node with thousands of allocations still fits
+CARDS_META_KEY = "cards"  # the ledger keeps the card list for `nodemgr status` with us down
+
+
+@dataclass
+class DaemonFacts:
+    """What the run loop knows about itself; it updates ``ready`` and ``registered``."""
+
+    version: str
+    pid: int = field(default_factory=os.getpid)
+    started_at: float = field(default_factory=time.time)
+    ready: bool = False  # every resource registered with kubelet and MPS healthy
+    registered: bool = False  # every resource registered with the current kubelet
+    metrics_address: str | None = None  # host:port actually bound, None when off or failed
+
+
+class LiveStatus:
+    def __init__(
+        self,
+        node: str,
+        facts: DaemonFacts,
+        allocator: Allocator,
+        ledger: Ledger,
+        registry: ContainerRegistry,
+        mps_views: Callable[[], dict[str, MpsView]] | None,
+        usage: Callable[[], UsageView | None],
+        enforcement: Callable[[], dict],
+    ):
+        self.node = node
+        self.facts = facts
+        self._allocator = allocator
+        self._ledger = ledger
+        self._registry = registry
+        self._mps_views = mps_views
+        self._usage = usage
+        self._enforcement = enforcement
+
+    def remember_cards(self) -> None:
+        """Keep the card list in the ledger, for ``nodemgr status`` while we are down."""
+        cards = [
+            {"index": c.index, "uuid": c.uuid, "name": c.name, "memory_mib": c.memory_mib}
+            for c in self._allocator.cards
+        ]
+        self._ledger.set_meta(CARDS_META_KEY, json.dumps(cards))
+
+    def document(self) -> dict:
+        containers: dict[str, int] = {}
+        for registration in self._registry.registrations():
+            containers[registration.allocation_id] = (
+                containers.get(registration.allocation_id, 0) + 1
+            )
+        try:
+            violations = self._ledger.violation_counts()
+        except GpushareError as e:
+            log.warning("status: cannot count violations: %s", e)
+            violations = {}
+        facts = self.facts
+        return build_status(
+            self.node,
+            self._allocator.cards,
+            self._allocator.allocations(),
+            source="daemon",
+            card_problems=self._allocator.card_problems(),
+            mps=None if self._mps_views is None else self._mps_views(),
+            usage=self._usage(),
+            containers=containers,
+            violations=violations,
+            enforcement=self._enforcement(),
+            daemon={
+                "pid": facts.pid,
+                "version": facts.version,
+                "started_at": facts.started_at,
+                "uptime_seconds": round(time.time() - facts.started_at, 3),
+                "ready": facts.ready,
+                "registered": facts.registered,
+                "metrics_address": facts.metrics_address,
+            },
+        )
+
+
+class StatusServer:
+    def __init__(self, status: LiveStatus, socket_path: str):
+        self.socket_path = socket_path
+        self._status = status
+        self._server = UnixServer(socket_path, self._handle, "status-server")
+
+    def start(self) -> None:
+        self._server.start()
+        log.info("status socket ready at %s", self.socket_path)
+
+    def stop(self) -> None:
+        self._server.stop()
+
+    def _handle(self, sock: socket.socket) -> None:
+        sock.settimeout(READ_TIMEOUT_SECONDS)
+        try:
+            request = protocol.read_message(sock)
+            if request.get("command") != "status":
+                answer = {"error": f"unknown command {request.get('command')!r} (known: status)"}
+            else:
+                answer = self._status.document()
+        except (protocol.ProtocolError, OSError) as e:
+            answer = {"error": f"unreadable request ({e})"}
+        except Exception as e:  # a bug must answer, not leave the operator hanging
+            log.exception("status request failed")
+            answer = {"error": f"internal error in gpushare-node ({e}); see its log"}
+        try:
+            sock.sendall(protocol.encode(answer))
+        except OSError:
+            pass  # the client gave up
+
+
+def query(socket_path: str, timeout_seconds: float = 5.0) -> dict:
+    """The daemon's status document; OSError or protocol.ProtocolError when it cannot answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_seconds)
+        sock.connect(socket_path)
+        sock.sendall(protocol.encode({"command": "status"}))
+        answer = protocol.read_message(sock, MAX_ANSWER_BYTES)
+    if "error" in answer:
+        raise protocol.ProtocolError(f"gpushare-node answered: {answer['error']}")
+    return answer

@@ -1,0 +1,299 @@
+"""Keeps every card in its mode: shared cards run MPS, whole cards leave it.
+
+For a card that is not given out whole: its control daemon runs (started, or
+adopted when one already answers at its pipe directory), compute mode is
+EXCLUSIVE_PROCESS and the server-side ceiling is set (pinned memory limit at
+the card's shareable memory, so a client without env is still bounded). A
+control daemon that is down is restarted with backoff (1 s, doubling, at most
+60 s); while it is down, hung, answering garbage or in FAULT the card's shared
+devices are Unhealthy (``Allocator.set_card_problem``). Health checks only
+read: running clients are never killed.
+
+For a card given out whole: its control daemon is stopped once it has no
+clients, then compute mode goes back to DEFAULT; freed, it returns to MPS.
+
+The node daemon's stop leaves every control daemon running: they and their
+clients must outlive a restart or upgrade of gpushare-node.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+
+import psutil
+
+from mps import CardDaemon, Health, HealthState, MpsError, MpsLayout
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.config.schema import MpsSettings
+from nodemgr.domain.statusdoc import MpsView
+from nodemgr.errors import InventoryError
+from nodemgr.inventory import Card, Inventory
+
+log = logging.getLogger(__name__)
+
+BACKOFF_MAX_SECONDS = 60.0
+
+
+@dataclass
+class _CardState:
+    daemon: CardDaemon
+    mode: str | None = None  # "shared" or "whole" once reached
+    configured_pid: int | None = None  # the control daemon the ceilings were set on
+    failures: int = 0
+    retry_at: float = 0.0  # monotonic; no restart before this
+    problem: str | None = None
+    health: Health | None = None  # the last probe's answer, for nodemgr status
+    notes: set[str] = field(default_factory=set)  # said once until the situation changes
+
+
+class MpsSupervisor:
+    def __init__(
+        self,
+        settings: MpsSettings,
+        layout: MpsLayout,
+        inventory: Inventory,
+        allocator: Allocator,
+        memory_unit_mib: int,
+    ):
+        self._settings = settings
+        self._layout = layout
+        self._inventory = inventory
+        self._allocator = allocator
+        self._unit_mib = memory_unit_mib
+        self._cards = {card.uuid: card for card in allocator.cards}
+        self._states = {
+            card.uuid: _CardState(
+                CardDaemon(
+                    card.uuid,
+                    settings.control_binary,
+                    layout.pipe_dir(card.uuid),
+                    layout.log_dir(card.uuid),
+                    settings.command_timeout_seconds,
+                )
+            )
+            for card in allocator.cards
+        }
+        self._thread: threading.Thread | None = None
+
+    def control_pids(self) -> set[int]:
+        """PIDs of the control daemons this supervisor configured (their MPS servers are theirs)."""
+        return {s.configured_pid for s in self._states.values() if s.configured_pid is not None}
+
+    def prepare(self) -> None:
+        """Once at start, before serving: the shared /dev/shm and every card's first tend."""
+        self._ensure_shm()
+        self.tend_all()
+
+    def start(self, stop: threading.Event) -> None:
+        self._thread = threading.Thread(
+            target=self._run, args=(stop,), name="mps-supervisor", daemon=True
+        )
+        self._thread.start()
+
+    def join(self, timeout: float) -> None:
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self, stop: threading.Event) -> None:
+        generation = self._allocator.generation
+        while not stop.is_set():
+            # Wake on the interval, or at once when allocations change (a card
+            # given out whole must leave MPS before its container starts).
+            generation = self._allocator.wait_for_change(
+                generation, self._settings.health_check_interval_seconds
+            )
+            if not stop.is_set():
+                self.tend_all()
+
+    def tend_all(self) -> None:
+        whole = self._allocator.whole_cards()
+        for uuid, state in self._states.items():
+            try:
+                if uuid in whole:
+                    self._leave_mps(self._cards[uuid], state)
+                else:
+                    self._keep_mps(self._cards[uuid], state)
+            except Exception:  # one card's surprise must not stop the others' care
+                log.exception("GPU%d: MPS supervision failed", self._cards[uuid].index)
+
+    def set_settings(self, settings: MpsSettings) -> None:
+        """A config reload (only health_check_interval_seconds may differ: see config)."""
+        self._settings = settings
+
+    def views(self) -> dict[str, MpsView]:
+        """Card UUID -> its control daemon as last seen (read by the status socket)."""
+        views = {}
+        for uuid, state in self._states.items():
+            health = state.health
+            if state.mode == "whole":
+                views[uuid] = MpsView("off", None, "card given out whole: MPS stopped")
+            elif health is None:
+                views[uuid] = MpsView("starting", None, "not probed yet")
+            else:
+                views[uuid] = MpsView(health.state.value, health.clients, health.reason)
+        return views
+
+    def _keep_mps(self, card: Card, state: _CardState) -> None:
+        health = state.health = state.daemon.probe()
+        if health.state is HealthState.DOWN and state.mode == "shared" and not state.failures:
+            # It was running: tell kubelet first, restart after the backoff.
+            self._problem(card, state, health)
+            self._schedule_retry(state)
+            return
+        if health.state is HealthState.DOWN:
+            if time.monotonic() < state.retry_at:
+                return
+            health = state.health = self._start(card, state, health)
+        elif state.mode is None and health.ok:
+            log.info(
+                "GPU%d: adopted the running MPS control daemon (pid %s, %d clients)",
+                card.index,
+                state.daemon.pid(),
+                health.clients,
+            )
+        if not health.ok:
+            self._problem(card, state, health)
+            return
+        pid = state.daemon.pid()
+        if state.configured_pid != pid or state.mode != "shared":
+            try:
+                self._inventory.set_compute_mode(card.uuid, "EXCLUSIVE_PROCESS")
+                shareable_mib = (card.memory_mib // self._unit_mib) * self._unit_mib
+                # Ordinal 0: the daemon sees only this card (CUDA_VISIBLE_DEVICES).
+                state.daemon.client.set_default_pinned_mem_limit("0", shareable_mib)
+            except (InventoryError, MpsError) as e:
+                self._problem(card, state, Health(HealthState.BROKEN, str(e)))
+                return
+            state.configured_pid = pid
+            log.info(
+                "GPU%d: MPS ready (control daemon pid %s, compute mode EXCLUSIVE_PROCESS, "
+                "pinned memory ceiling %d MiB)",
+                card.index,
+                pid,
+                shareable_mib,
+            )
+        state.mode, state.failures, state.retry_at = "shared", 0, 0.0
+        self._set_problem(card, state, None)
+
+    def _schedule_retry(self, state: _CardState) -> float:
+        state.failures += 1
+        delay = min(2.0 ** (state.failures - 1), BACKOFF_MAX_SECONDS)
+        state.retry_at = time.monotonic() + delay
+        return delay
+
+    def _start(self, card: Card, state: _CardState, down: Health) -> Health:
+        if state.mode is not None:
+            log.warning("GPU%d: restarting its MPS control daemon", card.index)
+        try:
+            state.daemon.start()
+        except MpsError as e:
+            delay = self._schedule_retry(state)
+            log.error(
+                "GPU%d: cannot start the MPS control daemon: %s (next try in %g s)",
+                card.index,
+                e,
+                delay,
+            )
+            return Health(HealthState.DOWN, str(e))
+        log.info(
+            "GPU%d: started MPS control daemon (pid %s, pipe %s)",
+            card.index,
+            state.daemon.pid(),
+            state.daemon.pipe_dir,
+        )
+        return state.daemon.probe()
+
+    def _leave_mps(self, card: Card, state: _CardState) -> None:
+        if state.mode == "whole":
+            return
+        health = state.daemon.probe()
+        if health.state is not HealthState.DOWN:
+            if health.clients:
+                self._note(
+                    state,
+                    f"wait-{health.clients}",
+                    logging.WARNING,
+                    "GPU%d is given out whole but %d MPS clients still run: MPS stays "
+                    "until they exit",
+                    card.index,
+                    health.clients,
+                )
+                return
+            try:
+                state.daemon.stop()
+            except MpsError as e:
+                self._note(
+                    state,
+                    "stop-failed",
+                    logging.ERROR,
+                    "GPU%d: cannot stop its MPS control daemon: %s",
+                    card.index,
+                    e,
+                )
+                return
+        try:
+            self._inventory.set_compute_mode(card.uuid, "DEFAULT")
+        except InventoryError as e:
+            self._note(state, "mode-failed", logging.ERROR, "GPU%d: %s", card.index, e)
+            return
+        log.info(
+            "GPU%d given out whole: left MPS (control daemon stopped, compute mode DEFAULT)",
+            card.index,
+        )
+        state.mode, state.configured_pid, state.notes = "whole", None, set()
+
+    def _problem(self, card: Card, state: _CardState, health: Health) -> None:
+        summary = {
+            HealthState.DOWN: "MPS control daemon down",
+            HealthState.HUNG: "MPS control daemon not answering",
+            HealthState.BROKEN: "MPS control daemon answers unexpectedly",
+            HealthState.FAULT: "MPS server in FAULT",
+        }[health.state]
+        if state.problem != summary:
+            log.error(
+                "GPU%d: %s, its shared devices are Unhealthy: %s",
+                card.index,
+                summary,
+                health.reason,
+            )
+        self._set_problem(card, state, summary)
+
+    def _set_problem(self, card: Card, state: _CardState, problem: str | None) -> None:
+        if state.problem is not None and problem is None:
+            log.info("GPU%d: MPS healthy again, its shared devices are Healthy", card.index)
+        state.problem = problem
+        self._allocator.set_card_problem(card.uuid, problem)
+
+    def _note(self, state: _CardState, key: str, level: int, message: str, *args) -> None:
+        if key not in state.notes:
+            state.notes.add(key)
+            log.log(level, message, *args)
+
+    def _ensure_shm(self) -> None:
+        """One tmpfs for the MPS clients' /dev/shm, sized like other MPS deployments."""
+        path = self._layout.shm_dir
+        os.makedirs(path, mode=0o1777, exist_ok=True)
+        if os.path.ismount(path):
+            return
+        size_mib = self._settings.shm_size_mib or psutil.virtual_memory().total // 2**21
+        done = subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=1777", "tmpfs", path],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        if done.returncode != 0:
+            log.warning(
+                "MPS shared /dev/shm at %s is a plain directory: mounting a %d MiB tmpfs "
+                "failed (%s); run gpushare-node as root",
+                path,
+                size_mib,
+                done.stderr.strip() or done.returncode,
+            )
+        else:
+            log.info("MPS shared /dev/shm: %d MiB tmpfs at %s", size_mib, path)

@@ -1,0 +1,906 @@
+"""A test kubelet: kubelet's device manager and PodResources server, over real unix sockets.
+
+End-to-end tests run the real gpushare-node daemon against this stand-in. It
+speaks the real protocols (device plugin API v1beta1 and PodResources v1, the
+generated code in ``nodemgr.kubelet.api``) and copies the parts of kubelet's
+behaviour a device plugin can observe, as described in
+``shared/reference/kubelet-device-plugin.md``:
+
+* ``Registration.Register`` is served on ``<device_plugin_dir>/kubelet.sock``.
+  Before Register returns, the plugin's own socket is dialled and
+  ``GetDevicePluginOptions`` is called; then a background thread runs
+  ``ListAndWatch``. Every message replaces the resource's device list. When the
+  stream ends, every device of the resource turns unhealthy and ListAndWatch is
+  never called again: the plugin has to register again.
+* Pods are admitted one at a time. For each container and each requested
+  resource: check there are enough healthy free devices, ask the plugin for its
+  preferred allocation (if it offers one), call ``Allocate`` with exactly one
+  container request, and record the devices as kubelet does.
+* ``restart()`` deletes every file in the device plugin directory except
+  kubelet's checkpoint, forgets the plugins and recreates ``kubelet.sock``;
+  allocations survive, as kubelet restores them from its checkpoint.
+* The PodResources server answers from this kubelet's own record of who holds
+  which device, with one ``ContainerDevices`` entry per device (and NUMA node),
+  like kubelet: clients have to merge entries of the same resource.
+
+Everything is guarded by one lock; waits use a Condition on it. gRPC calls to
+plugins are never made while holding that lock (a plugin that hangs must not
+freeze ListAndWatch updates or the PodResources server), which is why pod
+admission is serialised by a second lock of its own.
+"""
+
+import dataclasses
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from concurrent import futures
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import grpc
+
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
+from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from nodemgr.kubelet.api import podresources_v1_pb2 as pr
+from nodemgr.kubelet.api import podresources_v1_pb2_grpc as pr_grpc
+
+log = logging.getLogger(__name__)
+
+# Constants of the device plugin API (k8s.io/kubelet .../deviceplugin/v1beta1/constants.go).
+VERSION = "v1beta1"
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+KUBELET_SOCKET = "kubelet.sock"
+CHECKPOINT_FILE = "kubelet_internal_checkpoint"
+
+# kubelet dials a registering plugin with a 10 s timeout.
+DIAL_TIMEOUT_S = 10.0
+# kubelet's deadline for PreStartContainer.
+PRE_START_TIMEOUT_S = 30.0
+# How long stop() waits for one ListAndWatch thread after closing its channel.
+THREAD_JOIN_TIMEOUT_S = 5.0
+# Every thread this module starts (ListAndWatch readers, gRPC handler pools)
+# has a name with this prefix, so that tests can check none of them leaks.
+THREAD_PREFIX = "kubelet-sim"
+
+# sun_path of struct sockaddr_un is 108 bytes, including the terminating NUL.
+_MAX_UNIX_PATH = 107
+
+# Resource name validation, as kubelet's v1helper.IsExtendedResourceName: the
+# name must contain "/", must not be a native resource (anything containing
+# "kubernetes.io/") and "requests." + name must be a qualified name: a DNS-1123
+# subdomain prefix (at most 253 characters), "/", and a name part of at most 63
+# characters.
+_DNS1123_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+_DNS1123_SUBDOMAIN = re.compile(rf"{_DNS1123_LABEL}(\.{_DNS1123_LABEL})*")
+_QUALIFIED_NAME_PART = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_QUOTA_PREFIX = "requests."
+
+
+def is_extended_resource_name(name: str) -> bool:
+    """Whether kubelet accepts ``name`` as a device plugin's resource name."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith(_QUOTA_PREFIX):
+        return False
+    parts = (_QUOTA_PREFIX + name).split("/")
+    if len(parts) != 2:
+        return False
+    prefix, short = parts
+    if len(prefix) > 253 or not _DNS1123_SUBDOMAIN.fullmatch(prefix):
+        return False
+    return 0 < len(short) <= 63 and _QUALIFIED_NAME_PART.fullmatch(short) is not None
+
+
+@dataclass
+class Device:
+    """One device as the plugin last reported it through ListAndWatch.
+
+    ``health`` is the plugin's string as sent (or "Unhealthy" once the plugin's
+    stream ended); only exactly "Healthy" counts as healthy.
+    """
+
+    id: str
+    health: str
+    numa_nodes: list[int]
+
+    @property
+    def healthy(self) -> bool:
+        return self.health == HEALTHY
+
+
+@dataclass
+class ContainerSpec:
+    """A container of a pod to admit: its name and its extended resource requests."""
+
+    name: str
+    requests: dict[str, int]  # resource name -> count
+
+
+@dataclass
+class ContainerAdmission:
+    """What admission did for one container.
+
+    ``responses``, ``device_ids`` and ``preferred`` are per resource;
+    ``preferred`` holds the plugin's raw answer to GetPreferredAllocation (only
+    for resources whose plugin offers it). ``envs`` merges the envs of all the
+    responses like kubelet (the first value seen for a name wins) and ``mounts``
+    concatenates their mounts (``dp.Mount`` messages).
+    """
+
+    name: str
+    responses: dict[str, dp.ContainerAllocateResponse] = field(default_factory=dict)
+    device_ids: dict[str, list[str]] = field(default_factory=dict)
+    preferred: dict[str, list[str]] = field(default_factory=dict)
+    envs: dict[str, str] = field(default_factory=dict)
+    mounts: list = field(default_factory=list)
+
+
+@dataclass
+class AdmitResult:
+    """The outcome of ``admit_pod``.
+
+    On failure ``containers`` holds the containers handled so far; the last one
+    is the container that failed, with the resources that did succeed.
+    """
+
+    ok: bool
+    error: str | None
+    containers: list[ContainerAdmission]
+
+
+@dataclass
+class RegisterRecord:
+    """One Register call as received.
+
+    ``time`` is ``time.monotonic()`` at receipt. ``error`` is None for an
+    accepted registration, else why it was refused (an addition to the
+    fields the brief lists; it defaults to None).
+    """
+
+    resource_name: str
+    endpoint: str
+    version: str
+    options: dp.DevicePluginOptions
+    time: float
+    error: str | None = None
+
+
+class PluginError(Exception):
+    """A device plugin call failed (gRPC error, or no usable endpoint)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(f"{code.name}: {details}")
+        self.code = code
+        self.details = details
+
+
+class _AdmissionFailed(Exception):
+    """Internal: stops admission of a pod with kubelet's error message."""
+
+
+@dataclass
+class _Plugin:
+    """kubelet's endpoint for one registered resource."""
+
+    resource: str
+    endpoint: str
+    channel: grpc.Channel
+    stub: dp_grpc.DevicePluginStub
+    options: dp.DevicePluginOptions
+    listed: bool = False  # the first ListAndWatch message arrived
+    stopped: bool = False  # the stream ended or the endpoint was replaced/closed
+    thread: threading.Thread | None = None
+
+
+@dataclass
+class _Allocation:
+    """Devices of one resource held by one container, with their NUMA nodes at allocation."""
+
+    ids: list[str]
+    numa: dict[str, list[int]]
+
+
+# kubelet's record: (namespace, pod) -> container -> resource -> allocation.
+# Containers are listed at admission even when they hold no device, like the
+# pod spec kubelet answers PodResources List from.
+_PodRecord = dict[str, dict[str, _Allocation]]
+
+
+def _device_from_proto(device: dp.Device) -> Device:
+    return Device(
+        id=device.ID, health=device.health, numa_nodes=[n.ID for n in device.topology.nodes]
+    )
+
+
+def _copy_devices(devices: list[Device]) -> list[Device]:
+    # Callers get their own copies: the stored lists are shared between threads.
+    return [dataclasses.replace(d, numa_nodes=list(d.numa_nodes)) for d in devices]
+
+
+def _call(method, request, timeout: float | None = None):
+    """Call a plugin RPC, turning every failure into a PluginError.
+
+    A channel closed under our feet (re-registration, stop) raises ValueError in
+    grpcio rather than RpcError; treat it like a cancelled call.
+    """
+    try:
+        return method(request, timeout=timeout)
+    except grpc.RpcError as exc:
+        raise PluginError(exc.code(), exc.details() or "") from exc
+    except ValueError as exc:
+        raise PluginError(grpc.StatusCode.CANCELLED, f"channel closed: {exc}") from exc
+
+
+def _unix_address(path: str) -> str:
+    path = os.path.abspath(path)
+    if len(path.encode()) > _MAX_UNIX_PATH:
+        raise ValueError(f"unix socket path too long ({len(path)} > {_MAX_UNIX_PATH}): {path}")
+    return "unix://" + path
+
+
+def _remove_socket(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+class _RegistrationServicer(dp_grpc.RegistrationServicer):
+    """v1beta1.Registration: translates the call and delegates to the TestKubelet."""
+
+    def __init__(self, kubelet: "TestKubelet", generation: int):
+        self._kubelet = kubelet
+        self._generation = generation
+
+    def Register(self, request, context):  # noqa: N802 (gRPC method name)
+        self._kubelet._register(request, context, self._generation)
+        return dp.Empty()
+
+
+class _PodResourcesServicer(pr_grpc.PodResourcesListerServicer):
+    """v1.PodResourcesLister: answers from the TestKubelet's record."""
+
+    def __init__(self, kubelet: "TestKubelet"):
+        self._kubelet = kubelet
+
+    def List(self, request, context):  # noqa: N802
+        self._kubelet._check_pod_resources_up(context)
+        return pr.ListPodResourcesResponse(pod_resources=self._kubelet._pod_resources())
+
+    def GetAllocatableResources(self, request, context):  # noqa: N802
+        self._kubelet._check_pod_resources_up(context)
+        return pr.AllocatableResourcesResponse(devices=self._kubelet._allocatable())
+
+    def Get(self, request, context):  # noqa: N802
+        self._kubelet._check_pod_resources_up(context)
+        pods = self._kubelet._pod_resources((request.pod_namespace, request.pod_name))
+        if not pods:
+            context.abort(
+                grpc.StatusCode.NOT_FOUND,
+                f"pod {request.pod_name} in namespace {request.pod_namespace} not found",
+            )
+        return pr.GetPodResourcesResponse(pod_resources=pods[0])
+
+
+class TestKubelet:
+    """A kubelet stand-in: device plugin registration, pod admission, PodResources.
+
+    ``start()`` serves Registration on ``<device_plugin_dir>/kubelet.sock`` and
+    PodResourcesLister on ``pod_resources_socket``; ``stop()`` tears both down
+    and joins every thread it started.
+    """
+
+    __test__ = False  # not a pytest test class, despite its name
+
+    def __init__(self, device_plugin_dir: str, pod_resources_socket: str):
+        self.device_plugin_dir = os.path.abspath(device_plugin_dir)
+        self.pod_resources_socket = os.path.abspath(pod_resources_socket)
+        self.kubelet_socket = os.path.join(self.device_plugin_dir, KUBELET_SOCKET)
+
+        self._lock = threading.Lock()
+        self._cond = threading.Condition(self._lock)
+        # Pods are admitted one at a time, like kubelet; a separate lock so that
+        # plugin calls during admission never hold the state lock.
+        self._admit_lock = threading.Lock()
+        # Serialises start/stop/restart.
+        self._lifecycle_lock = threading.Lock()
+
+        # --- state guarded by self._lock ---
+        self._running = False
+        # Bumped on every stop: a Register call that began under an older
+        # generation must not install a plugin into a stopped or restarted kubelet.
+        self._generation = 0
+        self._plugins: dict[str, _Plugin] = {}
+        self._devices: dict[str, list[Device]] = {}
+        self._registrations: list[RegisterRecord] = []
+        self._pods: dict[tuple[str, str], _PodRecord] = {}
+        self._pod_resources_up = True
+        self._dialing: set[grpc.Channel] = set()  # channels of Register calls in progress
+        self._threads: list[threading.Thread] = []  # ListAndWatch readers
+
+        self._servers: list[tuple[grpc.Server, futures.ThreadPoolExecutor]] = []
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Serve Registration on kubelet.sock and PodResourcesLister on its socket."""
+        with self._lifecycle_lock:
+            with self._lock:
+                if self._running:
+                    raise RuntimeError("test kubelet already running")
+                generation = self._generation
+            os.makedirs(self.device_plugin_dir, exist_ok=True)
+            os.makedirs(os.path.dirname(self.pod_resources_socket), exist_ok=True)
+
+            registration = self._new_server("registration")
+            dp_grpc.add_RegistrationServicer_to_server(
+                _RegistrationServicer(self, generation), registration[0]
+            )
+            pod_resources = self._new_server("podresources")
+            pr_grpc.add_PodResourcesListerServicer_to_server(
+                _PodResourcesServicer(self), pod_resources[0]
+            )
+            self._servers = [registration, pod_resources]
+            try:
+                for (server, _), path in (
+                    (registration, self.kubelet_socket),
+                    (pod_resources, self.pod_resources_socket),
+                ):
+                    _remove_socket(path)  # a stale socket from a crashed run
+                    server.add_insecure_port(_unix_address(path))
+                    server.start()
+            except BaseException:
+                self._stop_servers()
+                raise
+            with self._lock:
+                self._running = True
+
+    def stop(self) -> None:
+        """Stop both servers, close plugin channels and streams, remove the sockets.
+
+        Plugins' devices turn unhealthy (their streams end); their records stay
+        until ``restart()`` forgets them. Safe to call when not running.
+        """
+        with self._lifecycle_lock:
+            with self._cond:
+                if not self._running:
+                    return
+                self._running = False
+                self._generation += 1
+                plugins = list(self._plugins.values())
+                dialing = list(self._dialing)
+                for plugin in plugins:
+                    if not plugin.stopped:
+                        plugin.stopped = True
+                        self._mark_unhealthy_locked(plugin.resource)
+                threads = list(self._threads)
+                self._cond.notify_all()
+
+            # Abort dials of Register calls in progress, so their handlers return now.
+            for channel in dialing:
+                channel.close()
+            self._stop_servers()
+            # Closing a channel cancels its ListAndWatch stream: the reader thread exits.
+            for plugin in plugins:
+                plugin.channel.close()
+            for thread in threads:
+                thread.join(THREAD_JOIN_TIMEOUT_S)
+                if thread.is_alive():
+                    log.warning("ListAndWatch thread %s did not exit", thread.name)
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()]
+            _remove_socket(self.kubelet_socket)
+            _remove_socket(self.pod_resources_socket)
+
+    def restart(self) -> None:
+        """Restart like kubelet: plugins must notice and register again.
+
+        Stops, deletes every file of the device plugin directory except the
+        checkpoint (kubelet's removeContents: directories are left alone),
+        forgets plugins and device lists, keeps the allocations (kubelet restores
+        them from its checkpoint) and starts again.
+        """
+        self.stop()
+        with self._lifecycle_lock:
+            for name in os.listdir(self.device_plugin_dir):
+                if name == CHECKPOINT_FILE:
+                    continue
+                path = os.path.join(self.device_plugin_dir, name)
+                if os.path.isdir(path):
+                    continue
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+            with self._cond:
+                self._plugins.clear()
+                self._devices.clear()
+                self._cond.notify_all()
+        self.start()
+
+    def _new_server(self, name: str) -> tuple[grpc.Server, futures.ThreadPoolExecutor]:
+        executor = futures.ThreadPoolExecutor(
+            max_workers=8, thread_name_prefix=f"{THREAD_PREFIX}-{name}"
+        )
+        return grpc.server(executor), executor
+
+    def _stop_servers(self) -> None:
+        for server, executor in self._servers:
+            server.stop(grace=None).wait()
+            # Handlers still running (a Register mid-dial) finish before we go on.
+            executor.shutdown(wait=True)
+        self._servers = []
+
+    # ------------------------------------------------------------------ registration
+
+    def _register(self, request: dp.RegisterRequest, context, generation: int) -> None:
+        """Register handler: validate, dial the plugin, get options, start ListAndWatch."""
+        options = dp.DevicePluginOptions()
+        options.CopyFrom(request.options)
+        record = RegisterRecord(
+            resource_name=request.resource_name,
+            endpoint=request.endpoint,
+            version=request.version,
+            options=options,
+            time=time.monotonic(),
+        )
+        with self._cond:
+            self._registrations.append(record)
+            self._cond.notify_all()
+
+        error = None
+        if request.version != VERSION:
+            error = (
+                f"requested device plugin version {request.version!r} is not supported, "
+                f"supported versions are [{VERSION}]"
+            )
+        elif not is_extended_resource_name(request.resource_name):
+            error = f"the ResourceName {request.resource_name!r} is invalid"
+        if error:
+            self._refuse(record, context, grpc.StatusCode.INVALID_ARGUMENT, error)
+
+        resource = request.resource_name
+        path = os.path.join(self.device_plugin_dir, request.endpoint)
+        try:
+            channel = grpc.insecure_channel(_unix_address(path))
+        except ValueError as exc:
+            self._refuse(record, context, grpc.StatusCode.UNKNOWN, str(exc))
+        with self._lock:
+            current = generation == self._generation
+            if current:
+                # Registered so that stop() can close it and end a dial in progress.
+                self._dialing.add(channel)
+        if not current:
+            channel.close()
+            self._refuse(record, context, grpc.StatusCode.UNAVAILABLE, "kubelet stopping")
+        stub = dp_grpc.DevicePluginStub(channel)
+        try:
+            # kubelet dials with WithBlock and a 10 s timeout, then asks for options
+            # before Register returns: the plugin must already be serving.
+            plugin_options = stub.GetDevicePluginOptions(
+                dp.Empty(), timeout=DIAL_TIMEOUT_S, wait_for_ready=True
+            )
+        except (grpc.RpcError, ValueError) as exc:
+            channel.close()
+            details = exc.details() if isinstance(exc, grpc.RpcError) else str(exc)
+            self._refuse(
+                record,
+                context,
+                grpc.StatusCode.UNKNOWN,
+                f"failed to dial device plugin {path}: {details}",
+            )
+        finally:
+            with self._lock:
+                self._dialing.discard(channel)
+
+        plugin = _Plugin(
+            resource=resource,
+            endpoint=request.endpoint,
+            channel=channel,
+            stub=stub,
+            options=plugin_options,
+        )
+        old = None
+        with self._cond:
+            stale = generation != self._generation
+            if not stale:
+                old = self._plugins.get(resource)
+                if old is not None:
+                    # Re-registration replaces the endpoint; the old stream's end
+                    # must not mark the new plugin's devices unhealthy.
+                    old.stopped = True
+                self._plugins[resource] = plugin
+                plugin.thread = threading.Thread(
+                    target=self._watch,
+                    args=(plugin,),
+                    name=f"{THREAD_PREFIX}-listandwatch-{resource}",
+                    daemon=True,
+                )
+                self._threads = [t for t in self._threads if t.is_alive()]
+                self._threads.append(plugin.thread)
+                plugin.thread.start()
+                self._cond.notify_all()
+        if stale:
+            channel.close()
+            self._refuse(record, context, grpc.StatusCode.UNAVAILABLE, "kubelet stopping")
+        if old is not None:
+            old.channel.close()
+
+    def _refuse(
+        self, record: RegisterRecord, context, code: grpc.StatusCode, error: str
+    ) -> NoReturn:
+        """Record why a registration was refused and abort the call (raises)."""
+        with self._lock:
+            record.error = error
+        log.info("refused registration of %s: %s", record.resource_name, error)
+        context.abort(code, error)
+
+    def _watch(self, plugin: _Plugin) -> None:
+        """ListAndWatch reader: each message replaces the resource's device list."""
+        call = None
+        try:
+            call = plugin.stub.ListAndWatch(dp.Empty())
+            for response in call:
+                devices = [_device_from_proto(d) for d in response.devices]
+                with self._cond:
+                    if plugin.stopped:
+                        break
+                    self._devices[plugin.resource] = devices
+                    plugin.listed = True
+                    self._cond.notify_all()
+        except grpc.RpcError as exc:
+            log.info("ListAndWatch of %s ended: %s %s", plugin.resource, exc.code(), exc.details())
+        except ValueError as exc:  # the channel was closed before the call started
+            log.info("ListAndWatch of %s not started: %s", plugin.resource, exc)
+        finally:
+            with self._cond:
+                if not plugin.stopped:
+                    # The stream ended by itself: kubelet marks every device of the
+                    # resource unhealthy and never calls ListAndWatch again.
+                    plugin.stopped = True
+                    self._mark_unhealthy_locked(plugin.resource)
+                    self._cond.notify_all()
+            if call is not None:
+                call.cancel()
+            plugin.channel.close()
+
+    def _mark_unhealthy_locked(self, resource: str) -> None:
+        for device in self._devices.get(resource, []):
+            device.health = UNHEALTHY
+
+    # ------------------------------------------------------------------ observation
+
+    def registrations(self) -> list[RegisterRecord]:
+        """Every Register call seen (accepted or refused), in order."""
+        with self._lock:
+            return [
+                dataclasses.replace(
+                    r, options=dp.DevicePluginOptions.FromString(r.options.SerializeToString())
+                )
+                for r in self._registrations
+            ]
+
+    def options(self, resource: str) -> dp.DevicePluginOptions:
+        """The options the resource's plugin answered to GetDevicePluginOptions."""
+        with self._lock:
+            plugin = self._plugins.get(resource)
+            if plugin is None:
+                raise KeyError(f"no plugin registered for {resource}")
+            options = dp.DevicePluginOptions()
+            options.CopyFrom(plugin.options)
+            return options
+
+    def devices(self, resource: str) -> list[Device]:
+        """The latest device list from ListAndWatch ([] if none)."""
+        with self._lock:
+            return _copy_devices(self._devices.get(resource, []))
+
+    def wait_for_resource(self, resource: str, timeout: float = 10.0) -> list[Device]:
+        """Wait until ``resource`` is registered and its first list arrived; return it.
+
+        After a re-registration or restart, waits for the new plugin's first list.
+        """
+
+        def ready() -> bool:
+            plugin = self._plugins.get(resource)
+            return plugin is not None and plugin.listed
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                raise TimeoutError(
+                    f"{resource} not registered with a device list within {timeout} s "
+                    f"(registrations: {[r.resource_name for r in self._registrations]})"
+                )
+            return _copy_devices(self._devices.get(resource, []))
+
+    def wait_for_devices(
+        self,
+        resource: str,
+        predicate: Callable[[list[Device]], bool],
+        timeout: float = 10.0,
+    ) -> list[Device]:
+        """Wait until ``predicate(devices(resource))`` holds; return that list."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                devices = _copy_devices(self._devices.get(resource, []))
+                if predicate(devices):
+                    return devices
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(
+                        f"device list of {resource} did not match within {timeout} s; "
+                        f"last: {devices}"
+                    )
+                self._cond.wait(left)
+
+    def allocated(self) -> dict[tuple[str, str, str], dict[str, list[str]]]:
+        """kubelet's record: (namespace, pod, container) -> resource -> device IDs.
+
+        Every container of every admitted pod is listed, with {} when it holds no
+        device.
+        """
+        with self._lock:
+            return {
+                (ns, pod, container): {res: list(a.ids) for res, a in resources.items()}
+                for (ns, pod), containers in self._pods.items()
+                for container, resources in containers.items()
+            }
+
+    # ------------------------------------------------------------------ pods
+
+    def admit_pod(
+        self,
+        namespace: str,
+        pod: str,
+        containers: list[ContainerSpec],
+        order: list[str] | None = None,
+    ) -> AdmitResult:
+        """Admit a pod like kubelet's device manager.
+
+        Containers are handled in order; a container's resources in ``order``
+        (resources it does not name come after, in dict order) or dict order.
+        Allocations made before a failure stay recorded until ``remove_pod``,
+        as in kubelet.
+        """
+        key = (namespace, pod)
+        for spec in containers:
+            for resource, count in spec.requests.items():
+                if count < 0:
+                    raise ValueError(f"negative request for {resource} in container {spec.name}")
+        with self._admit_lock:
+            with self._lock:
+                if key in self._pods:
+                    raise ValueError(f"pod {namespace}/{pod} already admitted; remove it first")
+                self._pods[key] = {c.name: {} for c in containers}
+            admissions: list[ContainerAdmission] = []
+            try:
+                for spec in containers:
+                    admission = ContainerAdmission(name=spec.name)
+                    admissions.append(admission)
+                    for resource in self._resource_order(spec, order):
+                        self._admit_resource(key, spec, resource, admission)
+            except _AdmissionFailed as exc:
+                return AdmitResult(ok=False, error=str(exc), containers=admissions)
+            return AdmitResult(ok=True, error=None, containers=admissions)
+
+    @staticmethod
+    def _resource_order(spec: ContainerSpec, order: list[str] | None) -> list[str]:
+        if order is None:
+            return list(spec.requests)
+        rank = {name: i for i, name in enumerate(order)}
+        # sorted() is stable: resources not in `order` keep their dict order, last.
+        return sorted(spec.requests, key=lambda r: rank.get(r, len(rank)))
+
+    def _admit_resource(
+        self,
+        key: tuple[str, str],
+        spec: ContainerSpec,
+        resource: str,
+        admission: ContainerAdmission,
+    ) -> None:
+        """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate)."""
+        count = spec.requests[resource]
+        if count == 0:
+            return  # kubelet makes no call for a zero request
+
+        with self._lock:
+            plugin = self._plugins.get(resource)
+            if plugin is None:
+                raise _AdmissionFailed(f"can't allocate unregistered device {resource}")
+            taken = {
+                device_id
+                for containers in self._pods.values()
+                for resources in containers.values()
+                for device_id in (resources[resource].ids if resource in resources else [])
+            }
+            devices = self._devices.get(resource, [])
+            available = [d.id for d in devices if d.healthy and d.id not in taken]
+            numa = {d.id: list(d.numa_nodes) for d in devices}
+            stopped = plugin.stopped
+
+        # kubelet checks availability first: neither GetPreferredAllocation nor
+        # Allocate is called when there are not enough healthy free devices.
+        if len(available) < count:
+            raise _AdmissionFailed(
+                f"requested number of devices unavailable for {resource}. "
+                f"Requested: {count}, Available: {len(available)}"
+            )
+        if stopped:
+            raise _AdmissionFailed(
+                f"{resource}: endpoint {plugin.endpoint} of the device plugin has been stopped"
+            )
+
+        chosen: list[str] = []
+        if plugin.options.get_preferred_allocation_available:
+            request = dp.PreferredAllocationRequest(
+                container_requests=[
+                    dp.ContainerPreferredAllocationRequest(
+                        available_deviceIDs=available,
+                        must_include_deviceIDs=[],
+                        allocation_size=count,
+                    )
+                ]
+            )
+            try:
+                response = _call(plugin.stub.GetPreferredAllocation, request)
+            except PluginError as exc:
+                raise _AdmissionFailed(f"{resource}: {exc.details}") from exc
+            preferred = (
+                list(response.container_responses[0].deviceIDs)
+                if response.container_responses
+                else []
+            )
+            admission.preferred[resource] = preferred
+            # Like kubelet: keep the preferred IDs that are available (a valid
+            # answer is used as is), then fill any shortfall ourselves.
+            free = set(available)
+            for device_id in preferred:
+                if len(chosen) < count and device_id in free and device_id not in chosen:
+                    chosen.append(device_id)
+        for device_id in available:
+            if len(chosen) == count:
+                break
+            if device_id not in chosen:
+                chosen.append(device_id)
+
+        request = dp.AllocateRequest(
+            container_requests=[dp.ContainerAllocateRequest(devices_ids=chosen)]
+        )
+        try:
+            response = _call(plugin.stub.Allocate, request)
+        except PluginError as exc:
+            raise _AdmissionFailed(f"{resource}: {exc.details}") from exc
+        if not response.container_responses:
+            raise _AdmissionFailed(f"{resource}: no containers return in allocation response")
+        container_response = response.container_responses[0]
+
+        # kubelet records the devices right after Allocate succeeds.
+        with self._lock:
+            if key in self._pods:  # unless the pod was removed meanwhile
+                self._pods[key].setdefault(spec.name, {})[resource] = _Allocation(
+                    ids=list(chosen), numa={i: numa.get(i, []) for i in chosen}
+                )
+
+        admission.responses[resource] = container_response
+        admission.device_ids[resource] = list(chosen)
+        for name, value in container_response.envs.items():
+            admission.envs.setdefault(name, value)  # first value seen wins
+        admission.mounts.extend(container_response.mounts)
+
+    def remove_pod(self, namespace: str, pod: str) -> None:
+        """Drop the pod from kubelet's record, freeing its devices (no-op if unknown)."""
+        with self._cond:
+            self._pods.pop((namespace, pod), None)
+            self._cond.notify_all()
+
+    def start_container(self, namespace: str, pod: str, container: str) -> None:
+        """Call PreStartContainer for the container's resources that ask for it.
+
+        Raises KeyError for an unknown container and PluginError when a plugin
+        call fails or the resource has no endpoint (as kubelet fails the start).
+        """
+        with self._lock:
+            resources = self._pods[(namespace, pod)][container]
+            calls = []
+            for resource, allocation in resources.items():
+                plugin = self._plugins.get(resource)
+                if plugin is None:
+                    raise PluginError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        f"endpoint not found in cache for a registered resource: {resource}",
+                    )
+                if plugin.options.pre_start_required:
+                    calls.append((plugin, list(allocation.ids)))
+        for plugin, ids in calls:
+            if plugin.stopped:
+                raise PluginError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"endpoint {plugin.endpoint} of {plugin.resource} has been stopped",
+                )
+            _call(
+                plugin.stub.PreStartContainer,
+                dp.PreStartContainerRequest(devices_ids=ids),
+                timeout=PRE_START_TIMEOUT_S,
+            )
+
+    # ------------------------------------------------------------------ PodResources
+
+    def set_pod_resources_available(self, up: bool) -> None:
+        """Make the PodResources server answer normally (True) or UNAVAILABLE (False)."""
+        with self._lock:
+            self._pod_resources_up = up
+
+    def _check_pod_resources_up(self, context) -> None:
+        with self._lock:
+            up = self._pod_resources_up
+        if not up:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "pod resources server unavailable (test)")
+
+    def _pod_resources(self, only: tuple[str, str] | None = None) -> list[pr.PodResources]:
+        """kubelet's record as PodResources messages (all pods, or just ``only``)."""
+        with self._lock:
+            out = []
+            for (namespace, name), containers in self._pods.items():
+                if only is not None and (namespace, name) != only:
+                    continue
+                out.append(
+                    pr.PodResources(
+                        name=name,
+                        namespace=namespace,
+                        containers=[
+                            pr.ContainerResources(
+                                name=container,
+                                devices=[
+                                    entry
+                                    for resource, allocation in resources.items()
+                                    for entry in _container_devices(
+                                        resource, allocation.ids, allocation.numa
+                                    )
+                                ],
+                            )
+                            for container, resources in containers.items()
+                        ],
+                    )
+                )
+            return out
+
+    def _allocatable(self) -> list[pr.ContainerDevices]:
+        """Healthy devices per resource, one entry per device (and NUMA node) like kubelet."""
+        with self._lock:
+            out = []
+            for resource, devices in self._devices.items():
+                healthy = [d for d in devices if d.healthy]
+                out.extend(
+                    _container_devices(
+                        resource, [d.id for d in healthy], {d.id: d.numa_nodes for d in healthy}
+                    )
+                )
+            return out
+
+
+def _container_devices(
+    resource: str, ids: list[str], numa: dict[str, list[int]]
+) -> list[pr.ContainerDevices]:
+    """kubelet's containerDevicesFromResourceDeviceInstances.
+
+    One ContainerDevices per device, and per NUMA node for a device on several;
+    a device without topology gets an entry without topology.
+    """
+    out = []
+    for device_id in ids:
+        nodes = numa.get(device_id) or []
+        if not nodes:
+            out.append(pr.ContainerDevices(resource_name=resource, device_ids=[device_id]))
+            continue
+        for node in nodes:
+            out.append(
+                pr.ContainerDevices(
+                    resource_name=resource,
+                    device_ids=[device_id],
+                    topology=pr.TopologyInfo(nodes=[pr.NUMANode(ID=node)]),
+                )
+            )
+    return out

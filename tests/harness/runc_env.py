@@ -1,0 +1,243 @@
+"""Real containers for tests: runc (Debian package) and a busybox rootfs.
+
+``Runtime`` makes OCI bundles whose config.json runs ``gpushare-hook`` at
+createRuntime and poststop, exactly as CRI-O or containerd would from the
+configs in hooks/, and drives them with the runc binary. Tests that need it
+skip when runc, a static busybox or root is missing, except where
+GPUSHARE_REQUIRE_RUNC=1 (set by .ci/run): there they fail, so CI never passes
+by skipping them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from tests.harness.daemon_proc import CORE, MEMORY, Node
+from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+
+BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
+APPLETS = ("sh", "sleep", "env", "cat", "true")
+
+
+def missing() -> str | None:
+    """Why real containers cannot run here, or None."""
+    if os.geteuid() != 0:
+        return "runc containers need root (real cgroups and namespaces)"
+    if shutil.which("runc") is None:
+        return "runc is not installed (apt-get install runc)"
+    if _busybox() is None:
+        return "a static busybox is not installed (apt-get install busybox-static)"
+    return None
+
+
+def require() -> None:
+    reason = missing()
+    if reason is None:
+        return
+    if os.environ.get("GPUSHARE_REQUIRE_RUNC") == "1":
+        pytest.fail(f"GPUSHARE_REQUIRE_RUNC=1 but {reason}")
+    pytest.skip(reason)
+
+
+def _busybox() -> str | None:
+    """A busybox that runs in an empty rootfs: no ELF interpreter (PT_INTERP) named."""
+    for path in BUSYBOX_CANDIDATES:
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                head = f.read(4096)
+            if b"ld-linux" not in head and b"ld-musl" not in head:
+                return path
+    return None
+
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SHIPPED_HOOKS = os.path.join(REPO, "hooks", "containerd", "gpushare-hooks.json")
+SHIPPED_SOCKET = "/run/gpushare/hook.sock"
+SHIPPED_PATH = "/usr/local/bin/gpushare-hook"
+
+
+def hook_command() -> str:
+    """The installed gpushare-hook console script next to this Python."""
+    return os.path.join(os.path.dirname(sys.executable), "gpushare-hook")
+
+
+def shipped_hooks(socket_path: str) -> dict:
+    """The ``hooks`` of the shipped containerd snippet, pointed at this test's socket
+    and this venv's gpushare-hook: the tests run what admins install."""
+    with open(SHIPPED_HOOKS) as f:
+        hooks = json.load(f)["hooks"]
+    for entries in hooks.values():
+        for hook in entries:
+            assert hook["path"] == SHIPPED_PATH
+            hook["path"] = hook_command()
+            hook["args"] = [socket_path if a == SHIPPED_SOCKET else a for a in hook["args"]]
+    return hooks
+
+
+class Runtime:
+    """runc with its own state root under ``root``, and a busybox rootfs."""
+
+    def __init__(self, root: str, hook_socket: str | None):
+        self.root = root
+        self.state_root = os.path.join(root, "runc-state")
+        self.rootfs = os.path.join(root, "rootfs")
+        self.hook_socket = hook_socket
+        self._containers: list[str] = []
+        os.makedirs(os.path.join(self.rootfs, "bin"), exist_ok=True)
+        for directory in ("proc", "dev", "sys", "tmp"):
+            os.makedirs(os.path.join(self.rootfs, directory), exist_ok=True)
+        shutil.copy(_busybox(), os.path.join(self.rootfs, "bin", "busybox"))
+        for applet in APPLETS:
+            os.symlink("busybox", os.path.join(self.rootfs, "bin", applet))
+
+    def bundle(
+        self,
+        name: str,
+        env: dict[str, str] | list[str],
+        mounts: list[tuple[str, str]] = (),
+        args: tuple[str, ...] = ("sleep", "1000"),
+        hooks: bool = True,
+    ) -> str:
+        bundle = os.path.join(self.root, "bundles", name)
+        os.makedirs(bundle, exist_ok=True)
+        subprocess.run(["runc", "spec", "--bundle", bundle], check=True)
+        path = os.path.join(bundle, "config.json")
+        with open(path) as f:
+            config = json.load(f)
+        config["root"] = {"path": self.rootfs, "readonly": True}
+        entries = env if isinstance(env, list) else [f"{k}={v}" for k, v in env.items()]
+        config["process"]["terminal"] = False
+        config["process"]["args"] = list(args)
+        config["process"]["env"] = ["PATH=/bin", *entries]
+        for container_path, host_path in mounts:
+            config["mounts"].append(
+                {
+                    "destination": container_path,
+                    "source": host_path,
+                    "type": "bind",
+                    "options": ["rbind", "rw"],
+                }
+            )
+        if hooks and self.hook_socket is not None:
+            config["hooks"] = shipped_hooks(self.hook_socket)
+        with open(path, "w") as f:
+            json.dump(config, f)
+        return bundle
+
+    def _runc(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(["runc", "--root", self.state_root, *args], **kwargs)
+
+    def run(self, container_id: str, bundle: str) -> subprocess.CompletedProcess:
+        """``runc run -d``: returns once the container started or was refused.
+
+        runc's own output goes to a file: a detached container keeps its stdio.
+        """
+        self._containers.append(container_id)
+        log_path = os.path.join(self.root, f"{container_id}.out")
+        with open(log_path, "w") as log:
+            done = self._runc(
+                "run", "-d", "--bundle", bundle, container_id,
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, timeout=60,
+            )  # fmt: skip
+        with open(log_path) as f:
+            done.stdout = f.read()
+        return done
+
+    def exec(self, container_id: str, *args: str) -> int:
+        """Start one more process in the container; its PID (as the host sees it)."""
+        pid_file = os.path.join(self.root, f"{container_id}-{time.monotonic_ns()}.pid")
+        self._runc(
+            "exec", "-d", "--pid-file", pid_file, container_id, *args,
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            check=True, timeout=30,
+        )  # fmt: skip
+        with open(pid_file) as f:
+            return int(f.read())
+
+    def state(self, container_id: str) -> dict | None:
+        done = self._runc("state", container_id, capture_output=True, text=True)
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def pid(self, container_id: str) -> int:
+        return self.state(container_id)["pid"]
+
+    def delete(self, container_id: str) -> subprocess.CompletedProcess:
+        """Stop and delete the container (runc runs the poststop hook)."""
+        return self._runc("delete", "-f", container_id, capture_output=True, text=True, timeout=60)
+
+    def cleanup(self) -> None:
+        for container_id in self._containers:
+            if self.state(container_id) is not None:
+                self.delete(container_id)
+
+
+def running(pid: int) -> bool:
+    """True while the process runs (a zombie, exited but not reaped, counts as gone)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+class EnforcementNode:
+    """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
+
+    def __init__(self, action: str = "kill"):
+        require()
+        self.node = Node()
+        self.usage_file = os.path.join(self.node.root, "usage.json")
+        self.set_usage([])
+        self.node.rewrite_config(
+            lambda c: (
+                c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file),
+                c.__setitem__("enforcement", {"action": action}),
+            )
+        )
+        self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
+        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
+        self.kubelet.start()
+        self.node.start()
+        self.kubelet.wait_for_resource(MEMORY, timeout=30)
+        self.kubelet.wait_for_resource(CORE, timeout=30)
+        self.runtime = Runtime(self.node.root, self.hook_socket)
+
+    def set_usage(self, processes: list[tuple[int, str, int]]) -> None:
+        """What the simulated GPUs report: (pid, card, MiB) per process."""
+        document = {"processes": [{"pid": p, "gpu": g, "used_mib": m} for p, g, m in processes]}
+        tmp = self.usage_file + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(document, f)
+        os.replace(tmp, self.usage_file)
+
+    def admit(self, pod: str, memory_gib: int = 4, core_percent: int = 30):
+        """Admit a pod through kubelet; the env and mounts its container gets."""
+        result = self.kubelet.admit_pod(
+            "default", pod, [ContainerSpec("main", {MEMORY: memory_gib, CORE: core_percent})]
+        )
+        assert result.ok, result.error
+        container = result.containers[0]
+        mounts = {
+            (m.container_path, m.host_path)
+            for response in container.responses.values()
+            for m in response.mounts
+        }
+        return dict(container.envs), sorted(mounts)
+
+    def start_container(self, name: str, env, mounts=()) -> subprocess.CompletedProcess:
+        return self.runtime.run(name, self.runtime.bundle(name, env, mounts))
+
+    def registered(self) -> set[str]:
+        return {c for a in self.node.allocations() for c in a["containers"]}
+
+    def close(self) -> None:
+        self.runtime.cleanup()
+        self.node.cleanup()
+        self.kubelet.stop()

@@ -1,0 +1,203 @@
+"""Pins the ledger: allocations survive reopening, changes are all-or-nothing even
+when the writing process is killed -9 in the middle, corruption is refused loudly;
+registered containers round-trip, and the violation history lists newest first and
+keeps only its newest VIOLATION_HISTORY_ROWS rows."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from nodemgr.allocation import ledger as ledger_module
+from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import CgroupKey, ContainerRef, Registration
+from nodemgr.domain.violations import MEMORY, UNALLOCATED, Violation
+from nodemgr.errors import LedgerError
+from tests.harness.ledger_rows import allocation
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+
+
+def test_round_trip_and_survives_reopen(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    first = allocation(owner=ContainerRef("ns", "pod", "c"))
+    ledger.commit(put=[first])
+    ledger.close()
+    again = Ledger(str(tmp_path))
+    assert again.load() == [first]
+
+
+def test_update_and_delete_in_one_transaction(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-1"), allocation("ga-2", units=0, percent=0)])
+    changed = allocation("ga-1", units=1, percent=0)
+    ledger.commit(put=[changed], delete=["ga-2"])
+    assert ledger.load() == [changed]
+
+
+def test_a_device_held_twice_is_refused_and_nothing_changes(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-1")])
+    with pytest.raises(LedgerError, match="UNIQUE"):
+        ledger.commit(put=[allocation("ga-2", units=1, percent=0)])
+    assert [a.id for a in ledger.load()] == ["ga-1"]
+
+
+def test_kill_9_in_the_middle_of_a_write_leaves_no_partial_allocation(tmp_path):
+    Ledger(str(tmp_path)).commit(put=[allocation("ga-before", units=1, percent=0)])
+    # A real process writes the allocation row, then is killed -9 before the
+    # devices and the commit.
+    script = textwrap.dedent(f"""
+        import sys, time
+        from nodemgr.allocation.ledger import Ledger
+        from tests.harness.ledger_rows import allocation
+        ledger = Ledger({str(tmp_path)!r})
+        def stall(self, allocation):
+            print("row written", flush=True)
+            time.sleep(60)
+        Ledger._write_devices = stall
+        ledger.commit(put=[allocation("ga-torn", units=4, percent=30)])
+    """)
+    child = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=os.path.dirname(
+            os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        ),
+    )
+    assert child.stdout.readline().strip() == "row written"
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    survivors = Ledger(str(tmp_path)).load()
+    assert [a.id for a in survivors] == ["ga-before"]
+    assert survivors[0].memory_units == 1
+
+
+def test_corrupt_file_is_refused_with_recovery_hint_and_left_in_place(tmp_path):
+    path = tmp_path / LEDGER_FILE
+    path.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(LedgerError, match="move the file aside"):
+        Ledger(str(tmp_path))
+    assert path.read_bytes() == b"this is not sqlite" * 100
+
+
+def test_read_only_open_does_not_create_anything(tmp_path):
+    with pytest.raises(LedgerError):
+        Ledger(str(tmp_path / "missing"), read_only=True)
+    assert not (tmp_path / "missing").exists()
+
+
+def test_meta_values_persist(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.set_meta("memory_unit_mib", "1024")
+    ledger.close()
+    assert Ledger(str(tmp_path)).get_meta("memory_unit_mib") == "1024"
+
+
+# --- registered containers and the violation history -------------------------------------------
+
+
+def registration(container_id="c1", identity=None, registered_at=2000.0):
+    return Registration(
+        container_id=container_id,
+        allocation_id="ga-1",
+        cgroup=CgroupKey("", f"/kubepods/{container_id}"),
+        init_pid=4242,
+        init_start_ticks=987654,
+        identity=identity,
+        registered_at=registered_at,
+    )
+
+
+def test_registrations_round_trip_survive_reopen_and_delete(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    with_identity = registration("c1", ContainerRef("ns", "pod", "main"), 2000.0)
+    without = registration("c2", None, 2001.0)
+    ledger.put_registration(without)
+    ledger.put_registration(with_identity)
+    assert ledger.load_registrations() == [with_identity, without]  # by registration time
+    ledger.close()
+    again = Ledger(str(tmp_path))
+    assert again.load_registrations() == [with_identity, without]
+    again.delete_registration("c1")
+    again.delete_registration("never-there")  # nothing to delete is fine
+    assert again.load_registrations() == [without]
+
+
+def test_putting_a_registration_again_replaces_it(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.put_registration(registration("c1"))
+    moved = Registration(
+        "c1", "ga-2", CgroupKey("memory", "/other"), 7, 8, None, registered_at=3000.0
+    )
+    ledger.put_registration(moved)
+    assert ledger.load_registrations() == [moved]
+
+
+def violation(n, owner=None, kind=MEMORY):
+    return Violation(
+        kind=kind,
+        card_uuid="GPU-a",
+        pids=(100 + n, 200 + n),
+        detail=f"violation {n}",
+        allocation_id="ga-1",
+        container_id="c1",
+        owner=owner,
+        used_mib=5000 + n,
+        quota_mib=4096,
+    )
+
+
+def test_violations_are_listed_newest_first_with_every_field(tmp_path):
+    ledger = Ledger(str(tmp_path))
+    ledger.add_violation(violation(1, ContainerRef("ns", "pod", "main")), "kill", 10.0)
+    ledger.add_violation(Violation(UNALLOCATED, "GPU-b", (7,), "stray", used_mib=300), "log", 11.0)
+    assert ledger.violations() == [
+        {
+            "at": 11.0,
+            "kind": UNALLOCATED,
+            "action": "log",
+            "card": "GPU-b",
+            "allocation_id": None,
+            "container_id": None,
+            "namespace": None,
+            "pod": None,
+            "container": None,
+            "pids": "7",
+            "used_mib": 300,
+            "quota_mib": 0,
+            "detail": "stray",
+        },
+        {
+            "at": 10.0,
+            "kind": MEMORY,
+            "action": "kill",
+            "card": "GPU-a",
+            "allocation_id": "ga-1",
+            "container_id": "c1",
+            "namespace": "ns",
+            "pod": "pod",
+            "container": "main",
+            "pids": "101,201",
+            "used_mib": 5001,
+            "quota_mib": 4096,
+            "detail": "violation 1",
+        },
+    ]
+    assert [v["detail"] for v in ledger.violations(limit=1)] == ["stray"]
+
+
+def test_violation_history_keeps_only_the_newest_rows(tmp_path, monkeypatch):
+    monkeypatch.setattr(ledger_module, "VIOLATION_HISTORY_ROWS", 5)
+    ledger = Ledger(str(tmp_path))
+    for n in range(8):
+        ledger.add_violation(violation(n), "kill", 100.0 + n)
+    expected = [f"violation {n}" for n in (7, 6, 5, 4, 3)]
+    assert [v["detail"] for v in ledger.violations(limit=100)] == expected
+    ledger.close()
+    assert [v["detail"] for v in Ledger(str(tmp_path)).violations()] == expected

@@ -1,0 +1,320 @@
+"""Pins nodemgr.domain.containercheck: which cgroup holds a container (v2 first, then v1 memory,
+never "/"), and that a container's GPU env must name a live allocation and exactly its cards,
+may lower but never raise or remove its quota env, may name only device 0, and must use the
+MPS pipe directory when MPS is on; whole cards carry no quota; an allocation's pod identity
+is not shared with another pod."""
+
+import pytest
+
+from nodemgr.domain.containercheck import (
+    CgroupError,
+    check_container,
+    container_cgroup,
+    identity_conflict,
+    parse_cgroups,
+    quota_env_problem,
+)
+from nodemgr.domain.deviceids import ResourceKind, card_device_ids, core_device_id, memory_device_id
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef
+from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of
+
+MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
+PIPE = MPS_PIPE
+BY_INDEX = {"0": GPU0, "1": GPU1}
+POD_A = ContainerRef("default", "a", "main")
+POD_B = ContainerRef("default", "b", "main")
+
+
+def shared(id_="ga-1", card=GPU0, units=4, percent=30, owner=None):
+    devices = {
+        MEM: tuple(memory_device_id(card, j) for j in range(units)),
+        CORE: tuple(core_device_id(card, j) for j in range(percent)),
+    }
+    return Allocation(
+        id=id_,
+        devices={kind: ids for kind, ids in devices.items() if ids},
+        memory_mib=units * 1024,
+        created_at=100.0,
+        owner=owner,
+    )
+
+
+def whole(id_="ga-w", cards=(GPU0, GPU1)):
+    ids = tuple(d for card in cards for d in card_device_ids(WHOLE, card, 0))
+    return Allocation(id=id_, devices={WHOLE: ids}, memory_mib=0, created_at=100.0)
+
+
+def check(env, allocation, pipe=PIPE):
+    return check_container(env, allocation, BY_INDEX, pipe)
+
+
+# --- cgroups ---------------------------------------------------------------------------------
+
+V1 = "12:pids:/kubepods/pod1/c1\n11:memory:/kubepods/pod1/c1\n1:name=systemd:/kubepods/pod1/c1\n"
+
+
+def test_parse_cgroups_maps_controllers_to_paths():
+    assert parse_cgroups(V1 + "0::/\n") == {
+        "pids": "/kubepods/pod1/c1",
+        "memory": "/kubepods/pod1/c1",
+        "name=systemd": "/kubepods/pod1/c1",
+        "": "/",
+    }
+
+
+def test_parse_cgroups_keeps_colons_in_the_path_and_skips_blank_lines():
+    assert parse_cgroups("\n0::/a:b/c\n\n") == {"": "/a:b/c"}
+
+
+@pytest.mark.parametrize("text", ["garbage\n", "0:/no-controllers\n", "0::relative/path\n"])
+def test_malformed_cgroup_line_is_refused(text):
+    with pytest.raises(CgroupError, match="not a /proc/PID/cgroup line"):
+        parse_cgroups(text)
+    with pytest.raises(CgroupError):
+        container_cgroup(text)
+
+
+def test_unified_hierarchy_is_preferred():
+    text = "11:memory:/v1/c1\n0::/kubepods.slice/cri-containerd-c1.scope\n"
+    assert container_cgroup(text) == CgroupKey("", "/kubepods.slice/cri-containerd-c1.scope")
+
+
+def test_v1_memory_is_used_when_the_unified_path_is_root():
+    assert container_cgroup(V1 + "0::/\n") == CgroupKey("memory", "/kubepods/pod1/c1")
+
+
+def test_v1_pids_is_the_last_resort():
+    assert container_cgroup("12:pids:/c1\n11:memory:/\n0::/\n") == CgroupKey("pids", "/c1")
+
+
+def test_no_cgroup_of_its_own_is_refused():
+    with pytest.raises(CgroupError, match="no cgroup of its own"):
+        container_cgroup("12:pids:/\n11:memory:/\n0::/\n")
+    with pytest.raises(CgroupError, match="no cgroup of its own"):
+        container_cgroup("")
+
+
+# --- check_container: which allocation, which cards -------------------------------------------
+
+
+def test_the_env_allocate_gave_passes():
+    allocation = shared()
+    assert check(env_of(allocation), allocation) is None
+
+
+def test_gpus_without_an_allocation_id_are_refused():
+    problem = check({"NVIDIA_VISIBLE_DEVICES": GPU0}, None)
+    assert (
+        f"NVIDIA_VISIBLE_DEVICES={GPU0}" in problem and "without a gpushare allocation" in problem
+    )
+
+
+def test_legacy_cuda_image_without_allocation_says_why_it_asks_for_gpus():
+    problem = check({"CUDA_VERSION": "12.0"}, None)
+    assert "legacy CUDA image" in problem and "without a gpushare allocation" in problem
+
+
+def test_unknown_allocation_is_refused():
+    problem = check({"NVIDIA_VISIBLE_DEVICES": GPU0, "GPUSHARE_ALLOCATION_ID": "ga-gone"}, None)
+    assert "GPUSHARE_ALLOCATION_ID=ga-gone is not a live allocation" in problem
+
+
+def test_allocation_without_gpu_request_is_harmless():
+    allocation = shared()
+    env = {"GPUSHARE_ALLOCATION_ID": allocation.id, "NVIDIA_VISIBLE_DEVICES": "void"}
+    assert check(env, allocation) is None
+
+
+@pytest.mark.parametrize("value", ["all", "ALL", f"{GPU0},all"])
+def test_all_is_refused(value):
+    allocation = shared()
+    problem = check(env_of(allocation, NVIDIA_VISIBLE_DEVICES=value), allocation)
+    assert "NVIDIA_VISIBLE_DEVICES=all" in problem and GPU0 in problem
+
+
+def test_legacy_cuda_image_with_allocation_is_refused_as_all():
+    allocation = shared()
+    env = env_of(allocation, NVIDIA_VISIBLE_DEVICES=None, CUDA_VERSION="12.0")
+    assert "NVIDIA_VISIBLE_DEVICES=all" in check(env, allocation)
+
+
+def test_index_form_resolves_to_the_card():
+    allocation = shared()
+    assert check(env_of(allocation, NVIDIA_VISIBLE_DEVICES="0"), allocation) is None
+
+
+def test_index_of_another_card_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, NVIDIA_VISIBLE_DEVICES="1"), allocation)
+    assert "NVIDIA_VISIBLE_DEVICES=1 differs from the cards of allocation ga-1" in problem
+
+
+@pytest.mark.parametrize("value", [GPU1, f"{GPU0},{GPU1}", "GPU-unknown"])
+def test_other_cards_are_refused(value):
+    allocation = shared()
+    problem = check(env_of(allocation, NVIDIA_VISIBLE_DEVICES=value), allocation)
+    assert "differs from the cards of allocation" in problem
+
+
+def test_whole_allocation_needs_exactly_its_cards():
+    allocation = whole()
+    env = {"NVIDIA_VISIBLE_DEVICES": f"{GPU1},{GPU0}", "GPUSHARE_ALLOCATION_ID": allocation.id}
+    assert check(env, allocation) is None
+    assert check({**env, "NVIDIA_VISIBLE_DEVICES": "0,1"}, allocation) is None
+    assert "differs" in check({**env, "NVIDIA_VISIBLE_DEVICES": GPU0}, allocation)
+
+
+def test_whole_allocation_ignores_quota_and_pipe_env():
+    allocation = whole(cards=(GPU0,))
+    env = {
+        "NVIDIA_VISIBLE_DEVICES": GPU0,
+        "GPUSHARE_ALLOCATION_ID": allocation.id,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=999G",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "garbage",
+        "CUDA_MPS_PIPE_DIRECTORY": "/elsewhere",
+    }
+    assert check(env, allocation) is None
+
+
+# --- check_container: quota env ----------------------------------------------------------------
+
+
+def test_lowered_memory_limit_is_allowed():
+    allocation = shared()
+    env = env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1G")
+    assert check(env, allocation) is None
+
+
+def test_memory_limit_in_gib_equal_to_the_quota_is_allowed():
+    allocation = shared()
+    assert check(env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=4G"), allocation) is None
+
+
+def test_raised_memory_limit_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=4097M"), allocation)
+    assert "raises the quota of 4096 MiB" in problem
+
+
+def test_removed_memory_limit_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=None), allocation)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT was removed (quota 4096 MiB)" in problem
+
+
+def test_malformed_memory_limit_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="lots"), allocation)
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" in problem and "0=4096M" in problem
+
+
+@pytest.mark.parametrize("value", ["1=1G", "0=1G,1=1G"])
+def test_ordinal_other_than_0_is_refused(value):
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=value), allocation)
+    assert "only device 0 is visible" in problem
+
+
+def test_repeated_ordinal_in_memory_limit_is_refused():
+    allocation = shared()
+    env = env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=100G,0=1G")
+    assert check(env, allocation) is not None
+
+
+def test_memory_only_allocation_needs_no_thread_percentage():
+    allocation = shared(percent=0)
+    assert check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=None), allocation) is None
+
+
+def test_share_only_allocation_needs_no_memory_limit():
+    allocation = shared(units=0)
+    env = env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=None)
+    assert check(env, allocation) is None
+
+
+@pytest.mark.parametrize("value", ["30", "10", "29.5"])
+def test_lowered_or_equal_thread_percentage_is_allowed(value):
+    allocation = shared()
+    assert check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=value), allocation) is None
+
+
+@pytest.mark.parametrize("value", ["31", "100", "0", "-5", "nan", "inf"])
+def test_thread_percentage_outside_the_share_is_refused(value):
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=value), allocation)
+    assert "is outside the share of 30%" in problem
+
+
+def test_removed_thread_percentage_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=None), allocation)
+    assert "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE was removed (share 30%)" in problem
+
+
+def test_non_numeric_thread_percentage_is_refused():
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="thirty"), allocation)
+    assert "'thirty' is not a number" in problem
+
+
+# --- check_container: MPS pipe directory --------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", ["/elsewhere", None])
+def test_other_or_missing_pipe_directory_is_refused_with_mps_on(value):
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_PIPE_DIRECTORY=value), allocation)
+    shown = "(unset)" if value is None else value
+    assert f"CUDA_MPS_PIPE_DIRECTORY={shown} differs from {PIPE}" in problem
+
+
+@pytest.mark.parametrize("value", ["/elsewhere", None])
+def test_pipe_directory_is_not_checked_with_mps_off(value):
+    allocation = shared()
+    assert check(env_of(allocation, CUDA_MPS_PIPE_DIRECTORY=value), allocation, pipe=None) is None
+
+
+# --- quota_env_problem -------------------------------------------------------------------------
+
+
+def test_quota_env_problem_reads_a_process_env():
+    allocation = shared()
+    quota = {
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+    }
+    assert quota_env_problem(quota, allocation) is None
+    assert "removed" in quota_env_problem({}, allocation)
+    assert "raises" in quota_env_problem(
+        {**quota, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=5G"}, allocation
+    )
+
+
+def test_quota_env_problem_of_an_allocation_without_quota_is_none():
+    assert quota_env_problem({}, shared(units=0, percent=0)) is None
+
+
+# --- identity_conflict -------------------------------------------------------------------------
+
+
+def test_no_identity_is_never_a_conflict():
+    assert identity_conflict(None, shared(owner=POD_A), [POD_B]) is None
+
+
+def test_owner_reported_by_kubelet_wins():
+    allocation = shared(owner=POD_A)
+    assert identity_conflict(POD_A, allocation, []) is None
+    assert identity_conflict(POD_B, allocation, []) == (
+        "allocation ga-1 belongs to default/a/main, not default/b/main"
+    )
+    # Even when another identity registered first.
+    assert identity_conflict(POD_A, allocation, [POD_B]) is None
+
+
+def test_without_owner_the_first_registered_container_binds_the_allocation():
+    allocation = shared()
+    assert identity_conflict(POD_B, allocation, []) is None
+    assert identity_conflict(POD_A, allocation, [POD_A]) is None
+    assert "belongs to default/a/main, not default/b/main" in identity_conflict(
+        POD_B, allocation, [POD_A]
+    )

@@ -1,0 +1,50 @@
+"""Pins the device ID scheme: the card is recoverable from any ID, IDs fit kubelet's limit."""
+
+from nodemgr.domain.deviceids import (
+    MAX_DEVICE_ID_LENGTH,
+    ResourceKind,
+    card_device_ids,
+    card_of,
+    id_sort_key,
+)
+
+UUID = "GPU-6a7c0d3e-1111-2222-3333-444455556666"
+
+
+def test_memory_ids_follow_the_gpushare_convention():
+    assert card_device_ids(ResourceKind.MEMORY, UUID, 3) == [
+        f"{UUID}-_-0",
+        f"{UUID}-_-1",
+        f"{UUID}-_-2",
+    ]
+
+
+def test_each_card_has_100_share_ids_and_one_whole_id():
+    assert len(card_device_ids(ResourceKind.CORE, UUID, 15)) == 100
+    assert card_device_ids(ResourceKind.WHOLE, UUID, 15) == [UUID]
+
+
+def test_card_is_recovered_from_every_id_of_every_resource():
+    for kind in ResourceKind:
+        for device_id in card_device_ids(kind, UUID, 15):
+            assert card_of(kind, device_id) == UUID
+
+
+def test_ids_of_one_resource_are_not_taken_for_another():
+    assert card_of(ResourceKind.CORE, f"{UUID}-_-3") is None
+    assert card_of(ResourceKind.MEMORY, f"{UUID}-_-c3") is None
+    assert card_of(ResourceKind.WHOLE, f"{UUID}-_-3") is None
+    assert card_of(ResourceKind.MEMORY, "garbage") is None
+    assert card_of(ResourceKind.MEMORY, f"{UUID}-_-03") is None
+    assert card_of(ResourceKind.CORE, f"{UUID}-_-c100") is None
+
+
+def test_longest_uuid_allowed_by_config_stays_within_63_characters():
+    longest = "G" * 52
+    for kind in ResourceKind:
+        assert max(len(i) for i in card_device_ids(kind, longest, 200)) <= MAX_DEVICE_ID_LENGTH
+
+
+def test_sort_is_numeric_within_a_card():
+    ids = [f"{UUID}-_-10", f"{UUID}-_-9", f"{UUID}-_-0"]
+    assert sorted(ids, key=id_sort_key) == [f"{UUID}-_-0", f"{UUID}-_-9", f"{UUID}-_-10"]

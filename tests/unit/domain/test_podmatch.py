@@ -1,0 +1,106 @@
+"""Which container kubelet is admitting (nodemgr.domain.podmatch, pure).
+
+Pins: the match is by one container's request (not the pod total), oldest pod
+first (extender assume time, else creation), containers in order; a container
+already holding part of its demand comes first; finished, deleting and
+non-pending pods are no candidates; the extender's card comes from the
+per-container allocation annotation, else ALIYUN_COM_GPU_MEM_IDX, and garbage
+there counts as not said.
+"""
+
+from __future__ import annotations
+
+from nodemgr.domain.podmatch import (
+    ContainerRequest,
+    PodInfo,
+    find_demand,
+    is_candidate_pod,
+    parse_extender_index,
+)
+
+MEM, CORE = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
+
+
+def pod(name, *containers, created=100.0, annotations=None, phase="Pending", deleting=False):
+    return PodInfo(
+        namespace="ns",
+        name=name,
+        uid=f"uid-{name}",
+        node_name="node-a",
+        phase=phase,
+        created_at=created,
+        deleting=deleting,
+        annotations=annotations or {},
+        containers=tuple(ContainerRequest(n, r) for n, r in containers),
+    )
+
+
+def demand(pods, resource, size, held=None):
+    return find_demand(pods, resource, size, MEM, CORE, held or {})
+
+
+def test_matches_one_containers_request_not_the_pod_total():
+    two = pod("two", ("a", {MEM: 4, CORE: 30}), ("b", {MEM: 2}))
+    found = demand([two], MEM, 2)
+    assert (found.pod, found.container, found.container_index) == ("two", "b", 1)
+    assert (found.memory_units, found.core_percent, found.pod_memory_units) == (2, 0, 6)
+    assert demand([two], MEM, 6) is None  # the pod total is no container's request
+
+
+def test_whole_demand_known_at_the_first_resource_either_way():
+    p = pod("p", ("main", {MEM: 4, CORE: 40}))
+    for resource, size in ((MEM, 4), (CORE, 40)):
+        found = demand([p], resource, size)
+        assert (found.memory_units, found.core_percent) == (4, 40)
+
+
+def test_oldest_pod_first_assume_time_before_creation():
+    old = pod("old", ("main", {MEM: 4}), created=50.0)
+    new = pod("new", ("main", {MEM: 4}), created=10.0, annotations={
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(40 * 10**9)})  # fmt: skip
+    assert demand([old, new], MEM, 4).pod == "new"  # assumed at 40 s, before old's 50 s
+
+
+def test_a_container_mid_admission_comes_first():
+    older = pod("older", ("main", {MEM: 4, CORE: 30}), created=1.0)
+    busy = pod("busy", ("main", {MEM: 2, CORE: 30}), created=2.0)
+    held = {("ns", "busy", "main"): frozenset({MEM})}
+    assert demand([older, busy], CORE, 30, held).pod == "busy"
+    # a container holding this resource already is no candidate
+    held = {("ns", "older", "main"): frozenset({CORE})}
+    assert demand([older, busy], CORE, 30, held).pod == "busy"
+
+
+def test_finished_and_deleting_pods_are_no_candidates():
+    done = pod("done", ("main", {MEM: 4}), phase="Succeeded")
+    going = pod("going", ("main", {MEM: 4}), deleting=True)
+    assert demand([done, going], MEM, 4) is None
+    assert not is_candidate_pod(done, (MEM, CORE))
+    assert not is_candidate_pod(going, (MEM, CORE))
+    assert not is_candidate_pod(pod("run", ("m", {MEM: 1}), phase="Running"), (MEM, CORE))
+    assert not is_candidate_pod(pod("cpu", ("m", {"cpu": 1})), (MEM, CORE))
+    assert is_candidate_pod(pod("gpu", ("m", {CORE: 10})), (MEM, CORE))
+
+
+def test_extender_index_per_container_then_pod_wide():
+    annotations = {
+        "ALIYUN_COM_GPU_MEM_IDX": "1",
+        "scheduler.framework.gpushare.allocation": '{"0": {"0": 4}, "1": {"1": 2}}',
+    }
+    p = pod("p", ("a", {MEM: 4}), ("b", {MEM: 2}), annotations=annotations)
+    assert parse_extender_index(p, 0) == 0
+    assert parse_extender_index(p, 1) == 1
+    assert parse_extender_index(p, 5) == 1  # not in the per-container map: pod-wide index
+    assert demand([p], MEM, 4).extender_card_index == 0
+
+
+def test_garbage_extender_annotations_count_as_not_said():
+    for given in (
+        {"ALIYUN_COM_GPU_MEM_IDX": "x"},
+        {"ALIYUN_COM_GPU_MEM_IDX": "-1"},
+        {"ALIYUN_COM_GPU_MEM_IDX": "\u0663"},  # a non-ASCII digit
+        {"scheduler.framework.gpushare.allocation": "not json"},
+        {"scheduler.framework.gpushare.allocation": '{"0": {"a": 1}}'},
+        {"scheduler.framework.gpushare.allocation": "[1, 2]"},
+    ):
+        assert parse_extender_index(pod("p", ("a", {MEM: 1}), annotations=given), 0) is None

@@ -1,0 +1,81 @@
+"""Pins reconcile: kubelet's PodResources record always wins over the ledger."""
+
+import itertools
+
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import Allocation, ContainerRef
+from nodemgr.domain.reconcile import plan_reconcile
+
+MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
+POD_A = ContainerRef("default", "a", "main")
+POD_B = ContainerRef("default", "b", "main")
+
+
+def ids(card, kind, n, start=0):
+    prefix = "c" if kind is CORE else ""
+    return tuple(f"{card}-_-{prefix}{j}" for j in range(start, start + n))
+
+
+def alloc(id_, devices, created_at=100.0, owner=None, confirmed_at=None):
+    units = len(devices.get(MEM, ()))
+    return Allocation(id_, devices, units * 1024, created_at, owner, confirmed_at)
+
+
+def plan(allocations, reported, now=110.0, grace=60.0):
+    counter = itertools.count(1)
+    return plan_reconcile(allocations, reported, now, grace, 1024, lambda: f"new-{next(counter)}")
+
+
+def report(ref, devices):
+    return {(kind, i): ref for kind, group in devices.items() for i in group}
+
+
+def test_reported_allocation_gets_its_owner_once():
+    devices = {MEM: ids("GPU-a", MEM, 4), CORE: ids("GPU-a", CORE, 30)}
+    result = plan([alloc("ga-1", devices)], report(POD_A, devices))
+    assert [(a.id, a.owner, a.confirmed_at) for a in result.put] == [("ga-1", POD_A, 110.0)]
+    # Already confirmed with the same owner: nothing to write.
+    assert plan(result.put, report(POD_A, devices)).empty
+
+
+def test_fresh_unreported_allocation_is_kept_within_grace_then_released():
+    devices = {MEM: ids("GPU-a", MEM, 4)}
+    assert plan([alloc("ga-1", devices, created_at=100.0)], {}, now=150.0).empty
+    result = plan([alloc("ga-1", devices, created_at=100.0)], {}, now=161.0)
+    assert result.delete == ["ga-1"] and "within 60 s" in result.notes[0]
+
+
+def test_confirmed_allocation_no_longer_reported_is_released_at_once():
+    devices = {MEM: ids("GPU-a", MEM, 4)}
+    confirmed = alloc("ga-1", devices, created_at=109.0, owner=POD_A, confirmed_at=109.5)
+    result = plan([confirmed], {}, now=110.0)
+    assert result.delete == ["ga-1"]
+    assert "default/a/main" in result.notes[0]
+
+
+def test_devices_kubelet_gave_to_two_containers_are_split():
+    mem, core = ids("GPU-a", MEM, 4), ids("GPU-a", CORE, 30)
+    reported = {**report(POD_A, {MEM: mem}), **report(POD_B, {CORE: core})}
+    result = plan([alloc("ga-1", {MEM: mem, CORE: core})], reported)
+    by_id = {a.id: a for a in result.put}
+    assert by_id["ga-1"].devices == {MEM: mem} and by_id["ga-1"].owner == POD_A
+    assert by_id["new-1"].devices == {CORE: tuple(sorted(core))} and by_id["new-1"].owner == POD_B
+    assert by_id["new-1"].memory_mib == 0
+
+
+def test_devices_unknown_to_the_ledger_are_adopted_per_container_and_card():
+    reported = {
+        **report(POD_A, {MEM: ids("GPU-a", MEM, 2), CORE: ids("GPU-a", CORE, 10)}),
+        **report(POD_B, {WHOLE: ("GPU-b",)}),
+    }
+    result = plan([], reported)
+    adopted = sorted((a.owner.pod, a.whole, a.memory_mib, a.core_percent) for a in result.put)
+    assert adopted == [("a", False, 2048, 10), ("b", True, 0, 0)]
+    assert all("adopted" in note for note in result.notes)
+
+
+def test_only_reported_devices_remain_when_kubelet_holds_fewer():
+    mem = ids("GPU-a", MEM, 4)
+    reported = report(POD_A, {MEM: mem[:2]})
+    result = plan([alloc("ga-1", {MEM: mem}, owner=POD_A, confirmed_at=100.0)], reported)
+    assert result.put[0].devices == {MEM: mem[:2]} and result.put[0].memory_mib == 2048

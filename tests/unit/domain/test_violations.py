@@ -1,0 +1,231 @@
+"""Pins nodemgr.domain.violations.find_violations: a container's GPU memory is the sum over all its
+processes (nested cgroups included) and only what exceeds quota + grace is a violation, whose
+pids are the newest processes, just enough to get back within quota + grace; a process without
+or above its quota env is an ENV violation; GPU processes on shared cards outside a live
+allocation holding that card are UNALLOCATED; whole cards and whole allocations are not policed;
+violation keys stay the same across scans."""
+
+from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.domain.violations import ENV, MEMORY, UNALLOCATED, GpuProcess, find_violations
+from tests.harness.cards import GPU0, GPU1
+
+MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
+POD_A = ContainerRef("default", "a", "main")
+QUOTA_ENV = {
+    "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30",
+}
+GRACE = 128
+
+
+def shared(id_="ga-1", card=GPU0, units=4, percent=30, owner=None):
+    devices = {MEM: tuple(memory_device_id(card, j) for j in range(units))}
+    if percent:
+        devices[CORE] = tuple(core_device_id(card, j) for j in range(percent))
+    return Allocation(id_, devices, units * 1024, 100.0, owner)
+
+
+def whole(id_="ga-w", card=GPU1):
+    return Allocation(id_, {WHOLE: (card,)}, 0, 100.0)
+
+
+def registration(container_id="c1", allocation_id="ga-1", path="/pod-a/c1", identity=POD_A):
+    return Registration(container_id, allocation_id, CgroupKey("", path), 10, 1000, identity, 1.0)
+
+
+def proc(pid, used_mib, start_ticks=None, card=GPU0, path="/pod-a/c1", env=QUOTA_ENV):
+    start = pid * 10 if start_ticks is None else start_ticks
+    return GpuProcess(pid, card, used_mib, start, {"": path}, dict(env))
+
+
+def find(registrations, allocations, processes, shared_cards=(GPU0,), grace=GRACE):
+    return find_violations(
+        registrations, {a.id: a for a in allocations}, processes, set(shared_cards), grace
+    )
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_within_quota_is_no_violation():
+    assert find([registration()], [shared()], [proc(101, 2000), proc(102, 2000)]) == []
+
+
+def test_memory_is_summed_over_the_container_processes():
+    # Each alone is under the 4096 MiB quota; together 6000 MiB are over it.
+    processes = [proc(101, 2000, 500), proc(102, 2000, 700), proc(103, 2000, 600)]
+    [violation] = find([registration()], [shared()], processes)
+    assert violation.kind == MEMORY
+    assert (violation.used_mib, violation.quota_mib) == (6000, 4096)
+    assert (violation.container_id, violation.allocation_id) == ("c1", "ga-1")
+    assert violation.card_uuid == GPU0 and violation.owner == POD_A
+    # Newest first (highest start_ticks, not highest pid): stopping 102 alone leaves 4000.
+    assert violation.pids == (102,)
+    assert "6000 MiB" in violation.detail and "4096 MiB" in violation.detail
+
+
+def test_only_as_many_newest_processes_as_needed_are_named():
+    processes = [proc(101, 3000, 100), proc(102, 1000, 300), proc(103, 1000, 200)]
+    # 5000 used, 4224 allowed: killing 102 (newest) leaves 4000, enough.
+    [violation] = find([registration()], [shared()], processes)
+    assert violation.pids == (102,)
+    processes = [
+        proc(101, 1000, 100),
+        proc(102, 600, 300),
+        proc(103, 600, 200),
+        proc(104, 3000, 50),
+    ]
+    # 5200 used: 102 then 103 are needed to reach 4000 <= 4224.
+    [violation] = find([registration()], [shared()], processes)
+    assert violation.pids == (102, 103)
+
+
+def test_grace_is_respected():
+    at_limit = [proc(101, 4096 + GRACE)]
+    assert find([registration()], [shared()], at_limit) == []
+    [violation] = find([registration()], [shared()], [proc(101, 4096 + GRACE + 1)])
+    assert violation.kind == MEMORY and violation.pids == (101,)
+    assert find([registration()], [shared()], [proc(101, 4097)], grace=0)[0].kind == MEMORY
+
+
+def test_a_process_in_a_nested_cgroup_counts_as_the_container():
+    processes = [proc(101, 3000, 100), proc(102, 3000, 200, path="/pod-a/c1/sub/deeper")]
+    [violation] = find([registration()], [shared()], processes)
+    assert violation.kind == MEMORY and violation.container_id == "c1"
+    assert violation.used_mib == 6000 and violation.pids == (102,)
+
+
+def test_a_sibling_cgroup_with_a_common_name_prefix_is_not_the_container():
+    # /pod-a/c10 is not below /pod-a/c1: its process is outside any registration.
+    violations = find([registration()], [shared()], [proc(101, 100, path="/pod-a/c10")])
+    assert [v.kind for v in violations] == [UNALLOCATED]
+
+
+def test_registration_on_a_v1_hierarchy_matches_that_hierarchy_only():
+    reg = Registration("c1", "ga-1", CgroupKey("memory", "/kube/c1"), 10, 1000, None, 1.0)
+    inside = GpuProcess(101, GPU0, 5000, 1, {"memory": "/kube/c1/x", "": "/"}, QUOTA_ENV)
+    [violation] = find([reg], [shared()], [inside])
+    assert violation.kind == MEMORY
+
+
+def test_memory_is_per_container():
+    regs = [registration("c1", "ga-1", "/pod-a/c1"), registration("c2", "ga-2", "/pod-b/c2")]
+    allocations = [shared("ga-1"), shared("ga-2")]
+    processes = [proc(101, 3000), proc(102, 3000, path="/pod-b/c2")]
+    assert find(regs, allocations, processes) == []
+
+
+def test_share_only_allocation_has_no_memory_check():
+    allocation = shared(units=0)
+    env = {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+    assert find([registration()], [allocation], [proc(101, 9000, env=env)]) == []
+
+
+# --- env -------------------------------------------------------------------------------------
+
+
+def test_process_without_quota_env_is_an_env_violation():
+    [violation] = find([registration()], [shared()], [proc(101, 100, 555, env={})])
+    assert violation.kind == ENV and violation.pids == (101,)
+    assert violation.container_id == "c1" and violation.allocation_id == "ga-1"
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT was removed" in violation.detail
+
+
+def test_process_raising_its_quota_env_is_an_env_violation():
+    env = {**QUOTA_ENV, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
+    [violation] = find([registration()], [shared()], [proc(101, 100, env=env)])
+    assert violation.kind == ENV and "outside the share of 30%" in violation.detail
+
+
+def test_process_lowering_its_quota_env_is_fine():
+    env = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=1G", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "5"}
+    assert find([registration()], [shared()], [proc(101, 100, env=env)]) == []
+
+
+def test_env_and_memory_violations_are_reported_together():
+    processes = [proc(101, 3000, 100), proc(102, 3000, 200, env={})]
+    violations = find([registration()], [shared()], processes)
+    assert sorted(v.kind for v in violations) == [ENV, MEMORY]
+
+
+# --- unallocated -----------------------------------------------------------------------------
+
+
+def test_process_on_a_shared_card_outside_any_registration_is_unallocated():
+    [violation] = find([], [shared()], [proc(101, 500, path="/system.slice/miner")])
+    assert violation.kind == UNALLOCATED and violation.pids == (101,)
+    assert violation.container_id is None and violation.allocation_id is None
+    assert "belongs to no registered container" in violation.detail
+
+
+def test_process_whose_allocation_is_gone_is_unallocated():
+    [violation] = find([registration()], [], [proc(101, 500)])
+    assert violation.kind == UNALLOCATED and violation.container_id == "c1"
+    assert violation.owner == POD_A
+    assert "allocation ga-1 was released" in violation.detail
+
+
+def test_process_on_a_card_its_allocation_does_not_hold_is_unallocated():
+    process = proc(101, 500, card=GPU1)
+    [violation] = find([registration()], [shared()], [process], shared_cards=(GPU0, GPU1))
+    assert violation.kind == UNALLOCATED and violation.card_uuid == GPU1
+    assert violation.allocation_id == "ga-1"
+    assert f"holds {GPU0}, not this card" in violation.detail
+
+
+def test_process_on_a_card_outside_its_allocation_does_not_count_toward_its_memory():
+    processes = [proc(101, 3000), proc(102, 3000, card=GPU1)]
+    violations = find([registration()], [shared()], processes, shared_cards=(GPU0, GPU1))
+    assert [v.kind for v in violations] == [UNALLOCATED]
+
+
+def test_processes_on_non_shared_cards_outside_registrations_are_not_violations():
+    processes = [proc(101, 9000, card=GPU1, path="/host/job"), proc(102, 9000, card=GPU1)]
+    assert find([registration()], [shared()], processes, shared_cards=(GPU0,)) == []
+
+
+def test_whole_allocations_get_no_memory_or_env_checks():
+    reg = registration("cw", "ga-w", "/pod-w/cw")
+    processes = [proc(101, 15000, card=GPU1, path="/pod-w/cw", env={})]
+    # Even when the card is (wrongly) listed as shared, the registration covers it.
+    assert find([reg], [whole()], processes, shared_cards=(GPU0, GPU1)) == []
+
+
+# --- keys ------------------------------------------------------------------------------------
+
+
+def test_keys_are_stable_across_calls():
+    regs = [registration()]
+    allocations = [shared()]
+
+    def scan(used):
+        return find(
+            regs,
+            allocations,
+            [
+                proc(101, used, 100),
+                proc(102, used, 200),
+                proc(103, 10, 300, env={}),
+                proc(104, 10, 400, path="/elsewhere"),
+            ],
+        )
+
+    first, second = scan(3000), scan(3500)
+    assert {v.kind: v.key for v in first} == {v.kind: v.key for v in second}
+    keys = {v.kind: v.key for v in first}
+    assert keys[MEMORY] == (MEMORY, "c1")
+    assert keys[ENV] == (ENV, 103, 300)
+    assert keys[UNALLOCATED] == (UNALLOCATED, 104, 400)
+    # A reused PID (another start time) is another violation.
+    reused = find([], allocations, [proc(104, 10, 401, path="/elsewhere")])
+    assert reused[0].key != keys[UNALLOCATED]
+
+
+def test_unparseable_quota_env_is_an_env_violation_not_a_crash():
+    regs = [registration("c1", "ga-1", "/pod-a/c1"), registration("c2", "ga-2", "/pod-b/c2")]
+    allocations = [shared("ga-1"), shared("ga-2")]
+    bad_env = {**QUOTA_ENV, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=²M"}
+    processes = [proc(101, 100, env=bad_env), proc(102, 9000, path="/pod-b/c2")]
+    violations = find(regs, allocations, processes)
+    assert sorted((v.kind, v.container_id) for v in violations) == [(ENV, "c1"), (MEMORY, "c2")]

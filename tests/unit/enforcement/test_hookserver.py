@@ -1,0 +1,294 @@
+"""Pins the daemon's end of the hook socket with a real ContainerRegistry, Allocator and Ledger:
+a malformed request is refused with a message naming what is wrong and registers nothing; a
+container whose env matches a live allocation is registered durably (a new Ledger loads it) and
+poststop forgets it; a mismatching env, a vanished init process or a second pod identity on one
+allocation is refused; the socket is root-only (0600)."""
+
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from hooks import protocol
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import CgroupKey, ContainerRef
+from nodemgr.enforcement.hookserver import HookServer
+from nodemgr.enforcement.registry import ContainerRegistry
+from nodemgr.inventory import open_inventory
+from tests.harness.cards import GPU0, MPS_PIPE, env_of, simulated_settings
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+PIPE = MPS_PIPE
+CGROUP = "0::/test-container\n"
+POD_A = {"namespace": "default", "pod": "a", "container": "main"}
+POD_B = {"namespace": "default", "pod": "b", "container": "main"}
+
+
+class Node:
+    def __init__(self, tmp_path):
+        self.settings = simulated_settings(str(tmp_path))
+        self.ledger = Ledger(self.settings.state_dir)
+        cards = open_inventory(self.settings.gpus).cards()
+        self.allocator = Allocator(self.settings, cards, self.ledger)
+        self.registry = ContainerRegistry(self.ledger, self.allocator, PIPE)
+        # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
+        self.socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="gsn-")
+        self.socket_path = os.path.join(self.socket_dir, "hook.sock")
+        self.server = HookServer(self.registry, self.socket_path)
+        self.server.start()
+
+    def close(self):
+        self.server.stop()
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
+    def allocate(self, memory_units=4, core_percent=30):
+        """What kubelet does for one container: both resources, on one card."""
+        allocation_id = None
+        for kind, size in ((MEM, memory_units), (CORE, core_percent)):
+            held = {key for a in self.allocator.allocations() for key in a.device_pairs()}
+            available = [d.id for d in self.allocator.devices(kind) if (kind, d.id) not in held]
+            ids = self.allocator.preferred(kind, available, [], size)
+            allocation_id = self.allocator.allocate(kind, ids).allocation_id
+        return self.allocator.allocation(allocation_id)
+
+    def call(self, message):
+        return protocol.call(self.socket_path, message, timeout_seconds=5)
+
+    def registered(self):
+        return {r.container_id: r for r in self.registry.registrations()}
+
+
+@pytest.fixture
+def node(tmp_path):
+    node = Node(tmp_path)
+    yield node
+    node.close()
+
+
+@pytest.fixture
+def child():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def create(container_id, pid, env, identity=None, cgroup=CGROUP):
+    return {
+        "stage": "createRuntime",
+        "container_id": container_id,
+        "pid": pid,
+        "env": env,
+        "identity": identity or {},
+        "cgroup": cgroup,
+    }
+
+
+def assert_refused(answer, fragment):
+    assert answer["allowed"] is False
+    assert answer["message"].startswith("gpushare-node refused")
+    assert fragment in answer["message"]
+
+
+# --- malformed requests ----------------------------------------------------------------------
+
+
+def valid_fields(allocation, pid):
+    return create("c1", pid, env_of(allocation), POD_A)
+
+
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"container_id": None}, "container_id must be a non-empty string"),
+        ({"container_id": ""}, "container_id must be a non-empty string"),
+        ({"container_id": 7}, "container_id must be a non-empty string"),
+        ({"pid": "1234"}, "pid must be a positive integer (got '1234')"),
+        ({"pid": True}, "pid must be a positive integer (got True)"),
+        ({"pid": 0}, "pid must be a positive integer"),
+        ({"pid": None}, "pid must be a positive integer"),
+        ({"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "env must map names to strings"),
+        ({"env": {"NVIDIA_VISIBLE_DEVICES": 0}}, "env must map names to strings"),
+        ({"identity": "default/a/main"}, "identity must be an object"),
+        ({"cgroup": None}, "cgroup must be a non-empty string"),
+        ({"stage": "prestart"}, "unknown stage 'prestart'"),
+        ({"stage": None}, "unknown stage None"),
+    ],
+)
+def test_bad_request_is_refused_naming_the_problem(node, child, change, fragment):
+    allocation = node.allocate()
+    request = valid_fields(allocation, child.pid)
+    for name, value in change.items():
+        if value is None:
+            del request[name]
+        else:
+            request[name] = value
+    answer = node.call(request)
+    assert_refused(answer, "bad hook request: " + fragment)
+    assert node.registered() == {}
+    assert Ledger(node.settings.state_dir).load_registrations() == []
+
+
+@pytest.mark.parametrize(
+    "raw, fragment",
+    [(b"hello daemon\n", "not JSON"), (b"[1, 2]\n", "not a JSON object")],
+)
+def test_raw_garbage_is_refused_as_unreadable(node, raw, fragment):
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(node.socket_path)
+        sock.sendall(raw)
+        answer = protocol.read_message(sock)
+    assert_refused(answer, "unreadable hook request")
+    assert fragment in answer["message"]
+    assert node.registered() == {}
+
+
+def test_poststop_without_container_id_is_refused(node):
+    assert_refused(node.call({"stage": "poststop"}), "container_id must be a non-empty string")
+
+
+# --- admission -------------------------------------------------------------------------------
+
+
+def test_matching_container_is_registered_durably(node, child):
+    allocation = node.allocate()
+    answer = node.call(create("c1", child.pid, env_of(allocation), POD_A))
+    assert answer == {
+        "allowed": True,
+        "message": f"container c1 (default/a/main) registered on allocation {allocation.id}",
+    }
+    [registration] = node.registry.registrations()
+    assert registration.container_id == "c1"
+    assert registration.allocation_id == allocation.id
+    assert registration.cgroup == CgroupKey("", "/test-container")
+    assert registration.init_pid == child.pid
+    assert registration.init_start_ticks > 0
+    assert registration.identity == ContainerRef("default", "a", "main")
+    assert Ledger(node.settings.state_dir).load_registrations() == [registration]
+    # A registry started on that ledger (a daemon restart) knows it too.
+    again = ContainerRegistry(Ledger(node.settings.state_dir), node.allocator, PIPE)
+    assert again.registrations() == [registration]
+
+
+def test_poststop_forgets_the_container(node, child):
+    allocation = node.allocate()
+    assert node.call(create("c1", child.pid, env_of(allocation)))["allowed"]
+    answer = node.call({"stage": "poststop", "container_id": "c1"})
+    assert answer["allowed"] is True
+    assert node.registered() == {}
+    assert Ledger(node.settings.state_dir).load_registrations() == []
+
+
+def test_poststop_of_an_unknown_container_is_answered(node):
+    assert node.call({"stage": "poststop", "container_id": "never-seen"})["allowed"] is True
+
+
+def test_non_gpu_container_is_allowed_and_not_registered(node, child):
+    answer = node.call(create("c1", child.pid, {"NVIDIA_VISIBLE_DEVICES": "void"}))
+    assert answer["allowed"] is True and "asks for no GPU" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_gpus_without_allocation_are_refused(node, child):
+    answer = node.call(create("c1", child.pid, {"NVIDIA_VISIBLE_DEVICES": "all"}))
+    assert_refused(answer, "without a gpushare allocation")
+    assert node.registered() == {}
+
+
+def test_mismatching_env_is_refused_and_not_registered(node, child):
+    allocation = node.allocate()
+    env = env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=15G")
+    answer = node.call(create("c1", child.pid, env, POD_A))
+    assert_refused(answer, "raises the quota of 4096 MiB")
+    assert "container c1 (default/a/main)" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_other_pipe_directory_is_refused(node, child):
+    allocation = node.allocate()
+    env = env_of(allocation, CUDA_MPS_PIPE_DIRECTORY="/var/run/other-mps")
+    assert_refused(node.call(create("c1", child.pid, env)), "differs from /tmp/nvidia-mps")
+
+
+def test_index_form_of_the_card_is_accepted(node, child):
+    allocation = node.allocate()
+    assert allocation.cards == (GPU0,)
+    answer = node.call(create("c1", child.pid, env_of(allocation, NVIDIA_VISIBLE_DEVICES="0")))
+    assert answer["allowed"] is True
+
+
+def test_container_without_a_cgroup_of_its_own_is_refused(node, child):
+    allocation = node.allocate()
+    answer = node.call(create("c1", child.pid, env_of(allocation), cgroup="0::/\n"))
+    assert_refused(answer, "no cgroup of its own")
+    assert node.registered() == {}
+
+
+def test_vanished_init_process_is_refused(node):
+    allocation = node.allocate()
+    with open("/proc/sys/kernel/pid_max") as f:
+        gone = int(f.read()) + 1
+    answer = node.call(create("c1", gone, env_of(allocation)))
+    assert_refused(answer, f"its init process {gone} is gone")
+    assert node.registered() == {}
+
+
+def test_second_identity_on_one_allocation_is_refused(node, child):
+    allocation = node.allocate()
+    assert node.call(create("c1", child.pid, env_of(allocation), POD_A))["allowed"]
+    answer = node.call(create("c2", child.pid, env_of(allocation), POD_B))
+    assert_refused(answer, f"allocation {allocation.id} belongs to default/a/main")
+    assert "not default/b/main" in answer["message"]
+    assert set(node.registered()) == {"c1"}
+    # The same identity (a restarted container) may use it.
+    assert node.call(create("c3", child.pid, env_of(allocation), POD_A))["allowed"]
+    assert set(node.registered()) == {"c1", "c3"}
+
+
+def test_partial_identity_counts_as_none(node, child):
+    allocation = node.allocate()
+    assert node.call(create("c1", child.pid, env_of(allocation), POD_A))["allowed"]
+    partial = {"namespace": "default", "pod": "b"}
+    assert node.call(create("c2", child.pid, env_of(allocation), partial))["allowed"]
+    assert node.registered()["c2"].identity is None
+
+
+# --- the socket ------------------------------------------------------------------------------
+
+
+def test_socket_is_root_only(node):
+    mode = os.stat(node.socket_path).st_mode
+    assert stat.S_ISSOCK(mode)
+    assert stat.S_IMODE(mode) == 0o600
+
+
+def test_stale_socket_file_is_replaced_and_stop_removes_it(tmp_path):
+    node = Node(tmp_path)
+    node.server.stop()
+    with open(node.socket_path, "w") as f:
+        f.write("left by a killed daemon")
+    server = HookServer(node.registry, node.socket_path)
+    server.start()
+    try:
+        answer = protocol.call(node.socket_path, {"stage": "poststop", "container_id": "x"}, 5)
+        assert answer["allowed"] is True
+    finally:
+        server.stop()
+    assert not os.path.exists(node.socket_path)
+    node.close()
+
+
+def test_env_that_cannot_be_parsed_still_gets_an_answer(node, child):
+    allocation = node.allocate()
+    env = env_of(allocation, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=²M")
+    answer = node.call(create("c1", child.pid, env))
+    assert_refused(answer, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
+    assert node.registered() == {}

@@ -1,0 +1,508 @@
+"""Tests of the test API server (tests/harness/apiserver_sim.py) through the real client.
+
+Every test drives the official ``kubernetes`` client, configured from the kubeconfig the
+server writes (never the client's global default configuration), so they pin both the
+server's wire behaviour and what the client makes of it, which the daemon's adapter
+relies on:
+
+* list with field/label selectors; the list's resourceVersion;
+* watch from a resourceVersion: ADDED/MODIFIED/DELETED in order, replayed then live, and
+  a pod bound to the node later arriving as ADDED on a node-filtered watch;
+* a watch from a compacted RV: ``Watch().stream`` raises ``ApiException`` 410 (at once
+  with ``timeout_seconds``; after one retry without it); an Exact list gives HTTP 410;
+* strategic merge, merge and JSON patch (the client picks JSON patch for a list body),
+  409 on a stale resourceVersion, no-op patches, node labels and status;
+* events (201; naive times and wrong namespaces refused as by a real server);
+* SelfSubjectAccessReviews (what ``kubectl auth can-i`` asks): all allowed by default,
+  else only the (resource[/subresource], verb) pairs in ``rbac_allowed``; 422 for a review
+  without attributes; a node added with an address and annotations;
+* failure injection (5xx, delays: a PATCH times out but is applied anyway, a GET is
+  retried by urllib3), 401 without the token, 404/405/415;
+* stop() breaks an open watch (urllib3 ProtocolError) and refuses connections,
+  restart() serves the same data on the same port, drop_watches() ends watches cleanly
+  (the client resumes from its last RV), bookmarks.
+"""
+
+import datetime
+import threading
+import time
+
+import kubernetes
+import pytest
+import urllib3
+from kubernetes import client, watch
+
+from tests.harness.apiserver_sim import TestApiServer, json_patch
+
+GPU = "aliyun.com/gpu-mem"
+
+
+@pytest.fixture
+def server():
+    s = TestApiServer()
+    s.start()
+    yield s
+    s.stop()
+
+
+def make_api(server, tmp_path, token=True):
+    cfg = client.Configuration()
+    path = server.write_kubeconfig(tmp_path / "kubeconfig")
+    kubernetes.config.load_kube_config(config_file=path, client_configuration=cfg)
+    if not token:
+        cfg.api_key = {}
+    return client.ApiClient(cfg)
+
+
+@pytest.fixture
+def v1(server, tmp_path):
+    api = make_api(server, tmp_path)
+    yield client.CoreV1Api(api)
+    api.close()
+
+
+def watch_requests(server):
+    return [q for m, _, q in server.requests if m == "GET" and q.get("watch") == "true"]
+
+
+def test_list_pods_with_selectors(server, v1):
+    server.add_pod("default", "a", "node-a", labels={"app": "x"})
+    server.add_pod("kube-system", "b", "node-a")
+    server.add_pod("default", "c", "node-b")
+    server.add_pod("default", "pending", None)
+
+    pods = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-a")
+    assert [(p.metadata.namespace, p.metadata.name) for p in pods.items] == [
+        ("default", "a"),
+        ("kube-system", "b"),
+    ]
+    assert pods.metadata.resource_version == str(server.resource_version)
+    # What the daemon reads from a pod: requests and limits, both set for extended resources.
+    res = pods.items[0].spec.containers[0].resources
+    assert res.requests == {GPU: "4"} and res.limits == {GPU: "4"}
+
+    names = v1.list_namespaced_pod("default", field_selector="spec.nodeName!=node-a")
+    assert [p.metadata.name for p in names.items] == ["c", "pending"]
+    labelled = v1.list_namespaced_pod("default", label_selector="app in (x,y)")
+    assert [p.metadata.name for p in labelled.items] == ["a"]
+    assert v1.read_namespaced_pod("a", "default").spec.node_name == "node-a"
+    with pytest.raises(client.ApiException) as e:
+        v1.list_pod_for_all_namespaces(field_selector="spec.foo=bar")
+    assert e.value.status == 400
+    with pytest.raises(client.ApiException) as e:
+        v1.read_namespaced_pod("nope", "default")
+    assert e.value.status == 404
+
+
+def test_watch_from_resource_version_replays_then_streams_live(server, v1):
+    server.add_pod("default", "old", "node-a")
+    rv = v1.list_pod_for_all_namespaces(field_selector="spec.nodeName=node-a").metadata
+    rv = rv.resource_version
+    # Changes after the list: replayed from history.
+    server.add_pod("default", "p1", "node-a")
+    server.update_pod("default", "p1", lambda p: p["metadata"].update(annotations={"k": "v"}))
+    server.add_pod("default", "elsewhere", "node-b")
+
+    def live_changes():
+        time.sleep(0.3)
+        server.set_pod_phase("default", "p1", "Running")
+        server.delete_pod("default", "p1")
+        server.add_pod("default", "late", None)  # scheduled later: not on node-a yet
+        server.update_pod("default", "late", lambda p: p["spec"].update(nodeName="node-a"))
+
+    threading.Thread(target=live_changes).start()
+    seen = []
+    w = watch.Watch()
+    for ev in w.stream(
+        v1.list_pod_for_all_namespaces,
+        field_selector="spec.nodeName=node-a",
+        resource_version=rv,
+        timeout_seconds=10,
+    ):
+        pod = ev["object"]
+        seen.append((ev["type"], pod.metadata.name, pod.status.phase))
+        assert int(pod.metadata.resource_version) > int(rv)  # strictly increasing
+        rv = pod.metadata.resource_version
+        if pod.metadata.name == "late":
+            w.stop()
+    assert seen == [
+        ("ADDED", "p1", "Pending"),
+        ("MODIFIED", "p1", "Pending"),
+        ("MODIFIED", "p1", "Running"),
+        ("DELETED", "p1", "Running"),
+        ("ADDED", "late", "Pending"),  # entering the selection is an ADDED
+    ]
+    assert w.resource_version == rv
+
+
+def test_watch_from_compacted_resource_version_raises_410(server, v1):
+    server.add_pod("default", "p1", "node-a")
+    rv = v1.list_pod_for_all_namespaces().metadata.resource_version
+    server.set_pod_phase("default", "p1", "Running")
+    server.compact()
+
+    with pytest.raises(client.ApiException) as e:
+        for _ in watch.Watch().stream(
+            v1.list_pod_for_all_namespaces, resource_version=rv, timeout_seconds=5
+        ):
+            pass
+    assert e.value.status == 410
+    assert f"too old resource version: {rv}" in e.value.reason
+    assert len(watch_requests(server)) == 1  # with timeout_seconds: no retry
+
+    server.requests.clear()
+    with pytest.raises(client.ApiException) as e:
+        for _ in watch.Watch().stream(v1.list_pod_for_all_namespaces, resource_version=rv):
+            pass
+    assert e.value.status == 410
+    assert len(watch_requests(server)) == 2  # without: one retry from the same RV, then 410
+
+    # The current RV still works, and a list with an Exact expired RV is an HTTP 410.
+    current = v1.list_pod_for_all_namespaces().metadata.resource_version
+    events = list(
+        watch.Watch().stream(
+            v1.list_pod_for_all_namespaces, resource_version=current, timeout_seconds=1
+        )
+    )
+    assert events == []
+    with pytest.raises(client.ApiException) as e:
+        v1.list_pod_for_all_namespaces(resource_version=rv, resource_version_match="Exact")
+    assert e.value.status == 410
+    future = str(int(current) + 5)  # an RV this server never gave out
+    with pytest.raises(client.ApiException) as e:
+        list(watch.Watch().stream(v1.list_pod_for_all_namespaces, resource_version=future))
+    assert e.value.status == 504
+
+
+def test_list_at_exact_resource_version(server, v1):
+    server.add_pod("default", "p1", "node-a", annotations={"a": "1"})
+    rv = v1.list_pod_for_all_namespaces().metadata.resource_version
+    server.update_pod("default", "p1", lambda p: p["metadata"].update(annotations={"a": "2"}))
+    server.add_pod("default", "p2", "node-a")
+    then = v1.list_pod_for_all_namespaces(resource_version=rv, resource_version_match="Exact")
+    assert then.metadata.resource_version == rv
+    assert [(p.metadata.name, p.metadata.annotations) for p in then.items] == [("p1", {"a": "1"})]
+
+
+def test_strategic_merge_patch_of_annotations(server, v1):
+    server.add_pod("default", "p1", "node-a", annotations={"keep": "1", "drop": "2"})
+    before = server.resource_version
+    body = {"metadata": {"annotations": {"ALIYUN_COM_GPU_MEM_ASSIGNED": "true", "drop": None}}}
+    pod = v1.patch_namespaced_pod("p1", "default", body)
+    assert pod.metadata.annotations == {"keep": "1", "ALIYUN_COM_GPU_MEM_ASSIGNED": "true"}
+    assert int(pod.metadata.resource_version) == before + 1
+    assert server.pod("default", "p1")["metadata"]["annotations"] == pod.metadata.annotations
+    method, path, _ = server.requests[-1]
+    assert (method, path) == ("PATCH", "/api/v1/namespaces/default/pods/p1")
+
+    # The same patch again changes nothing: no new resourceVersion, no watch event.
+    again = v1.patch_namespaced_pod("p1", "default", body)
+    assert again.metadata.resource_version == pod.metadata.resource_version
+    # Status goes through the status subresource only.
+    v1.patch_namespaced_pod("p1", "default", {"status": {"phase": "Failed"}})
+    assert server.pod("default", "p1")["status"]["phase"] == "Pending"
+    v1.patch_namespaced_pod_status("p1", "default", {"status": {"phase": "Failed"}})
+    assert server.pod("default", "p1")["status"]["phase"] == "Failed"
+
+
+def test_merge_patch_and_json_patch(server, v1):
+    server.add_pod("default", "p1", "node-a")  # no annotations: the field is absent
+    assert "annotations" not in server.pod("default", "p1")["metadata"]
+
+    # A list body makes the client send application/json-patch+json.
+    add = [{"op": "add", "path": "/metadata/annotations/a~1b", "value": "x"}]
+    with pytest.raises(client.ApiException) as e:
+        v1.patch_namespaced_pod("p1", "default", add)
+    assert e.value.status == 422  # the parent path does not exist, as on a real server
+    ops = [{"op": "add", "path": "/metadata/annotations", "value": {}}, *add]
+    pod = v1.patch_namespaced_pod("p1", "default", ops)
+    assert pod.metadata.annotations == {"a/b": "x"}
+    rv = pod.metadata.resource_version
+    ops = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": rv},
+        {"op": "replace", "path": "/metadata/annotations/a~1b", "value": "y"},
+        {"op": "add", "path": "/metadata/labels", "value": {"t": "1"}},
+    ]
+    assert v1.patch_namespaced_pod("p1", "default", ops).metadata.annotations == {"a/b": "y"}
+    with pytest.raises(client.ApiException) as e:  # the test op fails now: rv is stale
+        v1.patch_namespaced_pod("p1", "default", ops)
+    assert e.value.status == 422
+    remove = [{"op": "remove", "path": "/metadata/labels/t"}]
+    assert v1.patch_namespaced_pod("p1", "default", remove).metadata.labels is None
+
+    # Keys with "~" cannot occur in metadata; the pointer escaping, directly:
+    assert json_patch({"a~b": {"c/d": 1}}, [{"op": "remove", "path": "/a~0b/c~1d"}]) == {"a~b": {}}
+
+    merge = {"metadata": {"annotations": {"a/b": None, "c": "d"}}}
+    pod = v1.patch_namespaced_pod(
+        "p1", "default", merge, _content_type="application/merge-patch+json"
+    )
+    assert pod.metadata.annotations == {"c": "d"}
+
+
+def test_conflict_on_stale_resource_version(server, v1):
+    server.add_pod("default", "p1", "node-a")
+    stale = server.pod("default", "p1")["metadata"]["resourceVersion"]
+    server.update_pod("default", "p1", lambda p: p["metadata"].update(labels={"x": "1"}))
+    body = {"metadata": {"resourceVersion": stale, "annotations": {"a": "b"}}}
+    with pytest.raises(client.ApiException) as e:
+        v1.patch_namespaced_pod("p1", "default", body)
+    assert e.value.status == 409
+    assert '"reason":"Conflict"' in e.value.body.replace(" ", "")
+    assert "annotations" not in server.pod("default", "p1")["metadata"]
+    body["metadata"]["resourceVersion"] = server.pod("default", "p1")["metadata"]["resourceVersion"]
+    assert v1.patch_namespaced_pod("p1", "default", body).metadata.annotations == {"a": "b"}
+    opts = client.V1DeleteOptions(preconditions=client.V1Preconditions(resource_version=stale))
+    with pytest.raises(client.ApiException) as e:
+        v1.delete_namespaced_pod("p1", "default", body=opts)
+    assert e.value.status == 409
+    assert v1.delete_namespaced_pod("p1", "default").metadata.name == "p1"
+    assert server.pod("default", "p1") is None
+
+
+def test_patch_node_labels_and_status(server, v1):
+    server.add_node("node-a")
+    node = v1.patch_node("node-a", {"metadata": {"labels": {"gpushare/gpu-model": "Tesla-T4"}}})
+    assert node.metadata.labels["gpushare/gpu-model"] == "Tesla-T4"
+    assert node.metadata.labels["kubernetes.io/hostname"] == "node-a"
+    with pytest.raises(client.ApiException) as e:  # spaces are not allowed in label values
+        v1.patch_node("node-a", {"metadata": {"labels": {"gpushare/gpu-model": "Tesla T4"}}})
+    assert e.value.status == 422
+
+    caps = {"aliyun.com/gpu-count": "2", "aliyun.com/gpu-mem": "30"}
+    node = v1.patch_node_status("node-a", {"status": {"capacity": caps, "allocatable": caps}})
+    assert node.status.capacity["aliyun.com/gpu-count"] == "2"
+    assert node.status.allocatable["aliyun.com/gpu-mem"] == "30"
+    assert node.status.capacity["cpu"] == "16"  # merged, not replaced
+    gone = {"aliyun.com/gpu-mem": None}
+    node = v1.patch_node_status("node-a", {"status": {"capacity": gone, "allocatable": gone}})
+    assert "aliyun.com/gpu-mem" not in server.node("node-a")["status"]["capacity"]
+    assert "aliyun.com/gpu-mem" not in node.status.allocatable
+    # The main resource ignores status, as on a real server.
+    v1.patch_node("node-a", {"status": {"capacity": {"x.io/y": "1"}}})
+    assert "x.io/y" not in server.node("node-a")["status"]["capacity"]
+
+
+def test_create_and_patch_event(server, v1):
+    now = datetime.datetime.now(datetime.UTC)
+    ev = client.CoreV1Event(
+        metadata=client.V1ObjectMeta(generate_name="p1."),
+        involved_object=client.V1ObjectReference(kind="Pod", namespace="default", name="p1"),
+        reason="GpuQuotaExceeded",
+        message="container used 5 GiB of its 4 GiB",
+        type="Warning",
+        count=1,
+        first_timestamp=now,
+        last_timestamp=now,
+        source=client.V1EventSource(component="gpushare-node", host="node-a"),
+    )
+    created = v1.create_namespaced_event("default", ev)
+    assert created.metadata.name.startswith("p1.") and created.metadata.uid
+    assert server.requests[-1][:2] == ("POST", "/api/v1/namespaces/default/events")
+    [stored] = server.events()
+    assert stored["reason"] == "GpuQuotaExceeded"
+    assert stored["lastTimestamp"] == now.strftime("%Y-%m-%dT%H:%M:%SZ")
+    patched = v1.patch_namespaced_event(created.metadata.name, "default", {"count": 2})
+    assert patched.count == 2
+    assert [e.reason for e in v1.list_namespaced_event("default").items] == ["GpuQuotaExceeded"]
+
+    ev.metadata = client.V1ObjectMeta(name="naive")
+    ev.first_timestamp = datetime.datetime.now()  # no zone: a real server refuses it
+    with pytest.raises(client.ApiException) as e:
+        v1.create_namespaced_event("default", ev)
+    assert e.value.status == 400
+    ev.first_timestamp = now
+    with pytest.raises(client.ApiException) as e:  # not in its pod's namespace
+        v1.create_namespaced_event("other", ev)
+    assert e.value.status == 422
+
+    events_v1 = client.EventsV1Api(v1.api_client)
+    ev2 = client.EventsV1Event(
+        metadata=client.V1ObjectMeta(name="n1"),
+        event_time=now,
+        reason="Started",
+        action="Admit",
+        reporting_controller="gpushare-node",
+        reporting_instance="node-a",
+        regarding=client.V1ObjectReference(kind="Node", name="node-a"),
+        type="Normal",
+    )
+    assert events_v1.create_namespaced_event("default", ev2).event_time == now
+    assert len(server.events()) == 2
+
+
+def test_fail_next_and_delay_next(server, v1):
+    server.add_pod("default", "p1", "node-a")
+    server.fail_next("GET", r"/pods$", status=503)
+    with pytest.raises(client.ApiException) as e:
+        v1.list_pod_for_all_namespaces()
+    assert e.value.status == 503
+    assert len(v1.list_pod_for_all_namespaces().items) == 1  # count=1: once only
+
+    server.fail_next("GET", r"/pods$", status=500, watch=True)
+    assert len(v1.list_pod_for_all_namespaces().items) == 1  # not a watch: untouched
+    with pytest.raises(client.ApiException) as e:
+        list(watch.Watch().stream(v1.list_pod_for_all_namespaces, timeout_seconds=1))
+    assert e.value.status == 500
+
+    # A PATCH that outlives its timeout raises, and the server still applies it.
+    server.delay_next("PATCH", r"/pods/p1$", 1.0)
+    with pytest.raises(urllib3.exceptions.ReadTimeoutError):
+        body = {"metadata": {"annotations": {"late": "yes"}}}
+        v1.patch_namespaced_pod("p1", "default", body, _request_timeout=0.5)
+    deadline = time.monotonic() + 5
+    while "annotations" not in server.pod("default", "p1")["metadata"]:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    # urllib3 retries a timed-out GET by default (Retry(3)): one slow answer goes unseen.
+    server.delay_next("GET", r"/pods$", 1.0)
+    assert len(v1.list_pod_for_all_namespaces(_request_timeout=0.5).items) == 1
+    server.delay_next("GET", r"/pods$", 1.0, count=4)
+    with pytest.raises(urllib3.exceptions.MaxRetryError):
+        v1.list_pod_for_all_namespaces(_request_timeout=0.3)
+
+
+def test_auth_and_http_errors(server, v1, tmp_path):
+    server.add_pod("default", "p1", "node-a")
+    anonymous = client.CoreV1Api(make_api(server, tmp_path, token=False))
+    with pytest.raises(client.ApiException) as e:
+        anonymous.list_pod_for_all_namespaces()
+    assert e.value.status == 401
+
+    http = urllib3.PoolManager()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    r = http.request("GET", f"{server.url}/api/v1/widgets", headers=auth)
+    assert r.status == 404 and r.json()["kind"] == "Status"
+    r = http.request("POST", f"{server.url}/api/v1/pods", headers=auth, body=b"{}")
+    assert r.status == 405 and r.json()["reason"] == "MethodNotAllowed"
+    headers = auth | {"Content-Type": "application/apply-patch+yaml"}
+    r = http.request(
+        "PATCH", f"{server.url}/api/v1/namespaces/default/pods/p1", headers=headers, body=b"{}"
+    )
+    assert r.status == 415
+    r = http.request("GET", f"{server.url}/api/v1/pods", headers=auth)
+    assert "kind" not in r.json()["items"][0]  # list items go without kind on the wire
+
+
+def test_self_subject_access_reviews(server, tmp_path):
+    authz = client.AuthorizationV1Api(make_api(server, tmp_path))
+
+    def can_i(verb, resource, subresource=None, name=None):
+        attributes = client.V1ResourceAttributes(
+            verb=verb, resource=resource, subresource=subresource, name=name
+        )
+        review = client.V1SelfSubjectAccessReview(
+            spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes)
+        )
+        answer = authz.create_self_subject_access_review(review)
+        assert answer.spec.resource_attributes.verb == verb  # the spec comes back
+        return answer.status.allowed
+
+    assert can_i("delete", "secrets")  # default: everything allowed
+    server.rbac_allowed = {("pods", "list"), ("nodes/status", "patch")}
+    assert can_i("list", "pods")
+    assert not can_i("watch", "pods")
+    assert can_i("patch", "nodes", "status", name="node-a")
+    assert not can_i("patch", "nodes", name="node-a")  # the main resource is another rule
+    assert not can_i("get", "nodes")
+    assert server.requests[-1][:2] == (
+        "POST",
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+    )
+
+    http = urllib3.PoolManager()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    r = http.request("POST", server.url + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                     headers=auth, body=b'{"spec": {}}')  # fmt: skip
+    assert r.status == 422 and "exactly one of" in r.json()["message"]
+    r = http.request("POST", server.url + "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                     body=b'{"spec": {"resourceAttributes": {"verb": "get"}}}')  # fmt: skip
+    assert r.status == 401
+
+
+def test_node_with_address_and_annotations(server, v1):
+    server.add_node("node-b", annotations={"example.com/x": "1"}, address="192.168.0.72")
+    node = v1.read_node("node-b")
+    assert node.metadata.annotations["example.com/x"] == "1"
+    assert node.metadata.annotations["node.alpha.kubernetes.io/ttl"] == "0"  # kept
+    internal = [a.address for a in node.status.addresses if a.type == "InternalIP"]
+    assert internal == ["192.168.0.72"]
+
+
+def test_stop_breaks_watches_and_restart_keeps_data(server, v1):
+    server.add_pod("default", "p1", "node-a")
+    url = server.url
+    threading.Timer(0.3, server.stop).start()
+    seen = []
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        for ev in watch.Watch().stream(v1.list_pod_for_all_namespaces, timeout_seconds=30):
+            seen.append(ev["type"])
+    assert seen == ["ADDED"]
+    with pytest.raises(urllib3.exceptions.MaxRetryError):  # connection refused
+        v1.list_pod_for_all_namespaces(_request_timeout=1)
+
+    rv = server.resource_version
+    server.restart()
+    assert server.url == url
+    pods = v1.list_pod_for_all_namespaces()
+    assert [p.metadata.name for p in pods.items] == ["p1"]
+    assert pods.metadata.resource_version == str(rv)
+    server.add_pod("default", "p2", "node-a")
+    events = watch.Watch().stream(
+        v1.list_pod_for_all_namespaces, resource_version=str(rv), timeout_seconds=1
+    )
+    assert [e["object"].metadata.name for e in events] == ["p2"]
+    server.restart(compact=True)  # a restarted API server has a fresh watch cache
+    with pytest.raises(client.ApiException) as e:
+        list(
+            watch.Watch().stream(
+                v1.list_pod_for_all_namespaces, resource_version=str(rv), timeout_seconds=1
+            )
+        )
+    assert e.value.status == 410
+
+
+def test_drop_watches_ends_cleanly_and_the_client_resumes(server, v1):
+    server.add_pod("default", "p1", "node-a")
+    rv = v1.list_pod_for_all_namespaces().metadata.resource_version
+    threading.Timer(0.3, server.drop_watches).start()
+    started = time.monotonic()
+    assert list(watch.Watch().stream(v1.list_pod_for_all_namespaces, timeout_seconds=30)) != []
+    assert time.monotonic() - started < 5  # ended by drop_watches, not by its timeout
+
+    server.requests.clear()
+
+    def changes():
+        time.sleep(0.3)
+        server.set_pod_phase("default", "p1", "Running")
+        time.sleep(0.3)
+        server.drop_watches()
+        time.sleep(0.3)
+        server.delete_pod("default", "p1")
+
+    threading.Thread(target=changes).start()
+    w = watch.Watch()
+    seen = []
+    for ev in w.stream(v1.list_pod_for_all_namespaces, resource_version=rv):
+        seen.append(ev["type"])
+        if ev["type"] == "DELETED":
+            w.stop()
+    assert seen == ["MODIFIED", "DELETED"]
+    # Without timeout_seconds the client watches again from the last RV it saw.
+    modified_rv = str(int(rv) + 1)
+    assert [q.get("resourceVersion") for q in watch_requests(server)] == [rv, modified_rv]
+
+
+def test_bookmarks(server, v1):
+    server.bookmark_interval = 0.2
+    server.add_pod("default", "p1", "node-a")
+    w = watch.Watch()
+    seen = []
+    for ev in w.stream(
+        v1.list_pod_for_all_namespaces, allow_watch_bookmarks=True, timeout_seconds=5
+    ):
+        seen.append(ev["type"])
+        if ev["type"] == "BOOKMARK":
+            w.stop()
+    assert seen == ["ADDED", "BOOKMARK"]
+    assert w.resource_version == str(server.resource_version)
