@@ -16,7 +16,7 @@ import yaml
 
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.inventory import Card
-from nodemgr.runtime.wiring import SOCKET_NAMES
+from nodemgr.runtime.loop import SOCKET_NAMES
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import Node
 

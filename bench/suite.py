@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def required_names() -> list[str]:
-    """Every name the issue asks for, in order (checked by tests/test_bench.py)."""
+    """Every name the issue asks for, in order (checked by tests/bench/test_bench.py)."""
     return [name for s in sections(QUICK, None) for name in s.required]
 
 

@@ -5,15 +5,15 @@ it directly. Every decision happens under one lock and touches nothing slower
 than the local SQLite ledger, so Allocate's latency does not depend on the
 cluster (no API server, no kubelet call, no subprocess on that path).
 
-Identifying the container being admitted (without the Kubernetes API): kubelet
-admits pods one at a time and, for one container, allocates its resources one
-after another (GetPreferredAllocation then Allocate, per resource). So a
-shared Allocate that follows another container's first shared resource within
-``ADMISSION_WINDOW_SECONDS``, for the resource that container does not hold
-yet, is taken to be that container's second resource and is carried onto the
-same card. The guess can be wrong for two single-resource pods admitted back
-to back; kubelet's PodResources record corrects the ledger at the next
-reconcile (reconcile.py splits such an allocation).
+Which container is asking, and how its second shared resource follows its
+first onto the same card, is :mod:`nodemgr.allocation.admission`; per-card
+totals are :mod:`nodemgr.allocation.usage`. The device plugin servers see this
+object only through :class:`~nodemgr.allocation.resources.ResourceManager`.
+
+Why this module is longer than 400 lines: every method here reads or changes
+the state under the one lock, and keeping them together keeps the locking
+rules in one place to read; whatever needs no lock (admission's choices,
+usage totals, placement, reconcile plans, envs) already lives elsewhere.
 """
 
 from __future__ import annotations
@@ -22,101 +22,42 @@ import logging
 import secrets
 import threading
 import time
-from collections import Counter, defaultdict
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Protocol
+from dataclasses import replace
 
 from mps.layout import CONTAINER_PIPE_DIRECTORY, MpsLayout
+from nodemgr.allocation.admission import (
+    DemandFinder,
+    OpenAdmission,
+    PodSource,
+    carried_allocation,
+    carry_refusal,
+    held_resources,
+    place_demand,
+)
 from nodemgr.allocation.ledger import Ledger
+from nodemgr.allocation.resources import AllocateResult, DeviceInfo
+from nodemgr.allocation.usage import CardUsage, single_request, take_over_devices
+from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import Settings
-from nodemgr.domain.deviceids import CORE_DEVICES_PER_CARD, ResourceKind, card_device_ids, card_of
+from nodemgr.domain.deviceids import (
+    CORE_DEVICES_PER_CARD,
+    ResourceKind,
+    card_device_ids,
+    card_of,
+    parse_device_id,
+)
 from nodemgr.domain.deviceids import id_sort_key as _id_order
 from nodemgr.domain.envs import shared_envs, whole_envs
 from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
-from nodemgr.domain.podmatch import Demand, PodInfo, find_demand
+from nodemgr.domain.podmatch import Demand
 from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
-
-# kubelet allocates a container's resources back to back, in milliseconds;
-# five seconds leaves room for a slow node without linking unrelated pods.
-ADMISSION_WINDOW_SECONDS = 5.0
-# kubelet and our pod watch see a newly bound pod at about the same time; when
-# no cached pod matches yet, Allocate waits this long for the watch to catch up
-# (only while the watch is live: with the API server down it does not wait).
-POD_WAIT_SECONDS = 1.0
-
-
-class PodSource(Protocol):
-    """The pods bound to this node that kubelet may still admit (the Kubernetes adapter)."""
-
-    @property
-    def live(self) -> bool:
-        """The cache is synced and its watch connected: worth waiting for."""
-        ...
-
-    @property
-    def generation(self) -> int: ...
-
-    def candidates(self) -> list[PodInfo]:
-        """Pending pods asking for a shared resource; cheap, no I/O."""
-        ...
-
-    def wait_for_change(self, seen_generation: int, timeout: float) -> int: ...
-
-
-@dataclass(frozen=True)
-class DeviceInfo:
-    id: str
-    healthy: bool
-    numa_node: int | None
-
-
-@dataclass(frozen=True)
-class AllocateResult:
-    allocation_id: str
-    envs: dict[str, str]
-    mounts: tuple[Mount, ...] = ()
-
-
-class _Usage:
-    """Per-card totals of the allocations, kept up to date change by change.
-
-    Admission reads these instead of walking every allocation, so its cost
-    does not grow with the number of containers on the node.
-    """
-
-    def __init__(self) -> None:
-        self.memory_units: Counter[str] = Counter()
-        self.core_percent: Counter[str] = Counter()
-        self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
-        self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
-        self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
-
-    def add(self, allocation: Allocation, sign: int = 1) -> None:
-        for key in allocation.device_pairs():
-            if sign > 0:
-                self.holders[key] = allocation.id
-            elif self.holders.get(key) == allocation.id:
-                del self.holders[key]
-        if allocation.whole:
-            for card_uuid in allocation.cards:
-                self.whole_allocations[card_uuid] += sign
-        elif allocation.devices:
-            card_uuid = allocation.cards[0]
-            self.shared_allocations[card_uuid] += sign
-            self.memory_units[card_uuid] += sign * allocation.memory_units
-            self.core_percent[card_uuid] += sign * allocation.core_percent
-
-    def shared_cards(self) -> set[str]:
-        return {card for card, n in self.shared_allocations.items() if n > 0}
-
-    def whole_cards(self) -> set[str]:
-        return {card for card, n in self.whole_allocations.items() if n > 0}
 
 
 def new_allocation_id() -> str:
@@ -134,6 +75,7 @@ class Allocator:
         monotonic: Callable[[], float] = time.monotonic,
         mps_layout: MpsLayout | None = None,
         pods: PodSource | None = None,
+        on_refusal: Callable[[Demand, str], None] | None = None,
     ):
         res = settings.resources
         self.node_name = settings.node_name
@@ -152,25 +94,27 @@ class Allocator:
         self._clock = clock
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        self._changed = threading.Condition(self._lock)
-        self._generation = 0
-        # (allocation id, monotonic time) of the container whose second shared
-        # resource may come next; see the module docstring.
-        # The demand, when the pod was known, says exactly which resource and size the
-        # container asks next, so no time window is needed then.
-        self._open: tuple[str, float, Demand | None] | None = None
+        # Moves on every change of what is served (allocations, card health).
+        self.changes = ChangeCounter()
+        # The container whose second shared resource may come next (admission.py).
+        self._open: OpenAdmission | None = None
         # None: MPS off, shared containers get env quotas only.
         self._mps_layout = mps_layout
         # None: no Kubernetes API; a container's resources are linked by timing.
         self._pods = pods
+        self._demands = (
+            DemandFinder(pods, self.resource_names, self.node_name, monotonic)
+            if pods is not None
+            else None
+        )
         # Told of every refusal whose pod is known (the daemon posts a pod Event).
-        self.on_refusal: Callable[[Demand, str], None] | None = None
+        self._on_refusal = on_refusal
         # card UUID -> why it takes no shared work now (its MPS daemon is down, ...).
         self._card_problems: dict[str, str] = {}
         # Set by PreStartContainer: kubelet's record now shows a new container.
         self.reconcile_requested = threading.Event()
         self._allocations = {a.id: a for a in ledger.load()}
-        self._usage = _Usage()
+        self._usage = CardUsage()
         for allocation in self._allocations.values():
             self._usage.add(allocation)
         # kind -> (generation, device list): every ListAndWatch stream shares one build.
@@ -194,7 +138,7 @@ class Allocator:
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
         """The full device list of one resource, with linkage health."""
         with self._lock:
-            generation = self._generation
+            generation = self.changes.generation
             cached = self._device_lists.get(kind)
             if cached is not None and cached[0] == generation:
                 return cached[1]
@@ -209,25 +153,9 @@ class Allocator:
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
-            if self._generation == generation:
+            if self.changes.generation == generation:
                 self._device_lists[kind] = (generation, listing)
         return listing
-
-    def wait_for_change(self, seen_generation: int, timeout: float) -> int:
-        """Block until the state changes after ``seen_generation`` (or timeout); the new one."""
-        with self._changed:
-            self._changed.wait_for(lambda: self._generation != seen_generation, timeout)
-            return self._generation
-
-    @property
-    def generation(self) -> int:
-        with self._lock:
-            return self._generation
-
-    def wake_watchers(self) -> None:
-        """Let ListAndWatch streams re-check (e.g. because the server is stopping)."""
-        with self._changed:
-            self._changed.notify_all()
 
     # -- admission -------------------------------------------------------------
 
@@ -264,7 +192,18 @@ class Allocator:
             card_uuid = carried.cards[0]
             if free_here[card_uuid] < size:
                 self._open = None
-                raise NoFitError(self._carry_refusal(kind, carried, size, free_here, demand))
+                raise NoFitError(
+                    carry_refusal(
+                        self._describe,
+                        self._loads(kind, free_here),
+                        self.resource_names[kind],
+                        kind,
+                        carried,
+                        size,
+                        self._card_label(carried.cards[0]),
+                        demand,
+                    )
+                )
         elif demand is not None:
             card_uuid = self._place(kind, demand, free_here)
         else:
@@ -280,29 +219,8 @@ class Allocator:
 
     def _place(self, kind: ResourceKind, demand: Demand, free_here: Counter) -> str:
         """The card for a container's whole demand (memory and share together)."""
-        request = SharedRequest(demand.memory_units, demand.core_percent)
         loads = self._loads(kind, free_here)
-        who = f"{demand.namespace}/{demand.pod}/{demand.container}"
-        if demand.extender_card_index is None:
-            try:
-                return choose_card(loads, request, self._policy, self._describe).uuid
-            except NoFitError as e:
-                raise NoFitError(f"{e} (for {who})") from None
-        chosen = next((c for c in loads if c.index == demand.extender_card_index), None)
-        if chosen is None:
-            raise NoFitError(
-                f"the scheduler extender chose GPU{demand.extender_card_index} for {who}, but "
-                f"{self.node_name} has no such GPU (it has GPU0 to GPU{len(self.cards) - 1}): "
-                "the extender's view of this node is stale"
-            )
-        if not request.fits(chosen):
-            raise NoFitError(
-                f"the scheduler extender chose GPU{chosen.index} for {who}, which needs "
-                f"{self._describe.wanted(request)}, but {self._describe.card(chosen)}: the "
-                "extender's view of this node is stale (check its cache and this node's "
-                "allocations with nodemgr status)"
-            )
-        return chosen.uuid
+        return place_demand(demand, loads, self._policy, self._describe, self.node_name)
 
     def allocate(self, kind: ResourceKind, device_ids: Sequence[str]) -> AllocateResult:
         """Record the container's devices durably, then give its env."""
@@ -380,8 +298,7 @@ class Allocator:
                 del self._card_problems[card_uuid]
             else:
                 self._card_problems[card_uuid] = problem
-            self._generation += 1
-            self._changed.notify_all()
+            self.changes.bump()
 
     def set_grace_seconds(self, grace_seconds: float) -> None:
         """A config reload: kubelet.allocation_grace_seconds for the next reconcile."""
@@ -464,41 +381,14 @@ class Allocator:
                 else None,
             )
             # Only a container's first shared resource can be carried over.
-            self._open = (allocation.id, self._monotonic(), demand)
+            self._open = OpenAdmission(allocation.id, self._monotonic(), demand)
         return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
 
     def _store(self, allocation: Allocation) -> None:
-        """Write the allocation, taking its devices from stale holders (kubelet's choice wins).
-
-        kubelet only hands out devices it considers free; if the ledger still
-        has a holder, that pod is gone (or was an init container) and the next
-        reconcile would have released it anyway.
-        """
-        taken: dict[str, set[tuple[ResourceKind, str]]] = defaultdict(set)
-        for key in allocation.device_pairs():
-            holder_id = self._usage.holders.get(key)
-            if holder_id is not None and holder_id != allocation.id:
-                taken[holder_id].add(key)
-        puts, deletes = [allocation], []
-        for holder_id, keys in taken.items():
-            stale = self._allocations[holder_id]
-            log.warning(
-                "kubelet gave %d device(s) held by allocation %s (%s) to allocation %s: "
-                "kubelet's record wins, the old holder was stale",
-                len(keys),
-                holder_id,
-                stale.owner or "owner unknown",
-                allocation.id,
-            )
-            devices = {
-                kind: tuple(i for i in ids if (kind, i) not in keys)
-                for kind, ids in stale.devices.items()
-            }
-            remaining = replace(stale, devices={k: ids for k, ids in devices.items() if ids})
-            if remaining.devices:
-                puts.append(replace(remaining, memory_mib=remaining.memory_units * self._unit_mib))
-            else:
-                deletes.append(holder_id)
+        """Write the allocation, taking its devices from stale holders (kubelet's choice wins)."""
+        puts, deletes = take_over_devices(
+            allocation, self._usage.holders, self._allocations, self._unit_mib
+        )
         self._apply(puts, deletes)
 
     def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
@@ -511,8 +401,7 @@ class Allocator:
         for allocation in puts:
             self._allocations[allocation.id] = allocation
             self._usage.add(allocation)
-        self._generation += 1
-        self._changed.notify_all()
+        self.changes.bump()
 
     # -- reconcile with kubelet ---------------------------------------------
 
@@ -581,92 +470,25 @@ class Allocator:
         return [card_of(kind, i) for i in device_ids]
 
     def _is_known(self, kind: ResourceKind, device_id: str) -> bool:
-        card_uuid = card_of(kind, device_id)
-        if card_uuid not in self._cards:
+        parsed = parse_device_id(kind, device_id)
+        if parsed is None or parsed[0] not in self._cards:
             return False
-        if kind is ResourceKind.WHOLE:
+        card_uuid, index = parsed
+        if index is None:  # a whole card
             return True
-        index = int(device_id.rpartition("-_-")[2].lstrip("c"))
         limit = self._units[card_uuid] if kind is ResourceKind.MEMORY else CORE_DEVICES_PER_CARD
         return index < limit
 
     def _open_allocation(self, kind: ResourceKind, size: int) -> Allocation | None:
-        """The allocation of the container being admitted, if this request is its next one.
-
-        kubelet allocates one container's resources back to back, so the container
-        whose first shared resource was just allocated is the one asking now when:
-        its pod is known and it asks exactly this (no time limit needed), or, without
-        the pod, the request comes within ADMISSION_WINDOW_SECONDS.
-        """
-        if self._open is None:
-            return None
-        allocation_id, since, demand = self._open
-        allocation = self._allocations.get(allocation_id)
-        if allocation is None or kind in allocation.devices:
-            return None
-        if demand is not None:
-            wanted = demand.memory_units if kind is ResourceKind.MEMORY else demand.core_percent
-            return allocation if wanted == size else None
-        if self._monotonic() - since > ADMISSION_WINDOW_SECONDS:
-            return None
-        return allocation
+        """The allocation of the container being admitted, if this request is its next one."""
+        return carried_allocation(self._open, self._allocations, kind, size, self._monotonic())
 
     def _loads(self, kind: ResourceKind | None, kubelet_free: Counter) -> list[CardLoad]:
         """Per-card room; for ``kind``, kubelet's free IDs are the truth for that resource."""
-        usage = self._usage
-        loads = []
-        for card in self.cards:
-            memory_free = self._units[card.uuid] - usage.memory_units[card.uuid]
-            core_free = CORE_DEVICES_PER_CARD - usage.core_percent[card.uuid]
-            if kind is ResourceKind.MEMORY:
-                memory_free = kubelet_free[card.uuid]
-            elif kind is ResourceKind.CORE:
-                core_free = kubelet_free[card.uuid]
-            loads.append(
-                CardLoad(
-                    index=card.index,
-                    uuid=card.uuid,
-                    name=card.name,
-                    memory_units_total=self._units[card.uuid],
-                    memory_units_free=max(memory_free, 0),
-                    core_percent_free=max(core_free, 0),
-                    unavailable_reason="given out whole"
-                    if usage.whole_allocations[card.uuid] > 0
-                    else self._card_problems.get(card.uuid, ""),
-                )
-            )
-        return loads
+        return self._usage.loads(self.cards, self._units, kind, kubelet_free, self._card_problems)
 
     def _request(self, kind: ResourceKind, size: int) -> SharedRequest:
-        if kind is ResourceKind.MEMORY:
-            return SharedRequest(memory_units=size)
-        return SharedRequest(core_percent=size)
-
-    def _carry_refusal(
-        self,
-        kind: ResourceKind,
-        carried: Allocation,
-        size: int,
-        kubelet_free: Counter,
-        demand: Demand | None = None,
-    ) -> str:
-        request = SharedRequest(
-            memory_units=size if kind is ResourceKind.MEMORY else carried.memory_units,
-            core_percent=size if kind is ResourceKind.CORE else carried.core_percent,
-        )
-        loads = self._loads(kind, kubelet_free)
-        card = self._card_label(carried.cards[0])
-        if demand is not None:
-            return (
-                f"{self._describe(request, loads)}; {demand.namespace}/{demand.pod}/"
-                f"{demand.container} already holds its other GPU resource on {card}, which "
-                f"has no room left for its {self.resource_names[kind]} request"
-            )
-        return (
-            f"{self._describe(request, loads)}; this container's first GPU resource was "
-            f"already placed on {card} before its {self.resource_names[kind]} request was "
-            "known (without the Kubernetes API the daemon sees one resource at a time)"
-        )
+        return single_request(kind, size)
 
     def _card_index(self, card_uuid: str) -> int:
         return self._cards[card_uuid].index
@@ -675,43 +497,18 @@ class Allocator:
 
     def _demand(self, kind: ResourceKind, size: int) -> Demand | None:
         """Called without the lock: may wait up to POD_WAIT_SECONDS for the pod watch."""
-        if self._pods is None:
+        if self._demands is None:
             return None
         with self._lock:
             if self._open is not None and self._open_allocation(kind, size) is not None:
-                return self._open[2]  # the container's second resource: its first one's demand
-            held: dict[tuple[str, str, str], set[str]] = defaultdict(set)
-            for allocation in self._allocations.values():
-                if allocation.owner is not None and not allocation.whole:
-                    owner = allocation.owner
-                    for held_kind in allocation.devices:
-                        held[(owner.namespace, owner.pod, owner.container)].add(
-                            self.resource_names[held_kind]
-                        )
-        frozen = {key: frozenset(names) for key, names in held.items()}
-        names = self.resource_names
-        name, memory, core = names[kind], names[ResourceKind.MEMORY], names[ResourceKind.CORE]
-        generation = self._pods.generation
-        demand = find_demand(self._pods.candidates(), name, size, memory, core, frozen)
-        deadline = self._monotonic() + POD_WAIT_SECONDS
-        while demand is None and self._pods.live:
-            left = deadline - self._monotonic()
-            if left <= 0:
-                log.info(
-                    "%s: no pod bound to %s asks for %d; admitting without pod identity",
-                    name,
-                    self.node_name,
-                    size,
-                )
-                break
-            generation = self._pods.wait_for_change(generation, left)
-            demand = find_demand(self._pods.candidates(), name, size, memory, core, frozen)
-        return demand
+                return self._open.demand  # the container's second resource: its first's demand
+            held = held_resources(self._allocations.values(), self.resource_names)
+        return self._demands.find(kind, size, held)
 
     def _refused(self, demand: Demand | None, message: str) -> None:
-        if demand is not None and self.on_refusal is not None:
+        if demand is not None and self._on_refusal is not None:
             try:
-                self.on_refusal(demand, message)
+                self._on_refusal(demand, message)
             except Exception:  # telling the pod must never change kubelet's answer
                 log.exception("reporting a refusal failed")
 

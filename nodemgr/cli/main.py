@@ -1,8 +1,10 @@
 """``nodemgr``: the operator's command line.
 
-``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/cli/install/steps.py) write and
-remove the systemd units, tmpfiles.d entry, default config and hook configs.
-The other commands read what the daemon wrote; none of them changes state:
+``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/cli/install/) write and remove
+the systemd units, tmpfiles.d entry, default config and hook configs.
+The other commands read what the daemon wrote; none of them changes state.
+``nodemgr status`` (status.py; ``--cluster``: cluster_status.py) and
+``nodemgr doctor`` (nodemgr/cli/doctor/) live in modules of their own; this one has:
 - ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
 - ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
   the containers the runtime hook registered on each;
@@ -20,8 +22,8 @@ import time
 
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.cli import status as status_cli
-from nodemgr.cli.doctor import checks as doctor
-from nodemgr.cli.install import steps as install
+from nodemgr.cli.doctor import command as doctor
+from nodemgr.cli.install import command as install
 from nodemgr.config.loading import config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 

@@ -1,9 +1,12 @@
 """A root-only unix stream socket served by a thread: one request, one answer.
 
 Shared by the runtime hook socket and the status socket. The socket file is
-created 0600 (only root, i.e. the container runtime and the operator, may
-talk to the daemon), a stale file left by a killed daemon is replaced, and
-``stop`` removes it. ``handle(sock)`` reads the request and writes the answer;
+0600 (only root, i.e. the container runtime and the operator, may talk to the
+daemon): it is bound, chmod-ed, and only then listened on, so nobody can
+connect while its mode is wider (no process-wide umask change, which would
+race with other threads creating files). A stale file left by a killed
+daemon is replaced, and ``stop`` removes it. It follows the worker lifecycle
+of :mod:`nodemgr.common.workers`. ``handle(sock)`` reads the request and writes the answer;
 it must catch its own errors (an exception here only closes the connection).
 """
 
@@ -18,12 +21,14 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
+SOCKET_MODE = 0o600
+
 
 class UnixServer:
     def __init__(self, socket_path: str, handle: Callable[[socket.socket], None], name: str):
         self.socket_path = socket_path
         self._handle = handle
-        self._name = name
+        self.name = name
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
 
@@ -37,14 +42,20 @@ class UnixServer:
             def handle(self) -> None:
                 handle(self.request)
 
-        old_umask = os.umask(0o177)  # the socket is created 0600
+        server = socketserver.ThreadingUnixStreamServer(
+            self.socket_path, Handler, bind_and_activate=False
+        )
         try:
-            self._server = socketserver.ThreadingUnixStreamServer(self.socket_path, Handler)
-        finally:
-            os.umask(old_umask)
-        self._server.daemon_threads = True
+            server.server_bind()
+            os.chmod(self.socket_path, SOCKET_MODE)  # before listen: no one connects until then
+            server.server_activate()
+        except BaseException:
+            server.server_close()
+            raise
+        server.daemon_threads = True
+        self._server = server
         self._thread = threading.Thread(
-            target=self._server.serve_forever, args=(0.2,), name=self._name, daemon=True
+            target=server.serve_forever, args=(0.2,), name=self.name, daemon=True
         )
         self._thread.start()
 
@@ -58,3 +69,11 @@ class UnixServer:
             os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
+
+    def join(self, timeout_seconds: float) -> bool:
+        """``stop`` already waited for the serving thread: nothing is left to wait for."""
+        return self._server is None
+
+    @property
+    def alive(self) -> bool:
+        return self._server is not None and self._thread is not None and self._thread.is_alive()

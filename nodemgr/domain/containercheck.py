@@ -6,7 +6,7 @@ container's processes live in. The run-time watchdog uses the same quota
 reading on each GPU process's own env.
 
 The quota env may be lowered (a client value can only further constrain, see
-reference/mps.md) but never raised, removed, pointed at another MPS pipe
+docs/mps.md) but never raised, removed, pointed at another MPS pipe
 directory or at other cards.
 """
 
@@ -116,7 +116,7 @@ def quota_env_problem(env: dict[str, str], allocation: Allocation) -> str | None
             return str(e)
         if set(limits) != {"0"}:
             # An entry for an ordinal the container cannot see makes the MPS
-            # client drop every pinned limit (reference/mps.md).
+            # client drop every pinned limit (docs/mps.md).
             return f"{gpuenv.PINNED_MEM_LIMIT}={value}: only device 0 is visible, name only 0"
         if limits["0"] > allocation.memory_mib:
             return (

@@ -53,15 +53,24 @@ def card_device_ids(kind: ResourceKind, card_uuid: str, memory_units: int) -> li
     return [card_uuid]
 
 
-def card_of(kind: ResourceKind, device_id: str) -> str | None:
-    """The card UUID an ID names, or None when the ID is not of this resource's form."""
+def parse_device_id(kind: ResourceKind, device_id: str) -> tuple[str, int | None] | None:
+    """(card UUID, unit or percent index) of an ID of ``kind``; the index is None for a
+    whole card. None when the ID is not of this resource's form. The only parser of IDs."""
     if kind is ResourceKind.WHOLE:
-        return device_id if device_id and SEPARATOR not in device_id else None
+        return (device_id, None) if device_id and SEPARATOR not in device_id else None
     card_uuid, sep, suffix = device_id.rpartition(SEPARATOR)
     if not sep or not card_uuid:
         return None
     pattern = _MEMORY_SUFFIX if kind is ResourceKind.MEMORY else _CORE_SUFFIX
-    return card_uuid if pattern.fullmatch(suffix) else None
+    if not pattern.fullmatch(suffix):
+        return None
+    return card_uuid, int(suffix.lstrip("c"))
+
+
+def card_of(kind: ResourceKind, device_id: str) -> str | None:
+    """The card UUID an ID names, or None when the ID is not of this resource's form."""
+    parsed = parse_device_id(kind, device_id)
+    return None if parsed is None else parsed[0]
 
 
 def id_sort_key(device_id: str) -> tuple[str, int]:

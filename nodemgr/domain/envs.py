@@ -18,7 +18,7 @@ from hooks.gpuenv import (
 )
 from nodemgr.domain.model import Allocation
 
-# gpushare compatibility (reference/gpushare-compat.md): workloads written for
+# gpushare compatibility (docs/gpushare-compat.md): workloads written for
 # the old plugin read these.
 GPU_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 GPU_MEM_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"

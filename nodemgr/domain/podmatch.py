@@ -27,7 +27,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-# Annotations of the gpushare scheduler extender (see the compatibility notes).
+# Annotations of the gpushare scheduler extender (see docs/gpushare-compat.md).
 IDX_ANNOTATION = "ALIYUN_COM_GPU_MEM_IDX"
 POD_ANNOTATION = "ALIYUN_COM_GPU_MEM_POD"
 DEV_ANNOTATION = "ALIYUN_COM_GPU_MEM_DEV"

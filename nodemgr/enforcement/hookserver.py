@@ -26,20 +26,14 @@ class BadRequest(Exception):
     pass
 
 
-class HookServer:
+class HookServer(UnixServer):
     def __init__(self, registry: ContainerRegistry, socket_path: str):
-        self.socket_path = socket_path
+        super().__init__(socket_path, self._handle, "hook-server")
         self._registry = registry
-        self._server: UnixServer | None = None
 
     def start(self) -> None:
-        self._server = UnixServer(self.socket_path, self._handle, "hook-server")
-        self._server.start()
+        super().start()
         log.info("runtime hook socket ready at %s", self.socket_path)
-
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.stop()
 
     def _handle(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_SECONDS)

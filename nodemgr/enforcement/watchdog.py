@@ -26,10 +26,14 @@ from collections.abc import Callable
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
+from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import EnforcementSettings
 from nodemgr.domain.containercheck import CgroupError, parse_cgroups
 from nodemgr.domain.statusdoc import UsageView
 from nodemgr.domain.violations import (
+    ENV,
+    MEMORY,
+    UNALLOCATED,
     GpuProcess,
     Violation,
     find_violations,
@@ -49,7 +53,7 @@ EXEC_RESCAN_SECONDS = 0.2
 _MAX_ANCESTRY = 8  # an MPS server is a child of its control daemon
 
 
-class Watchdog:
+class Watchdog(ThreadWorker):
     def __init__(
         self,
         settings: EnforcementSettings,
@@ -59,7 +63,10 @@ class Watchdog:
         ledger: Ledger,
         mps_control_pids: Callable[[], set[int]] = set,
         clock: Callable[[], float] = time.time,
+        events_source: Callable[[], object] | None = None,
+        on_violation: Callable[[Violation, str, str], None] | None = None,
     ):
+        super().__init__("watchdog")
         self._settings = settings
         self._registry = registry
         self._allocator = allocator
@@ -67,10 +74,13 @@ class Watchdog:
         self._ledger = ledger
         self._mps_control_pids = mps_control_pids
         self._clock = clock
-        self.counts: Counter[str] = Counter()  # violation onsets by kind
+        # Read by the status and metrics threads: written and read under _stats_lock.
+        self._stats_lock = threading.Lock()
+        self._counts: Counter[str] = Counter()  # violation onsets by kind
+        self._kills = 0
         # Told of each violation onset: (violation, card label, action); posts a pod Event.
-        self.on_violation: Callable[[Violation, str, str], None] | None = None
-        self.kills = 0
+        self._on_violation = on_violation
+        self._events_source = events_source
         self._active: set[tuple] = set()  # keys of the violations seen in the last scan
         # (pid, start ticks) -> cgroups. Only cgroups are cached: a process
         # cannot leave its container's cgroup, but it can exec itself with
@@ -78,21 +88,42 @@ class Watchdog:
         self._cache: dict[tuple[int, int], dict[str, str]] = {}
         self._usage_problem: str | None = None
         # Memory really used, from the last scan that could read it (nodemgr status, metrics).
-        self.last_usage: UsageView | None = None
+        self._last_usage: UsageView | None = None
         self._raw_usage: list = []
-        self._thread: threading.Thread | None = None
 
-    def start(self, stop: threading.Event, events_source: Callable[[], object] | None) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(stop, events_source), name="watchdog", daemon=True
-        )
-        self._thread.start()
+    # -- what other threads read: snapshots taken under the lock ----------------
 
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
+    @property
+    def counts(self) -> dict[str, int]:
+        """Violation onsets by kind since start (a copy)."""
+        with self._stats_lock:
+            return dict(self._counts)
 
-    def _run(self, stop: threading.Event, events_source: Callable[[], object] | None) -> None:
+    @property
+    def kills(self) -> int:
+        with self._stats_lock:
+            return self._kills
+
+    @property
+    def last_usage(self) -> UsageView | None:
+        """GPU memory used per card and allocation at the last readable scan; None: unknown."""
+        with self._stats_lock:
+            return self._last_usage
+
+    def summary(self) -> dict:
+        """The status document's ``enforcement`` section: action, onsets by kind, kills."""
+        with self._stats_lock:
+            violations = {kind: self._counts.get(kind, 0) for kind in (MEMORY, ENV, UNALLOCATED)}
+            return {"action": self._settings.action, "violations": violations, "kills": self._kills}
+
+    def _set_last_usage(self, usage: UsageView | None) -> None:
+        with self._stats_lock:
+            self._last_usage = usage
+
+    # -- the loop --------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        events_source = self._events_source
         events = None
         if events_source is not None:
             try:
@@ -142,7 +173,7 @@ class Watchdog:
             shared_cards,
             self._settings.grace_mib,
         )
-        self.last_usage = self._usage_view(processes)
+        self._set_last_usage(self._usage_view(processes))
         starts = {p.pid: p.start_ticks for p in processes}
         active = set()
         for violation in violations:
@@ -181,7 +212,7 @@ class Watchdog:
             if str(e) != self._usage_problem:
                 log.error("cannot read per-process GPU memory: %s; enforcement is paused", e)
                 self._usage_problem = str(e)
-            self.last_usage = None  # unknown, not zero
+            self._set_last_usage(None)  # unknown, not zero
             return None
         self._raw_usage = usage
         if self._usage_problem is not None:
@@ -249,7 +280,8 @@ class Watchdog:
         return False
 
     def _report(self, violation: Violation) -> None:
-        self.counts[violation.kind] += 1
+        with self._stats_lock:
+            self._counts[violation.kind] += 1
         card = self._allocator.card_label(violation.card_uuid)
         log.warning(
             "violation (%s) by %s, container %s, allocation %s on %s: %s; action: %s",
@@ -265,16 +297,17 @@ class Watchdog:
             self._ledger.add_violation(violation, self._settings.action, self._clock())
         except GpushareError as e:
             log.error("cannot record the violation in the ledger: %s", e)
-        if self.on_violation is not None:
+        if self._on_violation is not None:
             try:
-                self.on_violation(violation, card, self._settings.action)
+                self._on_violation(violation, card, self._settings.action)
             except Exception:  # telling the pod must never stop enforcement
                 log.exception("reporting the violation failed")
 
     def _kill(self, violation: Violation, starts: dict[int, int]) -> None:
         for pid in violation.pids:
             if procfs.kill(pid, starts[pid]):
-                self.kills += 1
+                with self._stats_lock:
+                    self._kills += 1
                 log.warning(
                     "killed process %d (%s violation on %s; container %s, pod %s)",
                     pid,

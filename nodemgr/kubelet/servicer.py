@@ -1,7 +1,8 @@
 """The device plugin gRPC servers: one per resource, each on its own socket.
 
-The servicer only translates: protobuf in, a call on the Allocator, protobuf
-out; our errors become gRPC status codes with the allocator's message, which
+The servicer only translates: protobuf in, a call on the allocation state's
+narrow interface (:class:`~nodemgr.allocation.resources.ResourceManager`),
+protobuf out; our errors become gRPC status codes with the allocator's message, which
 kubelet shows in the pod's events. How long Allocate took is reported through a
 plain callback (``observe_allocate``); the servicer knows nothing of metrics.
 """
@@ -17,7 +18,7 @@ from concurrent import futures
 
 import grpc
 
-from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.resources import DeviceInfo, ResourceManager
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.errors import (
     AllocationError,
@@ -49,14 +50,14 @@ _STATUS = [
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def __init__(
         self,
-        allocator: Allocator,
+        resources: ResourceManager,
         kind: ResourceKind,
         stopping: threading.Event,
         observe_allocate: ObserveAllocate | None = None,
     ):
-        self._allocator = allocator
+        self._resources = resources
         self._kind = kind
-        self._name = allocator.resource_names[kind]
+        self._name = resources.resource_names[kind]
         self._stopping = stopping
         self._observe_allocate = observe_allocate
 
@@ -66,20 +67,21 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def ListAndWatch(self, request, context) -> Iterator[dp.ListAndWatchResponse]:
         log.info("kubelet is watching %s", self._name)
         sent = None
-        generation = self._allocator.generation
+        changes = self._resources.changes
+        generation = changes.generation
         while not self._stopping.is_set() and context.is_active():
-            devices = self._allocator.devices(self._kind)
+            devices = self._resources.devices(self._kind)
             if devices != sent:
                 yield dp.ListAndWatchResponse(devices=[_device(d) for d in devices])
                 sent = devices
-            generation = self._allocator.wait_for_change(generation, timeout=1.0)
+            generation = changes.wait_for_change(generation, timeout=1.0)
 
     def GetPreferredAllocation(self, request, context):
         response = dp.PreferredAllocationResponse()
         for req in request.container_requests:
             ids = self._call(
                 context,
-                self._allocator.preferred,
+                self._resources.preferred,
                 self._kind,
                 list(req.available_deviceIDs),
                 list(req.must_include_deviceIDs),
@@ -103,7 +105,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         response = dp.AllocateResponse()
         for req in request.container_requests:
             result = self._call(
-                context, self._allocator.allocate, self._kind, list(req.devices_ids)
+                context, self._resources.allocate, self._kind, list(req.devices_ids)
             )
             container = response.container_responses.add(envs=result.envs)
             for mount in result.mounts:
@@ -115,7 +117,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         return response
 
     def PreStartContainer(self, request, context):
-        self._call(context, self._allocator.check_known, self._kind, list(request.devices_ids))
+        self._call(context, self._resources.check_known, self._kind, list(request.devices_ids))
         return dp.PreStartContainerResponse()
 
     def _observe(self, seconds: float, ok: bool) -> None:
@@ -139,7 +141,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"gpushare-node internal error: {e!r}")
 
 
-def _device(info) -> dp.Device:
+def _device(info: DeviceInfo) -> dp.Device:
     device = dp.Device(ID=info.id, health=HEALTHY if info.healthy else UNHEALTHY)
     if info.numa_node is not None:
         device.topology.nodes.add(ID=info.numa_node)
@@ -151,15 +153,17 @@ class PluginServer:
 
     def __init__(
         self,
-        allocator: Allocator,
+        resources: ResourceManager,
         kind: ResourceKind,
         socket_path: str,
         observe_allocate: ObserveAllocate | None = None,
     ):
         self.kind = kind
-        self.resource_name = allocator.resource_names[kind]
+        self.resource_name = resources.resource_names[kind]
+        self.name = f"device-plugin {self.resource_name}"
+        self.name = f"device-plugin {self.resource_name}"
         self.socket_path = socket_path
-        self._allocator = allocator
+        self._resources = resources
         self._observe_allocate = observe_allocate
         self._stopping = threading.Event()
         self._server: grpc.Server | None = None
@@ -176,7 +180,7 @@ class PluginServer:
         self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
         dp_grpc.add_DevicePluginServicer_to_server(
             DevicePluginServicer(
-                self._allocator, self.kind, self._stopping, self._observe_allocate
+                self._resources, self.kind, self._stopping, self._observe_allocate
             ),
             self._server,
         )
@@ -193,11 +197,20 @@ class PluginServer:
 
     def stop(self, grace_seconds: float = 1.0) -> None:
         self._stopping.set()
-        self._allocator.wake_watchers()
+        self._resources.changes.wake_all()
         if self._server is not None:
             self._server.stop(grace_seconds).wait()
+            self._server = None
         if self.socket_present():
             _remove(self.socket_path)
+
+    def join(self, timeout_seconds: float) -> bool:
+        """``stop`` already waited for the server's grace period: nothing is left."""
+        return self._server is None
+
+    @property
+    def alive(self) -> bool:
+        return self._server is not None and not self._stopping.is_set()
 
 
 def _remove(path: str) -> None:

@@ -5,7 +5,7 @@ error mapping), nodemgr.kubernetes.podwatch (the pod watch and cache) and
 nodemgr.kubernetes.writes (coalescing queue, backoff, event rate limit); no other
 code talks to the API server. Two daemon threads:
 
-- the pod watch (kube_watch): one LIST of the pods bound to this node, then
+- the pod watch (podwatch): one LIST of the pods bound to this node, then
   a WATCH, kept in a local cache that the Allocate path reads;
 - the writer (here): pod annotations, node labels/annotations,
   ``aliyun.com/gpu-count`` in node status, pod Events. Callers only queue
@@ -136,6 +136,7 @@ class KubeAdapter:
         self._mode = "new"  # new (queueing), running, off (disabled, no credentials, stopped)
         self._start_error: str | None = None
 
+        self.name = "kubernetes-adapter"
         self._stop = threading.Event()
         self._credentials: Credentials | None = None
         self._session: ApiSession | None = None
@@ -187,25 +188,43 @@ class KubeAdapter:
         self._watch.thread.start()
         self._writer.start()
 
-    def stop(self, timeout: float = 2.0) -> None:
-        """Stop both threads; returns within ``timeout`` even when the API server hangs.
-
-        A request stuck on a hung server is abandoned (daemon threads): it
-        ends at its own timeout and changes nothing after the stop.
-        """
-        deadline = time.monotonic() + timeout
+    def stop(self) -> None:
+        """Ask both threads to stop and end a blocked watch read; returns at once."""
         self._stop.set()
         with self._lock:
             self._mode = "off"
             self._wake.notify_all()
-        if self._watch is None:
-            return
-        self._watch.abort()
+        if self._watch is not None:
+            self._watch.abort()
+
+    def join(self, timeout_seconds: float) -> bool:
+        """Wait up to ``timeout_seconds`` for both threads; True once they ended.
+
+        A request stuck on a hung API server is abandoned (daemon threads): it
+        ends at its own timeout and changes nothing after the stop.
+        """
+        if self._watch is None or self._writer is None or self._session is None:
+            return True
+        deadline = time.monotonic() + timeout_seconds
         threads = (self._watch.thread, self._writer)
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        if not any(t.is_alive() for t in threads):
-            self._session.close()
+        if any(t.is_alive() for t in threads):
+            return False
+        self._session.close()
+        return True
+
+    @property
+    def alive(self) -> bool:
+        """Not stopped, and its threads up when it has any (disabled or without
+        credentials it runs no thread and does its job: nothing)."""
+        if self._stop.is_set():
+            return False
+        if self._watch is None:
+            return True
+        return (
+            self._watch.thread.is_alive() and self._writer is not None and self._writer.is_alive()
+        )
 
     def _go_off(self) -> None:
         with self._lock:

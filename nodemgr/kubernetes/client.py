@@ -1,6 +1,6 @@
 """The Kubernetes adapter's edge with the kubernetes client: credentials, client, errors.
 
-Part of the adapter (nodemgr.kubernetes.adapter, kube_client, kube_watch, kube_writes);
+Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes);
 no other module imports the kubernetes client.
 
 - ``find_credentials``: which credentials to use, from ``kubernetes.kubeconfig``

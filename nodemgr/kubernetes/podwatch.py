@@ -1,6 +1,6 @@
 """The Kubernetes adapter's pod watch: the pods bound to this node, in a local cache.
 
-Part of the adapter (nodemgr.kubernetes.adapter, kube_client, kube_watch, kube_writes).
+Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes).
 One thread: a LIST of the pods with ``spec.nodeName=<node>``, then a WATCH
 from the list's resourceVersion (bookmarks keep it fresh); a new WATCH from
 the last version seen when the server ends one (every
@@ -30,6 +30,7 @@ from typing import Any
 
 from kubernetes.utils.quantity import parse_quantity
 
+from nodemgr.common.changes import ChangeCounter
 from nodemgr.domain.podmatch import ContainerRequest, PodInfo
 from nodemgr.errors import KubeApiError, KubeExpired, KubeForbidden, KubeUnavailable
 from nodemgr.kubernetes.client import ApiSession, map_error, status_error
@@ -64,9 +65,9 @@ class PodWatch:
         self._watch_timeout_seconds = watch_timeout_seconds
         self._backoff = backoff or Backoff()
         self._cache: tuple[dict[PodKey, PodInfo], tuple[PodInfo, ...]] = ({}, ())
-        self._generation = 0
         self._synced = False
-        self._changed = threading.Condition()  # held only to publish or wait, never over I/O
+        self._cache_lock = threading.Lock()  # held only to publish, never over I/O
+        self.changes = ChangeCounter()  # moves on every change of the cache
         self._response_lock = threading.Lock()
         self._response: Any = None  # the open watch stream, for abort()
         self.watching = False
@@ -86,16 +87,14 @@ class PodWatch:
 
     @property
     def generation(self) -> int:
-        return self._generation
+        return self.changes.generation
 
     @property
     def synced(self) -> bool:
         return self._synced
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
-        with self._changed:
-            self._changed.wait_for(lambda: self._generation != seen_generation, timeout)
-            return self._generation
+        return self.changes.wait_for_change(seen_generation, timeout)
 
     def abort(self) -> None:
         """After ``stop`` is set: end a blocked read of the watch stream now."""
@@ -114,15 +113,14 @@ class PodWatch:
             return  # nothing changes after stop
         if candidates is None:
             candidates = {key: pod for key, pod in pods.items() if self._candidate(pod)}
-        with self._changed:
+        with self._cache_lock:
             self._cache = (pods, tuple(pods.values()))
             if candidates is not self._candidate_keys:
                 self._candidate_keys = candidates
                 self._candidates = tuple(candidates.values())
             if synced is not None:
                 self._synced = synced
-            self._generation += 1
-            self._changed.notify_all()
+        self.changes.bump()
 
     # --- the thread --------------------------------------------------------
 
@@ -142,7 +140,7 @@ class PodWatch:
             except KubeExpired:
                 log.info("pod watch: resourceVersion %s expired, listing again", resource_version)
                 resource_version = None
-                with self._changed:
+                with self._cache_lock:
                     self._synced = False
                 if time.monotonic() - began >= 1.0:
                     continue

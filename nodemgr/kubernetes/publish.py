@@ -6,7 +6,7 @@ was published. The daemon compares the result with what it last sent and
 hands only the differences to the adapter, which queues and retries them.
 
 Pod annotations follow the gpushare conventions that the scheduler extender
-and ``kubectl inspect gpushare`` read (reference/gpushare-compat.md):
+and ``kubectl inspect gpushare`` read (docs/gpushare-compat.md):
 ``ALIYUN_COM_GPU_MEM_IDX`` (the card of the pod's first GPU container),
 ``ALIYUN_COM_GPU_MEM_POD`` (the pod's memory units), ``ALIYUN_COM_GPU_MEM_DEV``
 (units per card), ``ALIYUN_COM_GPU_MEM_ASSIGNED=true``,
@@ -93,7 +93,7 @@ def node_labels(cards: Sequence, mps_enabled: bool) -> dict[str, str]:
     if not mps_enabled:
         labels["mps-capable"] = "false"
     elif all(capabilities):
-        # MPS memory and thread limits need Volta (7.0) or newer (reference/mps.md).
+        # MPS memory and thread limits need Volta (7.0) or newer (docs/mps.md).
         labels["mps-capable"] = str(all(_at_least(c, (7, 0)) for c in capabilities)).lower()
     return labels
 

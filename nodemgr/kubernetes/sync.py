@@ -11,7 +11,7 @@
 - ``post_refusal`` / ``post_violation`` turn refusals and enforcement actions
   into pod Events (the adapter rate-limits them).
 
-What it must not do: decide anything (podmatch and kubepublish do), or call
+What it must not do: decide anything (podmatch and publish do), or call
 the API server itself.
 """
 
@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from nodemgr.allocation.allocator import Allocator
+from nodemgr.common.workers import ThreadWorker
 from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
 from nodemgr.kubernetes.publish import (
     GPU_COUNT_RESOURCE,
@@ -75,7 +76,7 @@ def candidate_filter(resources: tuple[str, ...]):
     return lambda pod: is_candidate_pod(pod, resources)
 
 
-class Publisher:
+class Publisher(ThreadWorker):
     def __init__(
         self,
         adapter,
@@ -85,6 +86,7 @@ class Publisher:
         mps_enabled: bool,
         label_prefix: str,
     ):
+        super().__init__("kube-publisher")
         self._adapter = adapter
         self._label_prefix = label_prefix
         self._allocator = allocator
@@ -93,19 +95,11 @@ class Publisher:
         self._mps_enabled = mps_enabled
         self._sent_pods: dict[tuple[str, str], dict[str, str]] = {}
         self._sent_node: tuple | None = None
-        self._thread: threading.Thread | None = None
 
-    def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(stop,), name="kube-publisher", daemon=True
-        )
-        self._thread.start()
+    def _wake(self) -> None:
+        self._allocator.changes.wake_all()
 
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self, stop: threading.Event) -> None:
+    def run(self, stop: threading.Event) -> None:
         generation, changed, next_publish, next_full = -1, True, 0.0, 0.0
         pending, last_publish = True, float("-inf")
         while not stop.is_set():
@@ -127,7 +121,7 @@ class Publisher:
                 pending, last_publish = False, now
                 next_publish = now + PUBLISH_PERIOD_SECONDS
             # Short waits: a stop is noticed at once.
-            seen, generation = generation, self._allocator.wait_for_change(generation, 0.5)
+            seen, generation = generation, self._allocator.changes.wait_for_change(generation, 0.5)
             changed = generation != seen
 
     def publish(self) -> None:

@@ -113,6 +113,12 @@ class Metrics:
 
         Raises BindError, saying which address and why, when it cannot be bound.
         """
+        server = self.bind(address)
+        server.start()
+        return server
+
+    def bind(self, address: str) -> MetricsServer:
+        """The metrics server bound to ``address``, not serving yet (``start`` it)."""
         host, port = split_host_port(address)
         try:
             family = socket.getaddrinfo(
@@ -142,29 +148,43 @@ class MetricsServer:
     POLL_SECONDS = 0.05
 
     def __init__(self, httpd: WSGIServer):
+        self.name = "metrics-http"
         self._httpd = httpd
         self.port: int = httpd.server_address[1]
         self._stopped = False
         self._thread = threading.Thread(
             target=httpd.serve_forever,
             kwargs={"poll_interval": self.POLL_SECONDS},
-            name="metrics-http",
+            name=self.name,
             daemon=True,
         )
-        self._thread.start()
+
+    def start(self) -> None:
+        """Serve on the socket ``Metrics.bind`` bound (once; later calls do nothing)."""
+        if not self._thread.is_alive() and not self._stopped:
+            self._thread.start()
 
     def stop(self) -> None:
         """Stop serving and close the listening socket (the port is free on return)."""
         if self._stopped:
             return
         self._stopped = True
-        self._httpd.shutdown()
+        if self._thread.is_alive():
+            self._httpd.shutdown()
         self._httpd.server_close()
-        self._thread.join(timeout=2)
+
+    def join(self, timeout_seconds: float) -> bool:
+        if self._thread.is_alive():
+            self._thread.join(max(timeout_seconds, 0.0))
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` (as config.py validates it) -> (host, port)."""
+    """``host:port`` or ``[v6]:port`` (as nodemgr.config.loading validates it) -> (host, port)."""
     host, colon, port = address.rpartition(":")
     if not colon or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise BindError(f"metrics address must be host:port or [v6]:port (got {address!r})")

@@ -108,18 +108,14 @@ class LiveStatus:
         )
 
 
-class StatusServer:
+class StatusServer(UnixServer):
     def __init__(self, status: LiveStatus, socket_path: str):
-        self.socket_path = socket_path
+        super().__init__(socket_path, self._handle, "status-server")
         self._status = status
-        self._server = UnixServer(socket_path, self._handle, "status-server")
 
     def start(self) -> None:
-        self._server.start()
+        super().start()
         log.info("status socket ready at %s", self.socket_path)
-
-    def stop(self) -> None:
-        self._server.stop()
 
     def _handle(self, sock: socket.socket) -> None:
         sock.settimeout(READ_TIMEOUT_SECONDS)

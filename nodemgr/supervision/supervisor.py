@@ -29,6 +29,7 @@ import psutil
 
 from mps import CardDaemon, Health, HealthState, MpsError, MpsLayout
 from nodemgr.allocation.allocator import Allocator
+from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import MpsSettings
 from nodemgr.domain.statusdoc import MpsView
 from nodemgr.errors import InventoryError
@@ -51,7 +52,7 @@ class _CardState:
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
 
 
-class MpsSupervisor:
+class MpsSupervisor(ThreadWorker):
     def __init__(
         self,
         settings: MpsSettings,
@@ -60,6 +61,7 @@ class MpsSupervisor:
         allocator: Allocator,
         memory_unit_mib: int,
     ):
+        super().__init__("mps-supervisor")
         self._settings = settings
         self._layout = layout
         self._inventory = inventory
@@ -78,7 +80,6 @@ class MpsSupervisor:
             )
             for card in allocator.cards
         }
-        self._thread: threading.Thread | None = None
 
     def control_pids(self) -> set[int]:
         """PIDs of the control daemons this supervisor configured (their MPS servers are theirs)."""
@@ -89,26 +90,20 @@ class MpsSupervisor:
         self._ensure_shm()
         self.tend_all()
 
-    def start(self, stop: threading.Event) -> None:
-        self._thread = threading.Thread(
-            target=self._run, args=(stop,), name="mps-supervisor", daemon=True
-        )
-        self._thread.start()
-
-    def join(self, timeout: float) -> None:
-        if self._thread is not None:
-            self._thread.join(timeout)
-
-    def _run(self, stop: threading.Event) -> None:
-        generation = self._allocator.generation
+    def run(self, stop: threading.Event) -> None:
+        changes = self._allocator.changes
+        generation = changes.generation
         while not stop.is_set():
             # Wake on the interval, or at once when allocations change (a card
             # given out whole must leave MPS before its container starts).
-            generation = self._allocator.wait_for_change(
+            generation = changes.wait_for_change(
                 generation, self._settings.health_check_interval_seconds
             )
             if not stop.is_set():
                 self.tend_all()
+
+    def _wake(self) -> None:
+        self._allocator.changes.wake_all()
 
     def tend_all(self) -> None:
         whole = self._allocator.whole_cards()

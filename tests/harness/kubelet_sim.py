@@ -4,7 +4,7 @@ End-to-end tests run the real gpushare-node daemon against this stand-in. It
 speaks the real protocols (device plugin API v1beta1 and PodResources v1, the
 generated code in ``nodemgr.kubelet.api``) and copies the parts of kubelet's
 behaviour a device plugin can observe, as described in
-``shared/reference/kubelet-device-plugin.md``:
+``docs/kubelet-api.md``:
 
 * ``Registration.Register`` is served on ``<device_plugin_dir>/kubelet.sock``.
   Before Register returns, the plugin's own socket is dialled and

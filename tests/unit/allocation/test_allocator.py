@@ -4,7 +4,8 @@ that change nothing."""
 
 import pytest
 
-from nodemgr.allocation.allocator import ADMISSION_WINDOW_SECONDS, Allocator
+from nodemgr.allocation.admission import ADMISSION_WINDOW_SECONDS
+from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.domain.model import ContainerRef
@@ -219,7 +220,7 @@ def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
     """Admission reads running per-card totals; they must never drift from the ledger."""
     import random
 
-    from nodemgr.allocation.allocator import _Usage
+    from nodemgr.allocation.usage import CardUsage
 
     rng = random.Random(7)
     refs = {}
@@ -244,7 +245,7 @@ def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
                     name = allocator.resource_names[kind_]
                     record.setdefault(ref, {}).setdefault(name, []).extend(ids)
             allocator.reconcile(record)
-        fresh = _Usage()
+        fresh = CardUsage()
         for allocation in allocator.allocations():
             fresh.add(allocation)
         usage = allocator._usage
@@ -300,10 +301,16 @@ def gpu_pod(name, *containers, annotations=None, created=100.0):
     )
 
 
-def with_pods(settings, clock, pods):
+def with_pods(settings, clock, pods, on_refusal=None):
     cards = open_inventory(settings.gpus).cards()
     return Allocator(
-        settings, cards, Ledger(settings.state_dir), clock=clock, monotonic=clock, pods=pods
+        settings,
+        cards,
+        Ledger(settings.state_dir),
+        clock=clock,
+        monotonic=clock,
+        pods=pods,
+        on_refusal=on_refusal,
     )
 
 
@@ -348,9 +355,13 @@ def test_each_container_of_a_multi_container_pod_gets_its_own_fitting_card(setti
 
 def test_extender_card_is_honoured_and_a_stale_choice_is_refused_clearly(settings, clock):
     chosen = gpu_pod("pinned", ("main", {MEM_NAME: 2}), annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
-    allocator = with_pods(settings, clock, Pods(chosen))
     refusals = []
-    allocator.on_refusal = lambda demand, message: refusals.append((demand.pod, message))
+    allocator = with_pods(
+        settings,
+        clock,
+        Pods(chosen),
+        on_refusal=lambda demand, message: refusals.append((demand.pod, message)),
+    )
     assert admit(allocator, [(MEM, 2)])[MEM].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
     full = gpu_pod("stale", ("main", {MEM_NAME: 14}), annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
     allocator._pods.pods = [full]

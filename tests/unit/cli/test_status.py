@@ -1,297 +1,71 @@
-"""``nodemgr status --cluster``: the cluster-wide view from the nodes' gpushare annotation.
+"""``nodemgr status`` of this node (nodemgr/cli/status.py) when the daemon does not answer.
 
-Against the test API server (tests/harness/apiserver_sim.py: the real REST protocol, the
-official client end to end), with node annotations made by what the daemon publishes
-(nodemgr.kubernetes.publish.node_annotation of a status document from
-nodemgr.domain.statusdoc.build_status,
-so the format cannot drift): two GPU nodes (one with a multi-container pod across its
-cards, one with a container not yet matched to its pod and a card given out whole) and a
-node without gpushare-node. Pins the summary in the shape of ``kubectl inspect gpushare``
-(GiB, InternalIP, "-" for a card a node lacks, the node without the annotation named
-below), ``-d`` (pods per card, Allocated and Total per node) and ``--json`` (the
-annotation's cards as published), through the real ``nodemgr`` command too; annotations
-that cannot be read are named, not fatal; and the errors: no credentials, a missing
---kubeconfig, the API server down or answering 503, a rejected token, RBAC without
-``nodes list`` (exit 1, each naming the fix), ``kubernetes.enabled: false`` (exit 2), -d
-without --cluster.
+Pins: with no daemon and no ledger it exits 1 naming the state_dir; with the ledger the
+daemon left it says the daemon is not answering, shows the last state from the ledger
+(``source: ledger``, the cards the daemon kept in the ledger) and exits 3, as ``systemctl
+status`` of a stopped unit; a bad config exits 2; the ``--cluster`` flags without
+``--cluster`` exit 2. (The daemon answering is pinned end to end in tests/e2e/test_status.py.)
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from types import SimpleNamespace
 
-import pytest
 import yaml
 
+from nodemgr.allocation.ledger import Ledger
 from nodemgr.cli import status as status_cli
-from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
-from nodemgr.domain.model import Allocation, ContainerRef
-from nodemgr.domain.statusdoc import build_status
-from nodemgr.inventory import Card
-from nodemgr.kubernetes.publish import node_annotation
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import _console_script
-
-KEY = "gpushare.aliyun.com/gpus"
-T4 = [Card(0, "GPU-a0", "Tesla T4", 15360), Card(1, "GPU-a1", "Tesla T4", 15360)]
-A100 = [
-    Card(0, "GPU-b0", "NVIDIA A100-SXM4-40GB", 40960),
-    Card(1, "GPU-b1", "NVIDIA A100-SXM4-40GB", 40960),
-]
+from nodemgr.status.server import CARDS_META_KEY
 
 
-def shared(aid, card, gib, core, owner):
-    devices = {ResourceKind.MEMORY: tuple(memory_device_id(card, j) for j in range(gib))}
-    if core:
-        devices[ResourceKind.CORE] = tuple(core_device_id(card, j) for j in range(core))
-    return Allocation(aid, devices, gib * 1024, created_at=1.0, owner=owner)
-
-
-def annotation(node, cards, allocations, unhealthy=()):
-    status = build_status(
-        node,
-        cards,
-        allocations,
-        source="daemon",
-        card_problems={uuid: "XID 79" for uuid in unhealthy},
-        mps={},
-        usage=None,
-        containers={},
-        violations={},
-        enforcement=None,
-        daemon=None,
-    )
-    return node_annotation(status)
-
-
-NODE_A = annotation(
-    "node-a",
-    T4,
-    [
-        shared("a1", "GPU-a0", 4, 30, ContainerRef("default", "train-1", "main")),
-        shared("a2", "GPU-a0", 2, 20, ContainerRef("ml", "infer-2", "server")),
-        shared("a3", "GPU-a1", 1, 10, ContainerRef("ml", "infer-2", "sidecar")),
-    ],
-)
-NODE_B = annotation(
-    "node-b",
-    A100,
-    [
-        shared("b1", "GPU-b0", 10, 0, ContainerRef("ml", "bert", "main")),
-        shared("b2", "GPU-b0", 2, 0, None),  # kubelet has not said whose yet
-        Allocation("b3", {ResourceKind.WHOLE: ("GPU-b1",)}, 0, 1.0, ContainerRef("ml", "big", "m")),
-    ],
-    unhealthy=("GPU-b1",),
-)
-
-SUMMARY = """\
-NAME    IPADDRESS     GPU0(Allocated/Total)  GPU1(Allocated/Total)  GPU Memory(GiB)
-node-a  192.168.0.71  6/15                   1/15                   7/30
-node-b  192.168.0.72  12/40                  40/40                  52/80
------------------------------------------------------------------------------------
-Allocated/Total GPU Memory In Cluster:
-59/110 (53%)
-
-Not shown: 1 node without the gpushare.aliyun.com/gpus annotation (no gpushare-node there, \
-or it has not published yet): node-c
-Unhealthy cards (see nodemgr status on the node): node-b GPU1"""
-
-DETAILS = """
-NAME:       node-a
-IPADDRESS:  192.168.0.71
-
-NAME         NAMESPACE  GPU0(Allocated)  GPU1(Allocated)
-train-1      default    4                0
-infer-2      ml         2                1
-Allocated :  7 (23%)
-Total :      30
---------------------------------------------------------
-
-NAME:       node-b
-IPADDRESS:  192.168.0.72
-
-NAME             NAMESPACE  GPU0(Allocated)  GPU1(Allocated)
-bert             ml         10               0
-(not yet known)  -          2                0
-big              ml         0                40
-Allocated :      52 (65%)
-Total :          80
-------------------------------------------------------------
-
-Allocated/Total GPU Memory In Cluster:  59/110 (53%)
-
-Not shown: 1 node without the gpushare.aliyun.com/gpus annotation (no gpushare-node there, \
-or it has not published yet): node-c
-Unhealthy cards (see nodemgr status on the node): node-b GPU1"""
-
-
-@pytest.fixture
-def api():
-    server = TestApiServer()
-    server.start()
-    server.add_node("node-a", annotations={KEY: NODE_A}, address="192.168.0.71")
-    server.add_node("node-b", annotations={KEY: NODE_B}, address="192.168.0.72")
-    server.add_node("node-c", address="192.168.0.73")  # a CPU node: no gpushare-node
-    yield server
-    server.stop()
-
-
-def config(tmp_path, **kubernetes) -> str:
+def config(tmp_path, **settings) -> str:
+    """A config whose run_dir (no daemon: no status socket) and state_dir are under tmp_path."""
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"node_name": "node-a", "kubernetes": kubernetes}))
+    document = {"node_name": "node-a", "run_dir": str(tmp_path / "run")}
+    document["state_dir"] = str(tmp_path / "state")
+    path.write_text(yaml.safe_dump({**document, **settings}))
     return str(path)
 
 
-def args(config_path, kubeconfig=None, details=False, as_json=False, cluster=True):
-    return SimpleNamespace(
-        config=config_path, json=as_json, cluster=cluster, details=details, kubeconfig=kubeconfig
-    )
+def args(config_path, as_json=False, **flags):
+    """The argparse namespace ``nodemgr status`` gets, without --cluster."""
+    values = dict(config=config_path, json=as_json, cluster=False, details=False, kubeconfig=None)
+    return SimpleNamespace(**{**values, **flags})
 
 
-def test_summary_in_the_shape_of_kubectl_inspect_gpushare(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    assert status_cli.run(args(config(tmp_path), kubeconfig)) == 0
-    assert capsys.readouterr().out == SUMMARY + "\n"
-    assert [(m, p) for m, p, _ in api.requests] == [("GET", "/api/v1/nodes")]  # one request
-
-
-def test_details(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    assert status_cli.run(args(config(tmp_path), kubeconfig, details=True)) == 0
-    assert capsys.readouterr().out == DETAILS + "\n"
-
-
-def test_json_gives_the_cards_as_published(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    assert status_cli.run(args(config(tmp_path), kubeconfig, as_json=True)) == 0
-    view = json.loads(capsys.readouterr().out)
-    assert [(n["name"], n["address"]) for n in view["nodes"]] == [
-        ("node-a", "192.168.0.71"),
-        ("node-b", "192.168.0.72"),
-    ]
-    assert view["nodes"][0]["gpus"] == json.loads(NODE_A)["gpus"]
-    assert view["nodes"][1]["gpus"] == json.loads(NODE_B)["gpus"]
-    assert view["nodes"][0]["gpus"][0]["allocations"] == [
-        ["default", "train-1", "main", 4096, 30],
-        ["ml", "infer-2", "server", 2048, 20],
-    ]
-    assert view["skipped"] == [{"name": "node-c", "reason": "no annotation"}]
-    assert view["annotation"] == KEY
-
-
-def test_credentials_come_from_the_config_and_the_label_prefix_too(api, tmp_path, capsys):
-    api.add_node("node-d", annotations={"example.com/gpus": NODE_A}, address="10.1.0.4")
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    path = config(tmp_path, kubeconfig=kubeconfig, label_prefix="example.com/")
-    assert status_cli.run(args(path)) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert lines[1].split() == ["node-d", "10.1.0.4", "6/15", "1/15", "7/30"]
-    assert "3 nodes without the example.com/gpus annotation" in lines[-1]
-
-
-def test_unreadable_annotations_are_named_not_fatal():
-    view = status_cli.cluster_view(
-        [
-            ("node-a", None, {KEY: NODE_A}),
-            ("node-n", "10.0.0.9", {KEY: '{"v":2,"gpus":[]}'}),
-            ("node-x", "10.0.0.8", {KEY: "{broken"}),
-        ],
-        KEY,
-    )
-    assert [n["name"] for n in view["nodes"]] == ["node-a"]
-    assert view["skipped"][0]["name"] == "node-n"
-    assert (
-        "format v2, this nodemgr reads v1 (a newer gpushare-node wrote it"
-        in (view["skipped"][0]["reason"])
-    )
-    assert view["skipped"][1]["reason"].startswith(f"unreadable {KEY} annotation: not JSON")
-    text = status_cli.render_cluster(view)
-    assert text.splitlines()[1].split() == ["node-a", "unknown", "6/15", "1/15", "7/30"]  # no IP
-    assert f"Not shown: node-x: unreadable {KEY} annotation: not JSON" in text
-
-
-def test_through_the_real_command(api, tmp_path):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    done = subprocess.run(
-        [*_console_script("nodemgr"), "status", "--cluster", "--kubeconfig", kubeconfig,
-         "--config", config(tmp_path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    print(done.stdout, done.stderr)
-    assert (done.returncode, done.stdout, done.stderr) == (0, SUMMARY + "\n", "")
-    done = subprocess.run(
-        [*_console_script("nodemgr"), "status", "-d", "--config", config(tmp_path)],
-        capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
-    assert done.returncode == 2
-    assert done.stderr == "nodemgr: --details and --kubeconfig go with --cluster\n"
-
-
-# --- errors ------------------------------------------------------------------------------
-
-
-def test_no_credentials(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+def test_no_daemon_and_no_ledger_exits_1(tmp_path, capsys):
+    """Without a daemon or a ledger there is nothing to show: exit 1 naming the state_dir."""
     assert status_cli.run(args(config(tmp_path))) == 1
     err = capsys.readouterr().err
-    assert err.startswith(
-        "nodemgr: no Kubernetes credentials (tried kubernetes.kubeconfig: not set; $KUBECONFIG: "
-        "not set; in-cluster: $KUBERNETES_SERVICE_HOST not set; "
-        f"{tmp_path}/home/.kube/config: no such file); give --kubeconfig FILE: a kubeconfig "
-        "allowed to list nodes"
-    )
-    assert status_cli.run(args(config(tmp_path), str(tmp_path / "nowhere"))) == 1
-    assert capsys.readouterr().err.startswith(
-        f"nodemgr: --kubeconfig {tmp_path}/nowhere: no such file; give --kubeconfig FILE"
-    )
+    assert "gpushare-node is not answering on " in err
+    assert f"nodemgr: no ledger in {tmp_path / 'state'}: gpushare-node has not run here" in err
 
 
-def test_api_server_down(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    api.stop()
-    assert status_cli.run(args(config(tmp_path), kubeconfig)) == 1
+def test_daemon_down_shows_the_last_state_from_the_ledger_and_exits_3(tmp_path, capsys):
+    """With the daemon down the ledger's last state is shown (source ledger) and it exits 3."""
+    path = config(tmp_path)
+    ledger = Ledger(str(tmp_path / "state"))
+    card = {"index": 0, "uuid": "GPU-0", "name": "Tesla T4", "memory_mib": 15360}
+    ledger.set_meta(CARDS_META_KEY, json.dumps([card]))
+    ledger.close()
+    assert status_cli.run(args(path, as_json=True)) == status_cli.EXIT_DAEMON_DOWN == 3
     captured = capsys.readouterr()
-    assert captured.out == ""
-    assert captured.err.startswith(
-        f"nodemgr: the API server {api.url} does not answer (list nodes: no answer from the API "
-        "server: "
-    )
-    assert f"the server address in --kubeconfig ({kubeconfig})" in captured.err
-    api.start()
-    api.fail_next("GET", r"^/api/v1/nodes$", 503)
-    assert status_cli.run(args(config(tmp_path), kubeconfig)) == 1
-    assert capsys.readouterr().err == (
-        f"nodemgr: the API server {api.url} is unavailable (list nodes: HTTP 503 (injected "
-        "failure: HTTP 503)): try again later\n"
-    )
+    assert "showing the last state from the ledger" in captured.err
+    document = json.loads(captured.out)
+    assert (document["source"], document["node"], document["daemon"]) == ("ledger", "node-a", None)
+    assert [(g["uuid"], g["model"], g["memory_total_mib"]) for g in document["gpus"]] == [
+        ("GPU-0", "Tesla T4", 15360)
+    ]
+    assert document["allocations"] == []
 
 
-def test_rejected_token_and_no_nodes_list(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    text = (tmp_path / "admin.kubeconfig").read_text().replace(api.token, "revoked")
-    (tmp_path / "admin.kubeconfig").write_text(text)
-    assert status_cli.run(args(config(tmp_path), kubeconfig)) == 1
-    assert "rejected the credentials from --kubeconfig" in capsys.readouterr().err
-
-    daemons = api.write_kubeconfig(tmp_path / "kubeconfig")
-    api.fail_next("GET", r"^/api/v1/nodes$", 403)  # what RBAC answers gpushare-node's own
-    assert status_cli.run(args(config(tmp_path, kubeconfig=daemons))) == 1
-    assert capsys.readouterr().err == (
-        f"nodemgr: the credentials from kubernetes.kubeconfig ({daemons}) may not list nodes "
-        f"(HTTP 403 from {api.url}): `nodemgr status --cluster` needs RBAC nodes list, which "
-        "gpushare-node's own ClusterRole does not grant; run it with an admin's kubeconfig: "
-        "--kubeconfig FILE\n"
-    )
-
-
-def test_kubernetes_disabled(api, tmp_path, capsys):
-    kubeconfig = api.write_kubeconfig(tmp_path / "admin.kubeconfig")
-    assert status_cli.run(args(config(tmp_path, enabled=False), kubeconfig)) == 2
-    assert capsys.readouterr().err.startswith(
-        "nodemgr: --cluster needs the Kubernetes integration (kubernetes.enabled)"
-    )
-    assert api.requests == []
+def test_bad_config_and_cluster_flags_without_cluster_exit_2(tmp_path, capsys):
+    """A config that does not load, and -d or --kubeconfig without --cluster, exit 2."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("resources:\n  placement: roundrobin\n")
+    assert status_cli.run(args(str(bad))) == 2
+    assert "resources.placement" in capsys.readouterr().err
+    assert status_cli.run(args(config(tmp_path), details=True)) == 2
+    assert capsys.readouterr().err == "nodemgr: --details and --kubeconfig go with --cluster\n"
+    assert status_cli.run(args(config(tmp_path), kubeconfig="/k")) == 2

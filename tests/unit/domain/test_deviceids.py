@@ -6,6 +6,7 @@ from nodemgr.domain.deviceids import (
     card_device_ids,
     card_of,
     id_sort_key,
+    parse_device_id,
 )
 
 UUID = "GPU-6a7c0d3e-1111-2222-3333-444455556666"
@@ -37,6 +38,16 @@ def test_ids_of_one_resource_are_not_taken_for_another():
     assert card_of(ResourceKind.MEMORY, "garbage") is None
     assert card_of(ResourceKind.MEMORY, f"{UUID}-_-03") is None
     assert card_of(ResourceKind.CORE, f"{UUID}-_-c100") is None
+
+
+def test_parse_gives_the_card_and_the_index_of_every_id():
+    """parse_device_id returns (card, unit or percent index), None for a whole card's index."""
+    for kind in ResourceKind:
+        for position, device_id in enumerate(card_device_ids(kind, UUID, 15)):
+            expected_index = None if kind is ResourceKind.WHOLE else position
+            assert parse_device_id(kind, device_id) == (UUID, expected_index)
+    assert parse_device_id(ResourceKind.MEMORY, f"{UUID}-_-x1") is None
+    assert parse_device_id(ResourceKind.CORE, "-_-c1") is None
 
 
 def test_longest_uuid_allowed_by_config_stays_within_63_characters():

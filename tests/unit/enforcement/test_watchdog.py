@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
@@ -49,10 +48,16 @@ def parts(settings):
     ledger.close()
 
 
-def watchdog(parts, usage, action="kill", control_pids=set):
+def watchdog(parts, usage, action="kill", control_pids=set, events_source=None):
     ledger, allocator, registry = parts
     return Watchdog(
-        EnforcementSettings(action=action), registry, allocator, usage, ledger, control_pids
+        EnforcementSettings(action=action),
+        registry,
+        allocator,
+        usage,
+        ledger,
+        control_pids,
+        events_source=events_source,
     )
 
 
@@ -152,15 +157,14 @@ def test_without_process_events_the_periodic_scan_runs(parts, stray, caplog):
     def unavailable():
         raise OSError("netlink: operation not permitted")
 
-    stop = threading.Event()
-    dog = watchdog(parts, usage)
+    dog = watchdog(parts, usage, events_source=unavailable)
     with caplog.at_level(logging.WARNING):
-        dog.start(stop, unavailable)
+        dog.start()
         try:
             assert gone(stray, 3)
         finally:
-            stop.set()
-            dog.join(2)
+            dog.stop()
+            assert dog.join(2)
     assert any("periodic scan alone" in r.getMessage() for r in caplog.records)
 
 

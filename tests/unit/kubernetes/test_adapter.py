@@ -1,4 +1,4 @@
-"""The Kubernetes adapter (nodemgr.kubernetes.adapter, kube_client, kube_watch, kube_writes).
+"""The Kubernetes adapter (nodemgr.kubernetes.adapter, client, podwatch, writes).
 
 Without an API server, it pins: a pod from the API as PodInfo (raw JSON and
 V1Pod; extended resources only, a limit standing in for a missing request,
@@ -504,6 +504,7 @@ def make_adapter(api, tmp_path):
     yield make
     for adapter in made:
         adapter.stop()
+        adapter.join(2.0)
 
 
 def names(adapter):
@@ -792,6 +793,7 @@ def test_stop_is_prompt(api, make_adapter):
     # A quiet watch stream: stop() must wake the blocked read, not wait it out.
     began = time.monotonic()
     adapter.stop()
+    assert adapter.join(1.0)
     assert time.monotonic() - began < 1.0
     assert not any(t.name in ("kube-watch", "kube-writer") for t in adapter_threads(adapter))
 
@@ -802,7 +804,8 @@ def test_stop_is_prompt(api, make_adapter):
     wait_until(lambda: len(requests_of(api, "PATCH", r"/pods/none$")) >= 1, what="writer busy")
     generation = hung.generation
     began = time.monotonic()
-    hung.stop(timeout=1.0)
+    hung.stop()
+    hung.join(1.0)  # gives up on the hung requests: their threads are abandoned
     assert time.monotonic() - began < 1.5
     hung.patch_pod_annotations("ml", "none", {"a": "2"})  # after stop: dropped, no error
     assert hung.generation == generation

@@ -112,6 +112,7 @@ def test_watchdog_pings_stop_while_the_run_loop_hangs_and_resume_after(monkeypat
     import time
 
     from nodemgr.config.loading import settings_from_mapping
+    from nodemgr.runtime import loop
     from nodemgr.runtime import wiring as daemon
     from nodemgr.runtime.notify import ServiceNotifier
     from tests.harness.cards import GPU0
@@ -142,14 +143,14 @@ def test_watchdog_pings_stop_while_the_run_loop_hangs_and_resume_after(monkeypat
     systemd = Listener()
     notifier = ServiceNotifier({"NOTIFY_SOCKET": systemd.address, "WATCHDOG_USEC": "400000"})
     hang, release = threading.Event(), threading.Event()
-    real_reconcile = daemon._reconcile
+    real_reconcile = loop.RunLoop._reconcile
 
-    def reconcile(*args):
+    def reconcile(self):
         if hang.is_set():
             release.wait(30)
-        real_reconcile(*args)
+        real_reconcile(self)
 
-    monkeypatch.setattr(daemon, "_reconcile", reconcile)
+    monkeypatch.setattr(loop.RunLoop, "_reconcile", reconcile)
     stop = threading.Event()
     thread = threading.Thread(
         target=daemon.run, args=(settings, stop), kwargs={"notifier": notifier}

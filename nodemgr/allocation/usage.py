@@ -1,0 +1,133 @@
+"""Per-card totals of the allocations, and each card's room as placement sees it.
+
+Admission reads these totals instead of walking every allocation, so its cost
+does not grow with the number of containers on the node. Pure bookkeeping:
+the allocator updates it change by change, under its own lock.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+
+from nodemgr.domain.deviceids import CORE_DEVICES_PER_CARD, ResourceKind
+from nodemgr.domain.model import Allocation
+from nodemgr.domain.placement import CardLoad, SharedRequest
+from nodemgr.inventory import Card
+
+log = logging.getLogger(__name__)
+
+
+class CardUsage:
+    """What the allocations hold, per card and per device."""
+
+    def __init__(self) -> None:
+        self.memory_units: Counter[str] = Counter()
+        self.core_percent: Counter[str] = Counter()
+        self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
+        self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
+        self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
+
+    def add(self, allocation: Allocation, sign: int = 1) -> None:
+        """Count an allocation in (sign 1) or out (sign -1)."""
+        for key in allocation.device_pairs():
+            if sign > 0:
+                self.holders[key] = allocation.id
+            elif self.holders.get(key) == allocation.id:
+                del self.holders[key]
+        if allocation.whole:
+            for card_uuid in allocation.cards:
+                self.whole_allocations[card_uuid] += sign
+        elif allocation.devices:
+            card_uuid = allocation.cards[0]
+            self.shared_allocations[card_uuid] += sign
+            self.memory_units[card_uuid] += sign * allocation.memory_units
+            self.core_percent[card_uuid] += sign * allocation.core_percent
+
+    def shared_cards(self) -> set[str]:
+        return {card for card, n in self.shared_allocations.items() if n > 0}
+
+    def whole_cards(self) -> set[str]:
+        return {card for card, n in self.whole_allocations.items() if n > 0}
+
+    def loads(
+        self,
+        cards: Sequence[Card],
+        units: Mapping[str, int],
+        kind: ResourceKind | None,
+        kubelet_free: Counter,
+        card_problems: Mapping[str, str],
+    ) -> list[CardLoad]:
+        """Per-card room; for ``kind``, kubelet's free IDs are the truth for that resource."""
+        loads = []
+        for card in cards:
+            memory_free = units[card.uuid] - self.memory_units[card.uuid]
+            core_free = CORE_DEVICES_PER_CARD - self.core_percent[card.uuid]
+            if kind is ResourceKind.MEMORY:
+                memory_free = kubelet_free[card.uuid]
+            elif kind is ResourceKind.CORE:
+                core_free = kubelet_free[card.uuid]
+            loads.append(
+                CardLoad(
+                    index=card.index,
+                    uuid=card.uuid,
+                    name=card.name,
+                    memory_units_total=units[card.uuid],
+                    memory_units_free=max(memory_free, 0),
+                    core_percent_free=max(core_free, 0),
+                    unavailable_reason="given out whole"
+                    if self.whole_allocations[card.uuid] > 0
+                    else card_problems.get(card.uuid, ""),
+                )
+            )
+        return loads
+
+
+def single_request(kind: ResourceKind, size: int) -> SharedRequest:
+    """The request of one shared resource alone (its other resource unknown)."""
+    if kind is ResourceKind.MEMORY:
+        return SharedRequest(memory_units=size)
+    return SharedRequest(core_percent=size)
+
+
+def take_over_devices(
+    allocation: Allocation,
+    holders: Mapping[tuple[ResourceKind, str], str],
+    allocations: Mapping[str, Allocation],
+    memory_unit_mib: int,
+) -> tuple[list[Allocation], list[str]]:
+    """(allocations to write, IDs to delete) to store ``allocation``, taking its devices
+    from stale holders: kubelet's choice wins.
+
+    kubelet only hands out devices it considers free; if the ledger still has a
+    holder, that pod is gone (or was an init container) and the next reconcile
+    would have released it anyway.
+    """
+    taken: dict[str, set[tuple[ResourceKind, str]]] = defaultdict(set)
+    for key in allocation.device_pairs():
+        holder_id = holders.get(key)
+        if holder_id is not None and holder_id != allocation.id:
+            taken[holder_id].add(key)
+    puts, deletes = [allocation], []
+    for holder_id, keys in taken.items():
+        stale = allocations[holder_id]
+        log.warning(
+            "kubelet gave %d device(s) held by allocation %s (%s) to allocation %s: "
+            "kubelet's record wins, the old holder was stale",
+            len(keys),
+            holder_id,
+            stale.owner or "owner unknown",
+            allocation.id,
+        )
+        devices = {
+            kind: tuple(i for i in ids if (kind, i) not in keys)
+            for kind, ids in stale.devices.items()
+        }
+        remaining = replace(stale, devices={k: ids for k, ids in devices.items() if ids})
+        if remaining.devices:
+            puts.append(replace(remaining, memory_mib=remaining.memory_units * memory_unit_mib))
+        else:
+            deletes.append(holder_id)
+    return puts, deletes

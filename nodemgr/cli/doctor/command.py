@@ -1,0 +1,92 @@
+"""``nodemgr doctor``: what this node lacks for gpushare-node, and the fix for each.
+
+One line per check, ``PASS|WARN|FAIL  <check>  <what was found>`` and, for WARN
+and FAIL, ``— fix: <exact action>``; ``--json`` gives the same as a list of
+``{check, status, detail, fix}``. Exit status: 0 when nothing FAILs, 1 when
+something does, 2 when the config file itself is unusable (as every nodemgr
+command and the daemon do; nothing else is checked then, since every other
+check reads its paths from the config).
+
+This module owns the command line (``add_parser``, ``run``) and the order of
+the checks (``run_checks``). Each check is a thin probe (stat, connect, read a
+file) followed by a pure verdict function (``*_result``) that turns what was
+found into a ``report.Result``; the verdicts are what the unit tests pin. The
+checks live in one module per family: ``config_checks``, ``system``
+(privileges, cgroups), ``gpu`` (driver, NVML, cards, MPS binary), ``kubelet``
+(its two sockets), ``runtime_hook`` (CRI-O/podman hooks.d, containerd),
+``daemon`` (gpushare-node and its ledger) and ``kubernetes_api``.
+
+What it must not do: change anything. It reads files, connects to sockets,
+initialises NVML to list the cards, opens the ledger read-only, asks the
+daemon's status socket for its status document (as ``nodemgr status`` does),
+sends its hook socket one ``poststop`` for a container ID no runtime can
+produce (the daemon answers it from memory without writing or logging), and,
+with ``kubernetes.enabled``, asks the API server with the daemon's credentials
+(found as the daemon finds them) for this node and, per verb of
+``nodemgr.kubernetes.adapter.API_PERMISSIONS``, a SelfSubjectAccessReview (what ``kubectl
+auth can-i`` sends: the server answers it and stores nothing). It never
+starts, stops, writes, creates or removes anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict
+
+from nodemgr.cli.doctor.config_checks import INSTALLED_CONFIG, config_error_result, config_result
+from nodemgr.cli.doctor.daemon import check_daemon, check_ledger
+from nodemgr.cli.doctor.gpu import check_gpus, check_mps_binary
+from nodemgr.cli.doctor.host import Host
+from nodemgr.cli.doctor.kubelet import check_kubelet_sockets
+from nodemgr.cli.doctor.kubernetes_api import check_kubernetes
+from nodemgr.cli.doctor.report import FAIL, Result, render
+from nodemgr.cli.doctor.runtime_hook import check_runtime_hook
+from nodemgr.cli.doctor.system import check_cgroups, check_privileges
+from nodemgr.config.loading import load_settings
+from nodemgr.config.schema import Settings
+from nodemgr.errors import ConfigError
+
+
+def add_parser(sub) -> None:
+    doctor = sub.add_parser(
+        "doctor",
+        help="check what this node needs for gpushare-node (changes nothing)",
+        description="One line per check: PASS, WARN or FAIL with the fix. "
+        "Exit 1 if any check FAILs, 2 if the config file is unusable.",
+    )
+    doctor.add_argument("--config", metavar="FILE", help="the daemon's config file")
+    doctor.add_argument("--json", action="store_true", help="machine-readable output")
+    doctor.set_defaults(run=run)
+
+
+def run(args, host: Host | None = None) -> int:
+    host = host or Host()
+    try:
+        settings = load_settings(args.config)
+    except ConfigError as e:
+        results = [config_error_result(args.config, e)]
+        code = 2
+    else:
+        results = run_checks(settings, args.config, host)
+        code = 1 if any(r.status == FAIL for r in results) else 0
+    if args.json:
+        print(json.dumps([asdict(r) for r in results], indent=2))
+    else:
+        print(render(results))
+    return code
+
+
+def run_checks(settings: Settings, config_path: str | None, host: Host) -> list[Result]:
+    """Every check, in the order of the report."""
+    installed = config_path is None and os.path.isfile(host.path(INSTALLED_CONFIG))
+    results = [config_result(config_path, settings, installed), check_privileges(host)]
+    results += check_gpus(settings, host)
+    results.append(check_mps_binary(settings, host))
+    results += check_kubelet_sockets(settings, host)
+    results.append(check_cgroups(host))
+    results.append(check_runtime_hook(settings, host))
+    results.append(check_daemon(settings, host))
+    results.append(check_ledger(settings))
+    results.append(check_kubernetes(settings, host))
+    return results

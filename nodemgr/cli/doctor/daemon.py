@@ -1,0 +1,185 @@
+"""Doctor's checks of gpushare-node itself: is it running and ready, and does its ledger open.
+
+``check_daemon`` asks the hook socket for a no-op ``poststop`` (for a
+container ID no runtime can produce, so the daemon finds nothing to
+unregister and writes nothing) and the status socket for the status document
+``nodemgr status`` shows; ``daemon_result`` says whether the daemon is down,
+hung, not ready (and why: kubelet registration, a card's MPS health) or ready.
+``check_ledger`` opens the ledger read-only and counts what it holds.
+"""
+
+from __future__ import annotations
+
+import os
+
+from hooks import protocol
+from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
+from nodemgr.cli.doctor.host import Host, SocketProbe, connect_error, stat_socket
+from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
+from nodemgr.config.schema import Settings
+from nodemgr.errors import LedgerError
+from nodemgr.status.server import query as query_status
+
+# The poststop probe: no runtime makes IDs like this (they are 64 hex digits),
+# so the daemon finds nothing to unregister and writes nothing.
+PROBE_CONTAINER_ID = "gpushare-doctor-probe"
+
+
+# --- the daemon --------------------------------------------------------------------------
+
+
+def check_daemon(settings: Settings, host: Host) -> Result:
+    hook = probe_hook_socket(settings.hook_socket, host.timeout_seconds)
+    status, document = probe_status_socket(settings.status_socket, host.timeout_seconds)
+    return daemon_result(settings.hook_socket, hook, settings.status_socket, status, document)
+
+
+def probe_hook_socket(path: str, timeout: float) -> SocketProbe:
+    """Ask the daemon on its hook socket for a no-op ``poststop``: proves it answers."""
+    found = stat_socket(path)
+    if found is not None:
+        return found
+    try:
+        answer = protocol.call(
+            path, {"stage": protocol.POSTSTOP, "container_id": PROBE_CONTAINER_ID}, timeout
+        )
+    except protocol.ProtocolError as e:
+        return SocketProbe("bad_answer", str(e))
+    except OSError as e:
+        return connect_error(e)
+    if not answer["allowed"]:
+        return SocketProbe("bad_answer", answer["message"])
+    return SocketProbe("ok")
+
+
+def probe_status_socket(path: str, timeout: float) -> tuple[SocketProbe, dict | None]:
+    """Ask the daemon for its status document (what ``nodemgr status`` shows)."""
+    found = stat_socket(path)
+    if found is not None:
+        return found, None
+    try:
+        return SocketProbe("ok"), query_status(path, timeout)
+    except protocol.ProtocolError as e:
+        return SocketProbe("bad_answer", str(e)), None
+    except OSError as e:
+        return connect_error(e), None
+
+
+def daemon_result(
+    hook_path: str,
+    hook: SocketProbe,
+    status_path: str,
+    status: SocketProbe,
+    document: dict | None,
+) -> Result:
+    name = "gpushare-node"
+    start = (
+        "start it: `systemctl enable --now gpushare-node` (after `nodemgr install`) or "
+        "`gpushare-node --config FILE`; if it runs, give doctor the same --config"
+    )
+    down = "while it is down the hook refuses GPU containers (fail closed)"
+    if hook.state == "denied":
+        return Result(
+            name, WARN, f"{hook_path}: permission denied; not checked", "run `sudo nodemgr doctor`"
+        )
+    if hook.state in ("missing", "no_dir"):
+        return Result(name, FAIL, f"not running: no hook socket at {hook_path}; {down}", start)
+    if hook.state == "refused":
+        return Result(
+            name,
+            FAIL,
+            f"not running: {hook_path} is a stale socket (nobody listens); {down}",
+            start,
+        )
+    if hook.state == "timeout":
+        return Result(
+            name,
+            FAIL,
+            f"{hook_path} does not answer within the timeout: gpushare-node hung?; {down}",
+            "look at `journalctl -u gpushare-node` and restart it",
+        )
+    if hook.state != "ok":
+        return Result(
+            name,
+            FAIL,
+            f"{hook_path}: {hook.error or hook.state} (is this gpushare-node's hook socket?)",
+            "check enforcement.hook_socket and run_dir match the daemon's config; restart it",
+        )
+    answering = f"answers on {hook_path}"
+    if status.state == "denied":
+        return Result(name, PASS, f"{answering}; status socket {status_path} not readable by you")
+    if status.state != "ok" or document is None:
+        found = "absent" if status.state in ("missing", "no_dir") else status.error or status.state
+        return Result(
+            name,
+            WARN,
+            f"{answering}, but its status socket {status_path} is {found}: "
+            "`nodemgr status` cannot reach it",
+            "give doctor the daemon's --config (status.socket); restart gpushare-node if it "
+            "predates the status socket",
+        )
+    daemon = document.get("daemon") or {}
+    who = f"running (pid {daemon.get('pid', '?')}, version {daemon.get('version', '?')})"
+    if daemon.get("ready"):
+        return Result(
+            name, PASS, f"{who}, ready: registered with kubelet, MPS healthy; {answering}"
+        )
+    why = []
+    if not daemon.get("registered"):
+        why.append("not registered with kubelet")
+    why += [
+        f"GPU{gpu.get('index')}: {gpu.get('problem')}"
+        for gpu in document.get("gpus") or []
+        if gpu.get("healthy") is False
+    ]
+    return Result(
+        name,
+        WARN,
+        f"{who} but not ready: {'; '.join(why) or 'MPS not healthy yet'}; {answering}",
+        "see `nodemgr status` and `journalctl -u gpushare-node`; fix the kubelet and MPS "
+        "lines above",
+    )
+
+
+# --- the ledger --------------------------------------------------------------------------
+
+
+def check_ledger(settings: Settings) -> Result:
+    state_dir = settings.state_dir
+    if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
+        return ledger_result(state_dir, os.path.isdir(state_dir), None, None)
+    try:
+        ledger = Ledger(state_dir, read_only=True)
+        try:
+            counts = (len(ledger.load()), len(ledger.load_registrations()))
+        finally:
+            ledger.close()
+    except LedgerError as e:
+        return ledger_result(state_dir, True, None, str(e))
+    return ledger_result(state_dir, True, counts, None)
+
+
+def ledger_result(
+    state_dir: str, dir_exists: bool, counts: tuple[int, int] | None, error: str | None
+) -> Result:
+    path = os.path.join(state_dir, LEDGER_FILE)
+    if error is not None:
+        problem, _, recovery = error.partition("; to recover, ")
+        return Result(
+            "ledger", FAIL, problem, recovery or "see the message; gpushare-node will not start"
+        )
+    if counts is None:
+        where = "" if dir_exists else f" (state_dir {state_dir} does not exist)"
+        return Result(
+            "ledger",
+            WARN,
+            f"no ledger yet at {path}{where}: gpushare-node has not run with this state_dir",
+            "start gpushare-node; if it already runs, give doctor its --config (state_dir)",
+        )
+    allocations, containers = counts
+    return Result(
+        "ledger",
+        PASS,
+        f"{path} opens read-only: {allocations} allocation(s), {containers} registered "
+        "container(s)",
+    )

@@ -1,0 +1,295 @@
+"""Doctor's ``runtime hook`` check: will a container runtime run gpushare-hook at creation?
+
+Reads the two places a runtime can be told to run it: CRI-O's and podman's
+OCI hooks directories (``/usr/share`` and ``/etc``; a file in /etc replaces
+the same name in /usr/share) and containerd's ``base_runtime_spec`` of each
+CRI runtime in /etc/containerd/config.toml (config version 2 and 3). Each
+gpushare-hook entry found becomes a ``HookEntry``; ``runtime_hook_result``
+fails when no runtime runs it at ``createRuntime``, or when an entry's binary
+is not executable or calls another socket than this config's daemon serves,
+and warns about a missing ``poststop``, conditional hooks, and a configured
+runtime without the hook. Every path is resolved under ``Host.root``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from dataclasses import dataclass, field
+
+from hooks import protocol
+from hooks.gpushare_hook import DEFAULT_SOCKET as HOOK_DEFAULT_SOCKET
+from nodemgr.cli.doctor.host import Host
+from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result, worst
+from nodemgr.config.schema import Settings
+
+HOOK_NAME = "gpushare-hook"
+CREATE, POSTSTOP = protocol.CREATE, protocol.POSTSTOP
+# CRI-O and podman read both; a file in /etc replaces the same name in /usr/share.
+OCI_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
+CONTAINERD_CONFIG = "/etc/containerd/config.toml"
+_INSTALL_HOOK_FIX = (
+    "`nodemgr install` writes the CRI-O/podman hooks into /etc/containers/oci/hooks.d; for "
+    "containerd run `/etc/gpushare/containerd/make-base-spec > "
+    "/etc/containerd/gpushare-base-spec.json`, set it as base_runtime_spec of the runc runtime "
+    'in /etc/containerd/config.toml and restart containerd (README "Enforcement")'
+)
+
+
+@dataclass(frozen=True)
+class HookEntry:
+    """One gpushare-hook entry a container runtime will run."""
+
+    source: str  # the file it is configured in
+    stage: str  # OCI stage: createRuntime, poststop, ...
+    path: str  # the executable the runtime runs
+    args: tuple[str, ...]
+    executable: bool  # path is an executable file on this node
+    always: bool = True  # CRI-O's when.always; containerd's base spec applies to every container
+
+    @property
+    def socket(self) -> str:
+        """The daemon socket the hook will call (its --socket, else its default)."""
+        args = list(self.args)
+        if "--socket" in args[:-1]:
+            return args[args.index("--socket") + 1]
+        return HOOK_DEFAULT_SOCKET
+
+
+@dataclass
+class RuntimeHooks:
+    """What one container runtime's configuration says about gpushare-hook."""
+
+    runtime: str  # "CRI-O/podman" or "containerd"
+    configured: bool  # the runtime's config location exists on this node
+    entries: list[HookEntry] = field(default_factory=list)
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (status, text)
+
+
+def is_gpushare_hook(hook: dict) -> bool:
+    args = hook.get("args") or []
+    names = [hook.get("path"), args[0] if isinstance(args, list) and args else None]
+    return any(isinstance(n, str) and os.path.basename(n) == HOOK_NAME for n in names)
+
+
+def oci_hook_entries(source: str, document: object, executable) -> list[HookEntry]:
+    """The gpushare-hook entries of one CRI-O/podman hooks.d file (schema 1.0.0).
+
+    ``executable(path) -> bool`` says whether the hook's path can run here.
+    Raises ValueError when a file that names gpushare-hook is not a valid hook file.
+    """
+    if not isinstance(document, dict) or not isinstance(document.get("hook"), dict):
+        raise ValueError("not an OCI hook file: no hook object")
+    hook = document["hook"]
+    if not is_gpushare_hook(hook):
+        return []
+    stages = document.get("stages")
+    if not isinstance(stages, list) or not stages:
+        raise ValueError("no stages list")
+    if not isinstance(hook.get("path"), str):
+        raise ValueError("hook.path is not a string")
+    when = document.get("when")
+    always = isinstance(when, dict) and when.get("always") is True
+    args = tuple(str(a) for a in hook.get("args") or [])
+    return [
+        HookEntry(source, str(stage), hook["path"], args, executable(hook["path"]), always)
+        for stage in stages
+    ]
+
+
+def spec_hook_entries(source: str, spec: object, executable) -> list[HookEntry]:
+    """The gpushare-hook entries of an OCI runtime spec (containerd's base_runtime_spec)."""
+    if not isinstance(spec, dict):
+        raise ValueError("not a JSON object")
+    hooks = spec.get("hooks") or {}
+    if not isinstance(hooks, dict):
+        raise ValueError("hooks is not an object")
+    entries = []
+    for stage, stage_hooks in hooks.items():
+        for hook in stage_hooks if isinstance(stage_hooks, list) else []:
+            if isinstance(hook, dict) and is_gpushare_hook(hook) and "path" in hook:
+                args = tuple(str(a) for a in hook.get("args") or [])
+                entries.append(
+                    HookEntry(source, stage, hook["path"], args, executable(hook["path"]))
+                )
+    return entries
+
+
+def containerd_base_specs(config: dict) -> list[tuple[str, str | None, bool]]:
+    """(runtime name, base_runtime_spec or None, is the default runtime) of every CRI runtime.
+
+    Walks the whole document, so config version 2 (``io.containerd.grpc.v1.cri``)
+    and 3 (``io.containerd.cri.v1.runtime``) are both read.
+    """
+    found = []
+
+    def walk(table: dict) -> None:
+        runtimes = table.get("runtimes")
+        if isinstance(runtimes, dict):
+            default = table.get("default_runtime_name", "runc")
+            for name, runtime in runtimes.items():
+                if isinstance(runtime, dict):
+                    found.append((name, runtime.get("base_runtime_spec") or None, name == default))
+        for key, value in table.items():
+            if isinstance(value, dict) and key != "runtimes":
+                walk(value)
+
+    walk(config)
+    return found
+
+
+def check_runtime_hook(settings: Settings, host: Host) -> Result:
+    return runtime_hook_result([_crio_hooks(host), _containerd_hooks(host)], settings.hook_socket)
+
+
+def _executable_under(host: Host):
+    def executable(path: str) -> bool:
+        real = host.path(path)
+        return os.path.isabs(path) and os.path.isfile(real) and os.access(real, os.X_OK)
+
+    return executable
+
+
+def _crio_hooks(host: Host) -> RuntimeHooks:
+    found = RuntimeHooks("CRI-O/podman", configured=False)
+    files: dict[str, str] = {}  # name -> path; /etc (listed last) replaces /usr/share
+    for directory in OCI_HOOKS_DIRS:
+        real = host.path(directory)
+        if not os.path.isdir(real):
+            continue
+        found.configured = True
+        for name in sorted(os.listdir(real)):
+            if name.endswith(".json"):
+                files[name] = os.path.join(directory, name)
+    for _name, path in sorted(files.items()):
+        try:
+            with open(host.path(path), encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            found.problems.append((WARN, f"{path}: cannot read ({e.strerror})"))
+            continue
+        if HOOK_NAME not in text:
+            continue  # another product's hook: none of our business
+        try:
+            found.entries += oci_hook_entries(path, json.loads(text), _executable_under(host))
+        except ValueError as e:
+            found.problems.append((FAIL, f"{path} names {HOOK_NAME} but is invalid ({e})"))
+    return found
+
+
+def _containerd_hooks(host: Host) -> RuntimeHooks:
+    found = RuntimeHooks("containerd", configured=os.path.isfile(host.path(CONTAINERD_CONFIG)))
+    if not found.configured:
+        return found
+    try:
+        with open(host.path(CONTAINERD_CONFIG), "rb") as f:
+            config = tomllib.load(f)
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        found.problems.append((WARN, f"{CONTAINERD_CONFIG}: cannot read ({e})"))
+        return found
+    for runtime, spec_path, default in containerd_base_specs(config):
+        if spec_path is None:
+            continue
+        source = f"{spec_path} (base_runtime_spec of runtime {runtime})"
+        try:
+            with open(host.path(spec_path), encoding="utf-8") as f:
+                spec = json.load(f)
+        except (OSError, ValueError) as e:
+            status = FAIL if default else WARN
+            found.problems.append(
+                (status, f"{source}: cannot read ({getattr(e, 'strerror', None) or e})")
+            )
+            continue
+        try:
+            entries = spec_hook_entries(source, spec, _executable_under(host))
+        except ValueError as e:
+            found.problems.append((FAIL if default else WARN, f"{source}: {e}"))
+            continue
+        if default:
+            found.entries += entries
+        elif entries:
+            found.problems.append(
+                (WARN, f"{source} has the hooks, but pods use the default runtime")
+            )
+    return found
+
+
+def hook_entry_problems(entry: HookEntry, hook_socket: str) -> list[tuple[str, str]]:
+    problems = []
+    if not entry.executable:
+        problems.append(
+            (
+                FAIL,
+                f"{entry.source}: {entry.path} is not an executable file (the runtime cannot "
+                "run the hook: container creation fails or the hook is ignored)",
+            )
+        )
+    if entry.socket != hook_socket:
+        problems.append(
+            (
+                FAIL,
+                f"{entry.source}: the hook calls {entry.socket}, but this config's daemon "
+                f"serves {hook_socket} (GPU containers would be refused)",
+            )
+        )
+    if not entry.always:
+        problems.append(
+            (
+                WARN,
+                f"{entry.source}: when.always is not true: containers its conditions miss "
+                "are not checked",
+            )
+        )
+    return problems
+
+
+def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Result:
+    name = "runtime hook"
+    installed, problems, notes = [], [], []
+    for rt in runtimes:
+        problems += [(s, f"{rt.runtime}: {t}") for s, t in rt.problems]
+        creates = [e for e in rt.entries if e.stage == CREATE]
+        if not creates:
+            if rt.configured:
+                notes.append(rt.runtime)
+            continue
+        for entry in rt.entries:
+            problems += [
+                (s, f"{rt.runtime}: {t}") for s, t in hook_entry_problems(entry, hook_socket)
+            ]
+        stages = sorted({e.stage for e in rt.entries})
+        if POSTSTOP not in stages:
+            problems.append(
+                (
+                    WARN,
+                    f"{rt.runtime}: no poststop hook (stopped containers stay registered until "
+                    "the daemon sees their init process gone)",
+                )
+            )
+        installed.append(
+            f"{rt.runtime}: {creates[0].path} ({', '.join(stages)}; socket {creates[0].socket})"
+        )
+    if not installed:
+        places = ", ".join(OCI_HOOKS_DIRS) + f", or a base_runtime_spec in {CONTAINERD_CONFIG}"
+        detail = f"containers are not checked at creation: no {HOOK_NAME} in {places}"
+        if problems:
+            detail += "; " + "; ".join(t for _, t in problems)
+        return Result(name, FAIL, detail, _INSTALL_HOOK_FIX)
+    for runtime in notes:
+        problems.append(
+            (
+                WARN,
+                f"{runtime} is configured here without {HOOK_NAME}: if kubelet uses it, its "
+                "containers are not checked",
+            )
+        )
+    detail = "; ".join(installed)
+    if not problems:
+        return Result(name, PASS, detail)
+    status = worst(s for s, _ in problems)
+    fix = (
+        f"make every hook entry run an executable {HOOK_NAME} with --socket {hook_socket} "
+        "(or set enforcement.hook_socket to the hook's socket); " + _INSTALL_HOOK_FIX
+    )
+    return Result(name, status, detail + "; " + "; ".join(t for _, t in problems), fix)

@@ -1,0 +1,263 @@
+"""What ``nodemgr install`` writes: every file rendered from the Jinja2 templates.
+
+``render(target)`` renders ``nodemgr/cli/install/templates`` for a ``Target``
+(where the console scripts, config, run_dir, state_dir, hook socket and MPS
+control binary are on the node) into ``FileSpec``s: path on the node, content,
+mode. The files are the two systemd units, the tmpfiles.d entry, the
+commented default config (``config.yaml.j2`` filled from config.py's
+dataclasses), the CRI-O/podman hooks.d files and the containerd snippet and
+``make-base-spec``. The filters ``exec_arg``, ``env_value`` and
+``tmpfiles_path`` quote and escape a value for a unit's Exec*= or
+Environment= line and a tmpfiles.d line, so a path with a space, ``%`` or
+``$`` means what it says; a control character is refused.
+
+``console_scripts()`` finds the gpushare-node and gpushare-hook the units
+must run; ``shipped_files()`` renders the copies kept in the source tree
+(``systemd/``, ``hooks/``) for the default install, so tests can check they
+never go stale.
+
+What it must not do: write anything, or read the files under the install root
+(``apply`` and ``files`` do that).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import sys
+from dataclasses import dataclass
+
+import jinja2
+import yaml
+
+from mps.layout import MpsLayout
+from nodemgr.config.schema import (
+    EnforcementSettings,
+    GpuSettings,
+    KubeletSettings,
+    KubernetesSettings,
+    MetricsSettings,
+    MpsSettings,
+    ResourceSettings,
+    Settings,
+    StatusSettings,
+)
+from nodemgr.errors import GpushareError
+
+CONFIG_PATH = "/etc/gpushare/config.yaml"
+UNIT_DIR = "/etc/systemd/system"
+NODE_UNIT = "gpushare-node.service"
+MPS_UNIT = "gpushare-mps@.service"
+TMPFILES_PATH = "/etc/tmpfiles.d/gpushare.conf"
+OCI_HOOKS_DIR = "/etc/containers/oci/hooks.d"
+CONTAINERD_DIR = "/etc/gpushare/containerd"
+CONTAINERD_BASE_SPEC = "/etc/containerd/gpushare-base-spec.json"
+# Where `pip install` as root puts console scripts: the paths of the shipped copies.
+SHIPPED_SCRIPTS_DIR = "/usr/local/bin"
+# The stage of each CRI-O/podman hooks.d file.
+OCI_HOOK_FILES = {
+    "50-gpushare-create.json": "createRuntime",
+    "50-gpushare-poststop.json": "poststop",
+}
+_SAFE_UNIT_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_./:@+=,-"
+)
+
+
+class InstallError(GpushareError):
+    """Install or uninstall cannot go on; the message says why and what to do."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the rendered files name: where things are on the node (absolute paths)."""
+
+    node_command: str  # the gpushare-node console script
+    hook_command: str  # the gpushare-hook console script
+    config_path: str  # the config file the unit passes with --config
+    run_dir: str
+    state_dir: str
+    hook_socket: str
+    control_binary: str  # MPS control binary: a name in $PATH or an absolute path
+
+    @classmethod
+    def of(cls, settings: Settings, node_command: str, hook_command: str, config_path: str):
+        return cls(
+            node_command=node_command,
+            hook_command=hook_command,
+            config_path=config_path,
+            run_dir=settings.run_dir,
+            state_dir=settings.state_dir,
+            hook_socket=settings.hook_socket,
+            control_binary=settings.mps.control_binary,
+        )
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    """One file install writes: its path on the node, content and mode."""
+
+    path: str
+    content: str
+    mode: int
+    is_config: bool = False  # written only when absent; never replaced or removed
+
+    @property
+    def digest(self) -> str:
+        return sha256(self.content.encode())
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# --- rendering ------------------------------------------------------------------------
+
+
+def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
+    """Every file of an install for ``target``; the config only if ``with_config``."""
+    for name, value in dataclasses.asdict(target).items():
+        if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
+            raise InstallError(
+                f"{name} {value!r} contains a control character, which unit files and "
+                "hook configs cannot carry: use a path without it"
+            )
+    env = _environment()
+    layout = MpsLayout(target.run_dir.replace("%", "%%"))  # %i below is a unit specifier
+    values = {
+        **dataclasses.asdict(target),
+        "shm_dir": MpsLayout(target.run_dir).shm_dir,
+        "pipe_dir": layout.pipe_dir("%i"),
+        "log_dir": layout.log_dir("%i"),
+    }
+
+    def text(template: str, **extra) -> str:
+        return env.get_template(template).render(**values, **extra)
+
+    files = []
+    if with_config:
+        files.append(FileSpec(target.config_path, _default_config(env, target), 0o644, True))
+    files += [
+        FileSpec(f"{UNIT_DIR}/{NODE_UNIT}", text("gpushare-node.service.j2"), 0o644),
+        FileSpec(f"{UNIT_DIR}/{MPS_UNIT}", text("gpushare-mps@.service.j2"), 0o644),
+        FileSpec(TMPFILES_PATH, text("tmpfiles.conf.j2"), 0o644),
+    ]
+    for name, stage in OCI_HOOK_FILES.items():
+        files.append(
+            FileSpec(f"{OCI_HOOKS_DIR}/{name}", text("oci-hook.json.j2", stage=stage), 0o644)
+        )
+    files += [
+        FileSpec(f"{CONTAINERD_DIR}/gpushare-hooks.json", text("containerd-hooks.json.j2"), 0o644),
+        FileSpec(f"{CONTAINERD_DIR}/make-base-spec", text("make-base-spec.j2"), 0o755),
+    ]
+    return files
+
+
+def _default_config(env: jinja2.Environment, target: Target) -> str:
+    """The config file with the built-in defaults (config.py's dataclasses), commented."""
+    return env.get_template("config.yaml.j2").render(
+        config_path=target.config_path,
+        kubelet=KubeletSettings(),
+        state_dir=Settings.state_dir,
+        run_dir=Settings.run_dir,
+        gpus=GpuSettings(),
+        resources=ResourceSettings(),
+        mps=MpsSettings(),
+        enforcement=EnforcementSettings(),
+        status=StatusSettings(),
+        metrics=MetricsSettings(),
+        kubernetes=KubernetesSettings(),
+    )
+
+
+def shipped_files() -> dict[str, str]:
+    """The source tree's copies (path relative to the repository -> content): the files of a
+    default install, with the console scripts in /usr/local/bin."""
+    target = Target.of(
+        Settings(node_name="unused"),  # the node name is in no rendered file
+        f"{SHIPPED_SCRIPTS_DIR}/gpushare-node",
+        f"{SHIPPED_SCRIPTS_DIR}/gpushare-hook",
+        CONFIG_PATH,
+    )
+    where = {
+        f"{UNIT_DIR}/{NODE_UNIT}": f"systemd/{NODE_UNIT}",
+        f"{UNIT_DIR}/{MPS_UNIT}": f"systemd/{MPS_UNIT}",
+        TMPFILES_PATH: "systemd/tmpfiles.d/gpushare.conf",
+        **{f"{OCI_HOOKS_DIR}/{name}": f"hooks/oci-hooks.d/{name}" for name in OCI_HOOK_FILES},
+        f"{CONTAINERD_DIR}/gpushare-hooks.json": "hooks/containerd/gpushare-hooks.json",
+        f"{CONTAINERD_DIR}/make-base-spec": "hooks/containerd/make-base-spec",
+    }
+    return {where[spec.path]: spec.content for spec in render(target, with_config=False)}
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("nodemgr.cli.install", "templates"),
+        undefined=jinja2.StrictUndefined,
+        keep_trailing_newline=True,
+        autoescape=False,  # unit files, YAML and JSON, not HTML
+    )
+    env.filters["exec_arg"] = exec_arg
+    env.filters["env_value"] = env_value
+    env.filters["tmpfiles_path"] = tmpfiles_path
+    env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=False)
+    env.filters["yaml"] = _yaml_scalar
+    return env
+
+
+def exec_arg(value: str, keep_specifiers: bool = False) -> str:
+    """One argument of a unit's Exec*= line: quoted when needed, ``%`` and ``$`` escaped
+    (``keep_specifiers``: ``%`` is already escaped, or a specifier)."""
+    escaped = value.replace("$", "$$")
+    if not keep_specifiers:
+        escaped = escaped.replace("%", "%%")
+    return _quote_if_needed(escaped)
+
+
+def env_value(assignment: str, keep_specifiers: bool = False) -> str:
+    """A unit's ``Environment=`` assignment (``$`` is not special there)."""
+    return _quote_if_needed(assignment if keep_specifiers else assignment.replace("%", "%%"))
+
+
+def tmpfiles_path(value: str) -> str:
+    """A path in a tmpfiles.d line: quoted when needed, ``%`` escaped."""
+    return _quote_if_needed(value.replace("%", "%%"))
+
+
+def _quote_if_needed(text: str) -> str:
+    if text and set(text) <= _SAFE_UNIT_CHARS | {"%", "$"}:
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def _yaml_scalar(value: object) -> str:
+    """One YAML scalar on one line (``""`` for the empty string, as the comments say)."""
+    if value == "":
+        return '""'
+    text = yaml.safe_dump(value, default_flow_style=True, width=1000)
+    return text.removesuffix("\n...\n").removesuffix("\n")
+
+
+# --- the console scripts ----------------------------------------------------------------
+
+
+def console_scripts() -> tuple[str, str]:
+    """gpushare-node and gpushare-hook as installed: next to this Python, else in $PATH."""
+    found = []
+    here = os.path.dirname(sys.executable)
+    for name in ("gpushare-node", "gpushare-hook"):
+        candidate = os.path.join(here, name)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            found.append(os.path.abspath(candidate))
+            continue
+        which = shutil.which(name)
+        if which is None:
+            raise InstallError(
+                f"cannot find the {name} console script next to {sys.executable} or in $PATH: "
+                "install the package into this Python (pip install .) and run its nodemgr"
+            )
+        found.append(os.path.abspath(which))
+    return found[0], found[1]

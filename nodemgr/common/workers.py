@@ -1,0 +1,164 @@
+"""One lifecycle for every background part of the daemon: start, stop, join, alive.
+
+A *worker* is anything the daemon starts and must stop: a thread with a
+loop, a gRPC server, a unix socket server, the metrics HTTP server. Each
+offers the same four calls (``Worker``), so the daemon wires them in one way:
+:func:`running` starts a worker and at once registers its stop on a
+``contextlib.ExitStack`` (every start is followed by its stop, in reverse
+order, also when a later start fails).
+
+``ThreadWorker`` is the base of the looping workers. Its thread must never
+die silently: an exception that escapes the loop is logged with its
+traceback and kept in ``failure``, and ``alive`` turns False, which the run
+loop reports (and then stops pinging systemd's watchdog).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from typing import Protocol, TypeVar
+
+log = logging.getLogger(__name__)
+
+JOIN_TIMEOUT_SECONDS = 2.0  # how long a stop waits for a worker before moving on
+
+
+class Worker(Protocol):
+    name: str
+
+    def start(self) -> None:
+        """Begin work; returns once the worker serves (sockets bound, thread started)."""
+        ...
+
+    def stop(self) -> None:
+        """Ask the worker to stop; returns at once (servers may finish it here)."""
+        ...
+
+    def join(self, timeout_seconds: float) -> bool:
+        """Wait up to ``timeout_seconds`` for the worker to end; True once it has."""
+        ...
+
+    @property
+    def alive(self) -> bool:
+        """Started, not stopped, and not failed."""
+        ...
+
+
+W = TypeVar("W", bound=Worker)
+
+
+def running(
+    stack: contextlib.ExitStack, worker: W, join_timeout_seconds: float = JOIN_TIMEOUT_SECONDS
+) -> W:
+    """Start ``worker`` and register its stop (then join) on ``stack``; returns the worker."""
+    worker.start()
+    stack.callback(stop_and_join, worker, join_timeout_seconds)
+    return worker
+
+
+def stop_and_join(worker: Worker, timeout_seconds: float = JOIN_TIMEOUT_SECONDS) -> bool:
+    """Stop one worker and wait for it; says so in the log when it does not end in time."""
+    worker.stop()
+    if worker.join(timeout_seconds):
+        return True
+    log.warning("%s did not stop within %g s; leaving it behind", worker.name, timeout_seconds)
+    return False
+
+
+class ThreadWorker:
+    """A worker whose body, ``run(stop)``, loops in one daemon thread until ``stop`` is set.
+
+    Subclasses that block on something other than ``stop`` (a change counter,
+    a socket) override ``_wake`` so that ``stop()`` interrupts that wait.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._stop_requested = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.failure: BaseException | None = None
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError(f"{self.name} was already started")
+        self._thread = threading.Thread(target=self._body, name=self.name, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop_requested.set()
+        self._wake()
+
+    def join(self, timeout_seconds: float) -> bool:
+        if self._thread is None:
+            return True
+        self._thread.join(max(timeout_seconds, 0.0))
+        return not self._thread.is_alive()
+
+    @property
+    def alive(self) -> bool:
+        return (
+            self._thread is not None
+            and self._thread.is_alive()
+            and not self._stop_requested.is_set()
+            and self.failure is None
+        )
+
+    @property
+    def stopping(self) -> bool:
+        return self._stop_requested.is_set()
+
+    def run(self, stop: threading.Event) -> None:
+        raise NotImplementedError
+
+    def _wake(self) -> None:
+        """Interrupt whatever ``run`` blocks on besides ``stop`` (default: nothing)."""
+
+    def _body(self) -> None:
+        started = time.monotonic()
+        try:
+            self.run(self._stop_requested)
+        except BaseException as e:  # noqa: BLE001 - a worker must never die unseen
+            self.failure = e
+            log.critical(
+                "%s died after %.1f s: %s: %s; this part of the daemon no longer runs",
+                self.name,
+                time.monotonic() - started,
+                type(e).__name__,
+                e,
+                exc_info=True,
+            )
+
+
+class Workers:
+    """The workers a daemon started, on one ExitStack: each start followed at once by its stop.
+
+    ``start`` registers the worker's stop-and-join; ``stop_all_first`` (call it
+    once, after the last start) registers a callback that runs before those and
+    asks every worker to stop at once, so the joins overlap instead of adding up.
+    """
+
+    def __init__(self, stack: contextlib.ExitStack) -> None:
+        self._stack = stack
+        self._started: list[Worker] = []
+
+    def start(self, worker: W, join_timeout_seconds: float = JOIN_TIMEOUT_SECONDS) -> W:
+        running(self._stack, worker, join_timeout_seconds)
+        self._started.append(worker)
+        return worker
+
+    def stop_all_first(self) -> None:
+        self._stack.callback(self._request_stop_all)
+
+    def dead(self) -> list[str]:
+        """Names of started workers that are no longer alive (died, or stopped early)."""
+        return [worker.name for worker in self._started if not worker.alive]
+
+    def _request_stop_all(self) -> None:
+        for worker in reversed(self._started):
+            try:
+                worker.stop()
+            except Exception:  # the rest must still be asked; their own stop runs later too
+                log.exception("asking %s to stop failed", worker.name)

@@ -1,0 +1,231 @@
+"""The daemon's run loop: serve kubelet, register, watch, reconcile, reload, tell systemd.
+
+One device plugin server per resource is started and registered with kubelet.
+When kubelet restarts (it deletes our sockets and recreates kubelet.sock) the
+servers are started and registered again. Every ``reconcile_interval_seconds``
+(and right after a PreStartContainer) the ledger is compared with kubelet's
+PodResources record. A SIGHUP re-reads the config file and applies what can
+change while running.
+
+Under systemd (``Type=notify``) it says READY=1 once every resource is
+registered with kubelet and every shared card's MPS is healthy, keeps
+STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
+iteration, and wraps a reload in RELOADING=1 / READY=1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.reload import reload_settings
+from nodemgr.config.schema import Settings
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.enforcement.watchdog import Watchdog
+from nodemgr.errors import ConfigError, GpushareError
+from nodemgr.kubelet.podresources import PodResourcesClient
+from nodemgr.kubelet.registration import KubeletUnavailable, register
+from nodemgr.kubelet.servicer import OPTIONS, ObserveAllocate, PluginServer
+from nodemgr.runtime.notify import ServiceNotifier
+from nodemgr.status.metrics import Metrics
+from nodemgr.status.server import DaemonFacts
+from nodemgr.supervision.supervisor import MpsSupervisor
+
+log = logging.getLogger("gpushare-node")
+
+SOCKET_NAMES = {
+    ResourceKind.MEMORY: "gpushare-memory.sock",
+    ResourceKind.CORE: "gpushare-core.sock",
+    ResourceKind.WHOLE: "gpushare-whole.sock",
+}
+WATCH_PERIOD_SECONDS = 0.5  # how fast a kubelet restart or a stop request is noticed
+REGISTER_RETRY_MAX_SECONDS = 5.0
+# The allocation state must be readable this fast for a systemd watchdog ping.
+WATCHDOG_LOCK_TIMEOUT_SECONDS = 1.0
+
+
+@dataclass
+class RunLoop:
+    """What the loop drives; ``settings`` changes with each accepted reload."""
+
+    settings: Settings
+    config_path: str | None
+    notifier: ServiceNotifier
+    facts: DaemonFacts
+    allocator: Allocator
+    supervisor: MpsSupervisor | None
+    watchdog: Watchdog
+    podresources: PodResourcesClient
+    metrics: Metrics
+
+    @property
+    def observe_allocate(self) -> ObserveAllocate | None:
+        enabled = self.settings.metrics.enabled
+        return self.metrics.observe_allocate if enabled else None
+
+    def run(self, stop: threading.Event, reload_requested: threading.Event) -> None:
+        """Until ``stop``: serve and register with kubelet, again after each kubelet restart."""
+        plugin_dir = self.settings.kubelet.device_plugin_dir
+        kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
+        next_reconcile = 0.0
+        while not stop.is_set():
+            # kubelet creates this directory, but we may start first (boot, a new node).
+            os.makedirs(plugin_dir, mode=0o755, exist_ok=True)
+            servers = [
+                PluginServer(
+                    self.allocator,
+                    kind,
+                    os.path.join(plugin_dir, name),
+                    observe_allocate=self.observe_allocate,
+                )
+                for kind, name in SOCKET_NAMES.items()
+                if kind in self.allocator.resource_names
+            ]
+            for server in servers:
+                server.start()
+            self.facts.registered = False
+            kubelet_inode = self._register_all(servers, kubelet_socket, stop)
+            self.facts.registered = kubelet_inode is not None
+            while kubelet_inode is not None and not stop.wait(self._period()):
+                if _inode(kubelet_socket) != kubelet_inode or not all(
+                    s.socket_present() for s in servers
+                ):
+                    log.warning(
+                        "kubelet restarted or stopped (its socket or ours was removed or "
+                        "recreated): serving and registering again"
+                    )
+                    break
+                if reload_requested.is_set():
+                    reload_requested.clear()
+                    self._reload()
+                if (
+                    time.monotonic() >= next_reconcile
+                    or self.allocator.reconcile_requested.is_set()
+                ):
+                    self.allocator.reconcile_requested.clear()
+                    self._reconcile()
+                    interval = self.settings.kubelet.reconcile_interval_seconds
+                    next_reconcile = time.monotonic() + interval
+                self._tell_systemd(len(servers))
+            for server in servers:
+                server.stop()
+
+    def _register_all(
+        self, servers: list[PluginServer], kubelet_socket: str, stop: threading.Event
+    ) -> int | None:
+        """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped.
+
+        Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile."""
+        notifier = self.notifier
+        delay, waiting_logged, next_try = 0.2, False, 0.0
+        while not stop.is_set():
+            inode = _inode(kubelet_socket)
+            if inode is None:
+                if not waiting_logged:
+                    log.info("waiting for kubelet: %s does not exist yet", kubelet_socket)
+                    waiting_logged = True
+                notifier.status(f"waiting for kubelet: {kubelet_socket} does not exist yet")
+            elif time.monotonic() >= next_try:
+                try:
+                    for server in servers:
+                        if not register(
+                            kubelet_socket, server.resource_name, server.endpoint, OPTIONS, stop
+                        ):
+                            return None
+                        log.info(
+                            "registered %s with kubelet (endpoint %s)",
+                            server.resource_name,
+                            server.endpoint,
+                        )
+                    return inode
+                except KubeletUnavailable as e:
+                    log.warning("%s; retrying in %g s", e, delay)
+                    notifier.status(f"waiting for kubelet: {e}")
+                    next_try = time.monotonic() + delay
+                    delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
+            if self.allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
+                notifier.watchdog()
+            # Short steps: a new kubelet.sock is seen at once, and watchdog pings stay on time.
+            stop.wait(self._period())
+        return None
+
+    def _tell_systemd(self, resources: int) -> None:
+        """One healthy iteration of the run loop: READY once, STATUS when it changed, WATCHDOG."""
+        allocator, facts, notifier = self.allocator, self.facts, self.notifier
+        problems = allocator.card_problems()
+        summary = (
+            f"serving {resources} resources on {len(allocator.cards)} GPUs, "
+            f"{len(allocator.allocations())} allocations"
+        )
+        if problems:
+            summary += "; " + "; ".join(
+                f"{allocator.card_label(uuid)}: {problem}"
+                for uuid, problem in sorted(problems.items())
+            )
+        if not facts.ready and not problems:
+            facts.ready = True
+            notifier.ready(summary)
+            log.info("ready: %s", summary)
+        elif not facts.ready:
+            notifier.status(f"waiting for MPS: {summary}")
+        else:
+            notifier.status(summary)
+        # A deadlocked allocator cannot answer Allocate: then no ping, and systemd restarts us.
+        if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
+            notifier.watchdog()
+
+    def _reload(self) -> None:
+        """SIGHUP: apply what can change while running; say what needs a restart."""
+        self.notifier.reloading()
+        try:
+            loaded = load_settings(self.config_path)
+        except ConfigError as e:
+            log.error("reload refused, the running configuration stays: %s", config_error_line(e))
+            self.notifier.ready(f"reload refused: {config_error_line(e)}")
+            return
+        settings, applied, restart = reload_settings(self.settings, loaded)
+        self.watchdog.set_settings(settings.enforcement)
+        self.allocator.set_grace_seconds(settings.kubelet.allocation_grace_seconds)
+        if self.supervisor is not None:
+            self.supervisor.set_settings(settings.mps)
+        self.settings = settings
+        message = f"reloaded {self.config_path or '(defaults)'}: "
+        message += f"applied {', '.join(applied)}" if applied else "nothing to apply"
+        if restart:
+            message += f"; needs a restart to take effect: {', '.join(restart)}"
+        log.log(logging.WARNING if restart else logging.INFO, "%s", message)
+        self.notifier.ready(message)
+
+    def _reconcile(self) -> None:
+        try:
+            record = self.podresources.list()
+        except KubeletUnavailable as e:
+            # Never release anything on a failed read: kubelet may just be restarting.
+            log.warning("reconcile skipped: %s", e)
+            self.metrics.count_reconcile("skipped")
+            return
+        try:
+            plan = self.allocator.reconcile(record)
+        except GpushareError as e:
+            log.error("reconcile failed: %s", e)
+            self.metrics.count_reconcile("failed")
+            return
+        self.metrics.count_reconcile("ok")
+        self.metrics.count_reconcile_plan(plan)
+
+    def _period(self) -> float:
+        """Seconds between run loop iterations: short enough for systemd's watchdog too."""
+        interval = self.notifier.watchdog_interval_seconds
+        return WATCH_PERIOD_SECONDS if interval is None else min(WATCH_PERIOD_SECONDS, interval / 4)
+
+
+def _inode(path: str) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None

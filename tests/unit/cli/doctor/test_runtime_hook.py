@@ -1,0 +1,222 @@
+"""Pins doctor's runtime hook check: no hook anywhere FAILs with the install fix; valid hooks
+pass; a hook calling another socket or not executable FAILs; a missing poststop, a
+conditional hook or a runtime without the hook WARN; the shipped hooks.d files and
+containerd base specs (config v2 and v3) parse; and, in a fake node tree, CRI-O hooks, /etc
+shadowing /usr/share, containerd's base spec and the hooks nodemgr install writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+
+from nodemgr.cli.doctor import runtime_hook
+from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
+from nodemgr.cli.doctor.runtime_hook import HookEntry, RuntimeHooks
+from nodemgr.config.loading import load_settings
+from tests.harness.daemon_proc import _console_script
+from tests.unit.cli.doctor.support import (
+    HOOK_BIN,
+    SHIPPED_CONTAINERD_HOOKS,
+    SHIPPED_HOOKS_D,
+    fake_node,
+    write,
+)
+
+
+def entry(stage=runtime_hook.CREATE, socket_path="/run/gpushare/hook.sock", **kw):
+    values = dict(
+        source="/etc/containers/oci/hooks.d/50-gpushare-create.json",
+        stage=stage,
+        path=HOOK_BIN,
+        args=("gpushare-hook", "--socket", socket_path, stage),
+        executable=True,
+    )
+    values.update(kw)
+    return HookEntry(**values)
+
+
+# --- verdicts ------------------------------------------------------------------------------
+
+
+def test_no_hook_anywhere_fails_with_install_fix():
+    """No gpushare-hook in any runtime's config FAILs: containers are not checked; the fix
+    installs it."""
+    result = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", False), RuntimeHooks("containerd", True)],
+        "/run/gpushare/hook.sock",
+    )
+    assert result.status == FAIL
+    assert result.detail.startswith("containers are not checked at creation")
+    assert "nodemgr install" in result.fix and 'README "Enforcement"' in result.fix
+
+
+def test_valid_hooks_pass_and_broken_ones_fail():
+    """createRuntime and poststop hooks on the daemon's socket pass; another socket or no binary
+    FAILs."""
+    sock = "/run/gpushare/hook.sock"
+    good = RuntimeHooks("CRI-O/podman", True, [entry(), entry(runtime_hook.POSTSTOP)])
+    result = runtime_hook.runtime_hook_result([good], sock)
+    assert result == Result(
+        "runtime hook",
+        PASS,
+        f"CRI-O/podman: {HOOK_BIN} (createRuntime, poststop; socket {sock})",
+    )
+    elsewhere = RuntimeHooks("CRI-O/podman", True, [entry(socket_path="/x.sock")])
+    wrong = runtime_hook.runtime_hook_result([elsewhere], sock)
+    assert wrong.status == FAIL and f"calls /x.sock, but this config's daemon serves {sock}" in (
+        wrong.detail
+    )
+    gone = runtime_hook.runtime_hook_result(
+        [
+            RuntimeHooks(
+                "CRI-O/podman", True, [entry(executable=False), entry(runtime_hook.POSTSTOP)]
+            )
+        ],
+        sock,
+    )
+    assert gone.status == FAIL and "is not an executable file" in gone.detail
+
+
+def test_hook_warnings():
+    """A missing poststop, a conditional hook and a configured runtime without the hook each
+    WARN."""
+    sock = "/run/gpushare/hook.sock"
+    no_poststop = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", True, [entry()])], sock
+    )
+    assert no_poststop.status == WARN and "no poststop hook" in no_poststop.detail
+    conditional = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", True, [entry(always=False), entry(runtime_hook.POSTSTOP)])],
+        sock,
+    )
+    assert conditional.status == WARN and "when.always is not true" in conditional.detail
+    other = runtime_hook.runtime_hook_result(
+        [
+            RuntimeHooks("CRI-O/podman", True, [entry(), entry(runtime_hook.POSTSTOP)]),
+            RuntimeHooks("containerd", True),
+        ],
+        sock,
+    )
+    assert other.status == WARN and "containerd is configured here without" in other.detail
+
+
+def test_hook_entry_socket_defaults_to_the_hooks_default():
+    """A hook entry without --socket calls the hook's default socket."""
+    assert entry(args=("gpushare-hook", "createRuntime")).socket == "/run/gpushare/hook.sock"
+
+
+def test_oci_hook_file_parsing():
+    """The shipped hooks.d file parses; another product's hook is ignored; an invalid one raises."""
+    with open(os.path.join(SHIPPED_HOOKS_D, "50-gpushare-create.json")) as f:
+        shipped = json.load(f)
+    [found] = runtime_hook.oci_hook_entries("f.json", shipped, lambda path: True)
+    assert (found.stage, found.path, found.socket, found.always) == (
+        "createRuntime",
+        HOOK_BIN,
+        "/run/gpushare/hook.sock",
+        True,
+    )
+    other = {"version": "1.0.0", "hook": {"path": "/usr/bin/nvidia-ctk"}, "stages": ["prestart"]}
+    assert runtime_hook.oci_hook_entries("o.json", other, lambda path: True) == []
+    with pytest.raises(ValueError):
+        runtime_hook.oci_hook_entries("b.json", {"hook": {"path": HOOK_BIN}}, lambda path: True)
+
+
+def test_containerd_runtimes_of_config_v2_and_v3():
+    """Every CRI runtime's base_runtime_spec is found in containerd config version 2 and 3."""
+    import tomllib
+
+    v2 = tomllib.loads(
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd]\n'
+        'default_runtime_name = "runc"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        'base_runtime_spec = "/etc/containerd/gpushare-base-spec.json"\n'
+        '[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.kata]\n'
+    )
+    assert runtime_hook.containerd_base_specs(v2) == [
+        ("runc", "/etc/containerd/gpushare-base-spec.json", True),
+        ("kata", None, False),
+    ]
+    v3 = tomllib.loads(
+        'version = 3\n[plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]\n'
+        'base_runtime_spec = "/s.json"\n'
+    )
+    assert runtime_hook.containerd_base_specs(v3) == [("runc", "/s.json", True)]
+
+
+# --- in a fake node tree -----------------------------------------------------------------
+
+
+def test_crio_hooks_found_in_a_fake_root(tmp_path):
+    """The shipped CRI-O hooks pass; a removed binary or a broken hook file FAILs."""
+    root = str(tmp_path)
+    host = fake_node(root)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == PASS and "CRI-O/podman" in result.detail
+    os.remove(f"{root}{HOOK_BIN}")
+    gone = runtime_hook.check_runtime_hook(settings, host)
+    assert gone.status == FAIL and f"{HOOK_BIN} is not an executable file" in gone.detail
+    write(f"{root}/etc/containers/oci/hooks.d/50-gpushare-create.json", '{"gpushare-hook": ')
+    broken = runtime_hook.check_runtime_hook(settings, host)
+    assert broken.status == FAIL and "names gpushare-hook but is invalid" in broken.detail
+
+
+def test_etc_hooks_d_replaces_the_same_file_in_usr_share(tmp_path):
+    """A file in /etc's hooks.d shadows a stale one of the same name in /usr/share's."""
+    root = str(tmp_path)
+    host = fake_node(root)
+    # A stale copy in /usr/share with another socket is shadowed by /etc's file of that name.
+    with open(os.path.join(SHIPPED_HOOKS_D, "50-gpushare-create.json")) as f:
+        stale = f.read().replace("/run/gpushare/hook.sock", "/old/hook.sock")
+    write(f"{root}/usr/share/containers/oci/hooks.d/50-gpushare-create.json", stale)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    assert runtime_hook.check_runtime_hook(settings, host).status == PASS
+
+
+def test_containerd_base_spec_in_a_fake_root(tmp_path):
+    """containerd without a base spec FAILs, a missing spec file FAILs, the shipped hooks in it
+    pass."""
+    root = str(tmp_path)
+    host = fake_node(root, crio_hooks=False)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    write(f"{root}/etc/containerd/config.toml", "version = 2\n")
+    assert runtime_hook.check_runtime_hook(settings, host).status == FAIL
+    write(
+        f"{root}/etc/containerd/config.toml",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        'base_runtime_spec = "/etc/containerd/gpushare-base-spec.json"\n',
+    )
+    missing = runtime_hook.check_runtime_hook(settings, host)
+    assert missing.status == FAIL and "gpushare-base-spec.json" in missing.detail
+    with open(SHIPPED_CONTAINERD_HOOKS) as f:
+        hooks = json.load(f)["hooks"]
+    spec = {"ociVersion": "1.1.0", "process": {"args": ["sh"]}, "hooks": hooks}
+    write(f"{root}/etc/containerd/gpushare-base-spec.json", json.dumps(spec))
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == PASS and result.detail.startswith("containerd: " + HOOK_BIN)
+
+
+def test_hooks_written_by_nodemgr_install_pass(tmp_path):
+    """The hook files nodemgr install writes pass once the gpushare-hook they name exists."""
+    root = str(tmp_path)
+    done = subprocess.run(
+        [*_console_script("nodemgr"), "install", "--root", root],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    settings = load_settings(f"{root}/etc/gpushare/config.yaml")
+    host = fake_node(root, crio_hooks=False, hook_bin=False)
+    with open(f"{root}/etc/containers/oci/hooks.d/50-gpushare-create.json") as f:
+        hook_path = json.load(f)["hook"]["path"]
+    # install points at the real gpushare-hook; under the fake root it is not there yet.
+    missing = runtime_hook.check_runtime_hook(settings, host)
+    assert missing.status == FAIL and f"{hook_path} is not an executable file" in missing.detail
+    write(f"{root}{hook_path}", "#!/bin/sh\n", 0o755)
+    assert runtime_hook.check_runtime_hook(settings, host).status == PASS
