@@ -1,9 +1,14 @@
 """The systemd service protocol: READY, STATUS, RELOADING, STOPPING and watchdog pings.
 
-The protocol is a datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``; it is
-spoken here directly rather than through the ``sdnotify`` package, which reads
-the process environment itself (so tests could not point it elsewhere) and
-swallows every error. Outside systemd (no
+The protocol is a datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``. It is
+spoken here directly rather than through the ``sdnotify`` package (0.3.2,
+checked), which cannot do three things this daemon needs: it reads
+``$NOTIFY_SOCKET`` from the process environment itself (tests and a
+``systemd-nspawn`` harness could not point it elsewhere); it encodes every
+message as Latin-1 and hides the failure in a bare ``except``, so a STATUS
+naming a card or pod with a non-Latin-1 character would be dropped without a
+trace (systemd reads UTF-8); and it knows nothing of ``$WATCHDOG_USEC`` /
+``$WATCHDOG_PID``. Outside systemd (no
 ``$NOTIFY_SOCKET``) every call does nothing, so the daemon runs the same
 under any supervisor. A send that fails is logged once and never raised:
 systemd being gone must not stop the device plugin.

@@ -102,3 +102,11 @@ def test_missing_socket_at_start_is_not_fatal(caplog):
     assert not notifier.enabled
     notifier.ready("x")
     assert "cannot reach systemd" in caplog.text
+
+
+def test_status_is_sent_as_utf8_even_beyond_latin1(listener):
+    """A STATUS naming a pod with a non-Latin-1 name reaches systemd as UTF-8 (the sdnotify
+    package would encode Latin-1 and drop such a message silently)."""
+    notifier = ServiceNotifier({"NOTIFY_SOCKET": listener.address})
+    notifier.status("refused pod ml/训练-0 on GPU0")
+    assert listener.messages() == [{"STATUS": "refused pod ml/训练-0 on GPU0"}]
