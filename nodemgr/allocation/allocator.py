@@ -467,7 +467,8 @@ class Allocator:
                 f"{self.node_name} (this node advertises IDs like {example}); were GPUs removed "
                 "or resources.memory_unit_mib changed while pods held them?"
             )
-        return [card_of(kind, i) for i in device_ids]
+        cards = [card_of(kind, i) for i in device_ids]
+        return [card for card in cards if card is not None]  # all are: every ID is known
 
     def _is_known(self, kind: ResourceKind, device_id: str) -> bool:
         parsed = parse_device_id(kind, device_id)

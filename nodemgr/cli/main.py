@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import time
+from typing import Any
 
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.cli import status as status_cli
@@ -86,7 +87,7 @@ def _allocations(ledger: Ledger, as_json: bool) -> int:
     containers: dict[str, list[str]] = {}
     for registration in ledger.load_registrations():
         containers.setdefault(registration.allocation_id, []).append(registration.container_id)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "id": a.id,
             "cards": list(a.cards),

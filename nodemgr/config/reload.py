@@ -8,8 +8,8 @@ half-changed: a key outside ``RELOADABLE_KEYS`` keeps its running value.
 import dataclasses
 from typing import Any
 
-from nodemgr.config.loading import join_key
 from nodemgr.config.schema import Settings
+from nodemgr.config.values import join_key
 
 __all__ = [
     "RELOADABLE_KEYS",
@@ -41,7 +41,11 @@ def reload_settings(running: Settings, loaded: Settings) -> tuple[Settings, list
     def merge(key: str, old: Any, new: Any) -> Any:
         if old == new:
             return old
-        if dataclasses.is_dataclass(old) and key not in RELOADABLE_KEYS:
+        if (
+            dataclasses.is_dataclass(old)
+            and not isinstance(old, type)  # settings are instances, never classes
+            and key not in RELOADABLE_KEYS
+        ):
             changes = {
                 f.name: merge(join_key(key, f.name), getattr(old, f.name), getattr(new, f.name))
                 for f in dataclasses.fields(old)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from nodemgr.domain.model import Allocation
 
@@ -37,10 +37,15 @@ SCHEMA_VERSION = 1
 class CardFacts(Protocol):
     """What the document needs of a card (nodemgr.inventory.Card has it)."""
 
-    index: int
-    uuid: str
-    name: str
-    memory_mib: int
+    # Read-only properties, so that a frozen dataclass (Card) satisfies the protocol.
+    @property
+    def index(self) -> int: ...
+    @property
+    def uuid(self) -> str: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def memory_mib(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -75,9 +80,9 @@ def build_status(
     usage: UsageView | None,
     containers: Mapping[str, int],
     violations: Mapping[str, int],
-    enforcement: dict | None,
-    daemon: dict | None,
-) -> dict:
+    enforcement: dict[str, Any] | None,
+    daemon: dict[str, Any] | None,
+) -> dict[str, Any]:
     """The status document. ``card_problems`` None = health unknown (daemon down);
     ``mps`` None = MPS disabled; a card missing from ``mps`` is shown as unknown."""
     allocations = list(allocations)
@@ -117,12 +122,12 @@ def build_status(
         )
     rows = []
     for a in allocations:
-        card = a.cards[0] if a.cards else ""
+        first_card = a.cards[0] if a.cards else ""
         rows.append(
             {
                 "id": a.id,
-                "gpu": card,
-                "gpu_index": index_of.get(card),
+                "gpu": first_card,
+                "gpu_index": index_of.get(first_card),
                 "gpus": list(a.cards),
                 "whole": a.whole,
                 "memory_mib": sum(memory_of.get(c, 0) for c in a.cards)
@@ -155,7 +160,7 @@ def build_status(
 # --- the table a person reads -------------------------------------------------------------
 
 
-def render_table(status: dict, now: float) -> str:
+def render_table(status: dict[str, Any], now: float) -> str:
     """``nodemgr status`` without --json: a header, one row per card, one per allocation."""
     lines = [_header(status, now), ""]
     cards = [
@@ -219,7 +224,7 @@ def render_table(status: dict, now: float) -> str:
     return "\n".join(lines)
 
 
-def _header(status: dict, now: float) -> str:
+def _header(status: dict[str, Any], now: float) -> str:
     node = f"node {status['node']}"
     daemon = status["daemon"]
     if status["source"] != "daemon" or daemon is None:
@@ -241,12 +246,12 @@ def _header(status: dict, now: float) -> str:
     return head
 
 
-def _indexes(status: dict, allocation: dict) -> list[int]:
+def _indexes(status: dict[str, Any], allocation: dict[str, Any]) -> list[int]:
     index_of = {gpu["uuid"]: gpu["index"] for gpu in status["gpus"]}
     return [index_of[uuid] for uuid in allocation["gpus"] if uuid in index_of]
 
 
-def _columns(rows: list[tuple[str, ...]]) -> list[str]:
+def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]  # fmt: skip

@@ -43,7 +43,7 @@ class Violation:
     used_mib: int = 0
     quota_mib: int = 0
     # (kind, allocation or pid...) that stays the same while the violation lasts
-    key: tuple = field(default=(), compare=False)
+    key: tuple[object, ...] = field(default=(), compare=False)
 
 
 def find_violations(

@@ -99,7 +99,8 @@ def _identity(value: object) -> ContainerRef | None:
         return None
     if not isinstance(value, dict):
         raise BadRequest("identity must be an object")
-    fields = [value.get(k) for k in ("namespace", "pod", "container")]
-    if not all(isinstance(f, str) and f for f in fields):
+    values = [value.get(k) for k in ("namespace", "pod", "container")]
+    fields = [f for f in values if isinstance(f, str) and f]
+    if len(fields) != len(values):
         return None  # partial identity: the runtime did not say; nothing to compare
     return ContainerRef(*fields)

@@ -90,6 +90,9 @@ class ContainerRegistry:
                 message = f"gpushare-node refused {who}: {problem}"
                 log.warning("%s", message)
                 return False, message
+            # No problem: check_container found the allocation, and the start time was read.
+            assert allocation is not None
+            assert start_ticks is not None
             registration = Registration(
                 container_id=container_id,
                 allocation_id=allocation.id,

@@ -22,7 +22,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import Protocol
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
@@ -53,6 +54,24 @@ EXEC_RESCAN_SECONDS = 0.2
 _MAX_ANCESTRY = 8  # an MPS server is a child of its control daemon
 
 
+class ProcessEventBatch(Protocol):
+    """What one read of the process events says (nodemgr.enforcement.procevents.Events)."""
+
+    @property
+    def execs(self) -> Collection[int]: ...
+    @property
+    def exits(self) -> Collection[int]: ...
+    @property
+    def lost(self) -> bool: ...
+
+
+class ProcessEventSource(Protocol):
+    """The process events (nodemgr.enforcement.procevents.ProcEvents)."""
+
+    def read(self, timeout_seconds: float) -> ProcessEventBatch: ...
+    def close(self) -> None: ...
+
+
 class Watchdog(ThreadWorker):
     def __init__(
         self,
@@ -63,7 +82,7 @@ class Watchdog(ThreadWorker):
         ledger: Ledger,
         mps_control_pids: Callable[[], set[int]] = set,
         clock: Callable[[], float] = time.time,
-        events_source: Callable[[], object] | None = None,
+        events_source: Callable[[], ProcessEventSource] | None = None,
         on_violation: Callable[[Violation, str, str], None] | None = None,
     ):
         super().__init__("watchdog")
@@ -124,7 +143,7 @@ class Watchdog(ThreadWorker):
 
     def run(self, stop: threading.Event) -> None:
         events_source = self._events_source
-        events = None
+        events: ProcessEventSource | None = None
         if events_source is not None:
             try:
                 events = events_source()

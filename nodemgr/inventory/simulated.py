@@ -9,6 +9,7 @@ processes; a malformed one is an InventoryError naming the file and the entry.
 from __future__ import annotations
 
 import json
+from typing import TypeGuard
 
 from nodemgr.config.schema import SimulatedSettings
 from nodemgr.errors import InventoryError
@@ -69,5 +70,5 @@ def parse_usage(document: object, source: str, known_uuids: set[str]) -> list[Pr
     return usage
 
 
-def _is_int(value: object) -> bool:
+def _is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)

@@ -20,6 +20,12 @@ raise out of ``start`` because the API server or the credentials are
 missing (the daemon then runs as a plain device plugin), touch node labels
 outside ``kubernetes.label_prefix``, or use the kubernetes client's global
 default configuration.
+
+Why this module is longer than 400 lines: the facade, its write queue, its
+event rate limit and the writer thread share one lock and one mode
+(new/running/off); keeping them together keeps that locking readable in one
+place. The pure parts live in writes.py and publish.py, the client's in
+client.py, the pod cache in podwatch.py.
 """
 
 from __future__ import annotations
@@ -127,7 +133,9 @@ class KubeAdapter:
         # Writes, rate limit and mode; never held over I/O.
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._queue = WriteQueue(time.monotonic, initial_backoff_seconds, max_backoff_seconds)
+        self._queue: WriteQueue[tuple[Any, ...]] = WriteQueue(
+            time.monotonic, initial_backoff_seconds, max_backoff_seconds
+        )
         self._limiter = EventLimiter(
             clock,
             per_key_interval_seconds=event_interval_seconds,
@@ -343,6 +351,12 @@ class KubeAdapter:
 
     # --- the writer thread -----------------------------------------------
 
+    @property
+    def _api(self) -> ApiSession:
+        """The session, for the writer thread: start() makes it before starting the thread."""
+        assert self._session is not None
+        return self._session
+
     def _write_loop(self) -> None:
         while not self._stop.is_set():
             with self._wake:
@@ -375,9 +389,7 @@ class KubeAdapter:
         except KubeNotFound as e:
             if kind.startswith("node-"):
                 # The Node object appears when kubelet registers: wait for it.
-                self._session.log_once(
-                    f"node {self.node_name} not found (yet?): {e}", logging.WARNING
-                )
+                self._api.log_once(f"node {self.node_name} not found (yet?): {e}", logging.WARNING)
                 self._retry(key, value, e)
                 return
             log.info("dropped a write for %s/%s, it is gone: %s", key[1], key[2], e)
@@ -401,10 +413,10 @@ class KubeAdapter:
             cached.annotations.get(k) == v for k, v in annotations.items()
         ):
             return  # the pod already shows them
-        self._session.call(
+        self._api.call(
             "patch",
             f"pods/{namespace}/{name}",
-            self._session.core.patch_namespaced_pod,
+            self._api.core.patch_namespaced_pod,
             name,
             namespace,
             {"metadata": {"annotations": annotations}},
@@ -414,8 +426,8 @@ class KubeAdapter:
     def _write_node_labels(self, desired: dict[str, str]) -> None:
         # Read first: the labels under our prefix that are no longer desired
         # are removed, and only those; anything else on the node is not ours.
-        node = self._session.call(
-            "get", f"nodes/{self.node_name}", self._session.core.read_node, self.node_name
+        node = self._api.call(
+            "get", f"nodes/{self.node_name}", self._api.core.read_node, self.node_name
         )
         current = (node.get("metadata") or {}).get("labels") or {}
         prefix = self.settings.label_prefix
@@ -431,10 +443,10 @@ class KubeAdapter:
             self._patch_node({"metadata": {"labels": patch}})
 
     def _patch_node(self, body: dict) -> None:
-        self._session.call(
+        self._api.call(
             "patch",
             f"nodes/{self.node_name}",
-            self._session.core.patch_node,
+            self._api.core.patch_node,
             self.node_name,
             body,
             _content_type=MERGE_PATCH,
@@ -442,10 +454,10 @@ class KubeAdapter:
 
     def _write_node_resources(self, quantities: dict[str, int | None]) -> None:
         values = {name: None if q is None else str(q) for name, q in quantities.items()}
-        self._session.call(
+        self._api.call(
             "patch",
             f"nodes/status/{self.node_name}",
-            self._session.core.patch_node_status,
+            self._api.core.patch_node_status,
             self.node_name,
             {"status": {"capacity": values, "allocatable": values}},
             _content_type=MERGE_PATCH,
@@ -461,10 +473,10 @@ class KubeAdapter:
         posted = self._events.get(key)
         if posted is not None and posted.type == value["type"]:
             try:
-                self._session.call(
+                self._api.call(
                     "patch",
                     f"events/{namespace}/{posted.name}",
-                    self._session.core.patch_namespaced_event,
+                    self._api.core.patch_namespaced_event,
                     posted.name,
                     namespace,
                     {
@@ -484,10 +496,10 @@ class KubeAdapter:
             involved["uid"] = cached.uid  # kubectl describe pod matches events by it
         # Unique per attempt (as kubelet: <pod>.<hex ns>); 253 is the name limit.
         name = f"{pod[:230]}.{time.time_ns():x}"
-        self._session.call(
+        self._api.call(
             "create",
             f"events/{namespace}",
-            self._session.core.create_namespaced_event,
+            self._api.core.create_namespaced_event,
             namespace,
             {
                 "apiVersion": "v1",

@@ -22,8 +22,9 @@ import json
 import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
-from nodemgr.domain.model import Allocation
+from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.podmatch import (
     ALLOCATION_ANNOTATION,
     ASSIGNED_ANNOTATION,
@@ -59,7 +60,7 @@ def pod_annotations(
     for key, held in per_pod.items():
         pod = pods.get(key)
         order = {c.name: i for i, c in enumerate(pod.containers)} if pod else {}
-        held.sort(key=lambda a: (order.get(a.owner.container, len(order)), a.owner.container))
+        held.sort(key=lambda a: (order.get(_owner(a).container, len(order)), _owner(a).container))
         first_card = held[0].cards[0]
         annotations = {
             IDX_ANNOTATION: str(index_of[first_card]),
@@ -70,16 +71,22 @@ def pod_annotations(
         }
         if pod is not None and len(pod.containers) > 1:
             per_container = {
-                str(order[a.owner.container]): {str(index_of[a.cards[0]]): a.memory_units}
+                str(order[_owner(a).container]): {str(index_of[a.cards[0]]): a.memory_units}
                 for a in held
-                if a.owner.container in order
+                if _owner(a).container in order
             }
             annotations[ALLOCATION_ANNOTATION] = json.dumps(per_container, separators=(",", ":"))
         result[key] = annotations
     return result
 
 
-def node_labels(cards: Sequence, mps_enabled: bool) -> dict[str, str]:
+def _owner(allocation: Allocation) -> ContainerRef:
+    """The owner of an allocation that pod_annotations grouped (only those with one)."""
+    assert allocation.owner is not None
+    return allocation.owner
+
+
+def node_labels(cards: Sequence[CardFacts], mps_enabled: bool) -> dict[str, str]:
     """Labels (without prefix) to schedule by GPU type; unknown facts give no label."""
     if not cards:
         return {}
@@ -89,18 +96,19 @@ def node_labels(cards: Sequence, mps_enabled: bool) -> dict[str, str]:
         "gpu-model": label_value(models.pop()) if len(models) == 1 else "mixed",
         "gpu-memory-mib": str(min(card.memory_mib for card in cards)),
     }
-    capabilities = [getattr(card, "compute_capability", None) for card in cards]
+    capabilities: list[str | None] = [getattr(card, "compute_capability", None) for card in cards]
+    known = [c for c in capabilities if c]
     if not mps_enabled:
         labels["mps-capable"] = "false"
-    elif all(capabilities):
+    elif len(known) == len(capabilities):  # every card's capability is known
         # MPS memory and thread limits need Volta (7.0) or newer (docs/mps.md).
-        labels["mps-capable"] = str(all(_at_least(c, (7, 0)) for c in capabilities)).lower()
+        labels["mps-capable"] = str(all(_at_least(c, (7, 0)) for c in known)).lower()
     return labels
 
 
-def node_annotation(status: Mapping) -> str:
+def node_annotation(status: Mapping[str, Any]) -> str:
     """Per-card totals and allocations, compact JSON, from the status document."""
-    by_card: dict[str, list] = defaultdict(list)
+    by_card: dict[str, list[list[Any]]] = defaultdict(list)
     for a in status["allocations"]:
         for uuid in a["gpus"]:
             by_card[uuid].append(

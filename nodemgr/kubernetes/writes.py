@@ -20,9 +20,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 Merge = Callable[[Any, Any], Any]  # (older pending value, newer value) -> value to send
+K = TypeVar("K", bound=Hashable)  # a WriteQueue's keys
 
 
 def replace(_older: Any, newer: Any) -> Any:
@@ -30,7 +31,7 @@ def replace(_older: Any, newer: Any) -> Any:
     return newer
 
 
-def merge_keys(older: dict, newer: dict) -> dict:
+def merge_keys(older: dict[Any, Any], newer: dict[Any, Any]) -> dict[Any, Any]:
     """Coalescing for partial patches (annotations): per key, the newer value wins."""
     return {**older, **newer}
 
@@ -44,7 +45,7 @@ class Backoff:
     failures: int = 0
 
     def next_delay_seconds(self) -> float:
-        delay = min(self.initial_seconds * (2 ** min(self.failures, 30)), self.max_seconds)
+        delay: float = min(self.initial_seconds * (2 ** min(self.failures, 30)), self.max_seconds)
         self.failures += 1
         return delay
 
@@ -62,17 +63,17 @@ class _Pending:
 
 
 @dataclass
-class WriteQueue:
+class WriteQueue(Generic[K]):
     """Desired writes by key, each sent when due; at most one in flight per key."""
 
     clock: Callable[[], float]
     initial_backoff_seconds: float = 0.5
     max_backoff_seconds: float = 30.0
-    _pending: dict[Hashable, _Pending] = field(default_factory=dict)
+    _pending: dict[K, _Pending] = field(default_factory=dict)
     # Keys being written now, with their backoff, so a failure continues the sequence.
-    _in_flight: dict[Hashable, Backoff] = field(default_factory=dict)
+    _in_flight: dict[K, Backoff] = field(default_factory=dict)
 
-    def put(self, key: Hashable, value: Any, merge: Merge = replace) -> None:
+    def put(self, key: K, value: Any, merge: Merge = replace) -> None:
         """Queue ``value`` for ``key``, coalesced with a pending one (which keeps its due time)."""
         pending = self._pending.get(key)
         if pending is not None:
@@ -83,7 +84,7 @@ class WriteQueue:
         # A key in flight is not due before its write ends (take() skips in-flight keys).
         self._pending[key] = _Pending(value, merge, self.clock(), backoff)
 
-    def take(self) -> tuple[Hashable, Any] | None:
+    def take(self) -> tuple[K, Any] | None:
         """The due write with the earliest due time, now in flight; None if nothing is due."""
         now = self.clock()
         due = [
@@ -98,13 +99,13 @@ class WriteQueue:
         self._in_flight[key] = pending.backoff
         return key, pending.value
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: K) -> None:
         """The write of ``key`` succeeded, or was dropped for good: forget its backoff."""
         backoff = self._in_flight.pop(key, None)
         if backoff is not None:
             backoff.reset()  # shared with a value queued meanwhile, which starts afresh
 
-    def retry(self, key: Hashable, value: Any, merge: Merge, error: str) -> float:
+    def retry(self, key: K, value: Any, merge: Merge, error: str) -> float:
         """The write of ``key`` failed for now: send it again after a backoff delay.
 
         A newer value queued meanwhile is merged over the failed one. Returns
@@ -138,7 +139,7 @@ class WriteQueue:
             return None
         return max(0.0, min(times) - self.clock())
 
-    def pending_value(self, key: Hashable) -> Any:
+    def pending_value(self, key: K) -> Any:
         pending = self._pending.get(key)
         return None if pending is None else pending.value
 

@@ -203,7 +203,7 @@ def check_mps_binary(settings: Settings, host: Host) -> Result:
         found = shutil.which(binary, path=host.search_path)
         problem = None if found else "is not in $PATH"
     return mps_binary_result(
-        True, binary, found, problem, bool(found) and _is_script(found), settings.gpus.backend
+        True, binary, found, problem, _is_script(found) if found else False, settings.gpus.backend
     )
 
 

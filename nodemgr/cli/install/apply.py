@@ -253,24 +253,8 @@ def uninstall(root: str, dry_run: bool, out=None) -> int:
         file=out,
     )
     print("", file=out)
-    for path, digest in sorted(manifest["files"].items()):
-        on_disk = under(root, path)
-        verb, why = _removal(on_disk, digest)
-        if verb == "remove" and dry_run:
-            verb = "would remove"
-        print(f"  {verb:<13} {on_disk}" + (f"  ({why})" if why else ""), file=out)
-        if verb == "remove":
-            os.unlink(on_disk)
-    config_path = manifest.get("config_path", CONFIG_PATH)
-    if os.path.exists(under(root, config_path)):
-        print(f"  {'keep':<13} {under(root, config_path)}  (your configuration)", file=out)
-    state_dir = manifest.get("state_dir")
-    if state_dir and os.path.exists(under(root, state_dir)):
-        print(
-            f"  {'keep':<13} {under(root, state_dir)}  (the ledger of allocations; remove it "
-            "by hand once no pod uses a GPU here)",
-            file=out,
-        )
+    _remove_recorded_files(root, manifest, dry_run, out)
+    _print_kept(root, manifest, out)
     if not dry_run:
         os.unlink(manifest_path)
         for directory in sorted(manifest.get("directories", []), key=len, reverse=True):
@@ -291,6 +275,32 @@ def uninstall(root: str, dry_run: bool, out=None) -> int:
     )
     _print_mps_leftovers(root, manifest, out)
     return 0
+
+
+def _remove_recorded_files(root: str, manifest: dict, dry_run: bool, out) -> None:
+    """Each recorded file: removed (or said to be, in a dry run) when install's own, else kept."""
+    for path, digest in sorted(manifest["files"].items()):
+        on_disk = under(root, path)
+        verb, why = _removal(on_disk, digest)
+        if verb == "remove" and dry_run:
+            verb = "would remove"
+        print(f"  {verb:<13} {on_disk}" + (f"  ({why})" if why else ""), file=out)
+        if verb == "remove":
+            os.unlink(on_disk)
+
+
+def _print_kept(root: str, manifest: dict, out) -> None:
+    """What uninstall never removes: the configuration and the ledger."""
+    config_path = manifest.get("config_path", CONFIG_PATH)
+    if os.path.exists(under(root, config_path)):
+        print(f"  {'keep':<13} {under(root, config_path)}  (your configuration)", file=out)
+    state_dir = manifest.get("state_dir")
+    if state_dir and os.path.exists(under(root, state_dir)):
+        print(
+            f"  {'keep':<13} {under(root, state_dir)}  (the ledger of allocations; remove it "
+            "by hand once no pod uses a GPU here)",
+            file=out,
+        )
 
 
 def _removal(path: str, digest: str) -> tuple[str, str]:
@@ -338,7 +348,7 @@ def _print_mps_leftovers(root: str, manifest: dict, out) -> None:
 
 def _enabled_links(root: str) -> list[str]:
     """Symlinks `systemctl enable` made to our units (any .wants/.requires directory)."""
-    links = []
+    links: list[str] = []
     units_dir = under(root, UNIT_DIR)
     if not os.path.isdir(units_dir):
         return links
