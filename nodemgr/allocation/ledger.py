@@ -103,6 +103,11 @@ class Ledger:
                 self._check_schema_version()
         except sqlite3.Error as e:
             raise LedgerError(f"cannot open the ledger {self.path}: {e}{_RECOVERY_HINT}") from e
+        except OSError as e:  # state_dir cannot be made: a file in the path, no permission
+            raise LedgerError(
+                f"cannot open the ledger {self.path}: cannot create its directory "
+                f"{state_dir}: {e.strerror or e}; check state_dir in the config"
+            ) from e
 
     def _check_integrity(self) -> None:
         result = self._db.execute("PRAGMA quick_check").fetchone()

@@ -19,6 +19,7 @@ class ChangeCounter:
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._generation = 0
+        self._wakes = 0  # counts wake_all calls: a waiter returns when it moves too
 
     @property
     def generation(self) -> int:
@@ -35,10 +36,14 @@ class ChangeCounter:
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
         """Block until the generation differs from ``seen_generation`` (or timeout); the new one."""
         with self._condition:
-            self._condition.wait_for(lambda: self._generation != seen_generation, timeout)
+            wakes = self._wakes
+            self._condition.wait_for(
+                lambda: self._generation != seen_generation or self._wakes != wakes, timeout
+            )
             return self._generation
 
     def wake_all(self) -> None:
         """Let every waiter re-check at once, without a change (e.g. a stop was requested)."""
         with self._condition:
+            self._wakes += 1
             self._condition.notify_all()

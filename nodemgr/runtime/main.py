@@ -71,12 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
-
 
 def version() -> str:
     try:
         return importlib.metadata.version("gpushare-node")
     except importlib.metadata.PackageNotFoundError:
         return "unknown (not installed)"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

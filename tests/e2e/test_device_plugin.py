@@ -20,6 +20,8 @@ from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 
+GRACE_SECONDS = 3  # kubelet.allocation_grace_seconds of the Node in tests/harness/daemon_proc.py
+
 
 @pytest.fixture
 def node():
@@ -93,8 +95,15 @@ def test_16_gib_is_refused_clearly_and_changes_nothing(node):
     assert "no single GPU on node-a has 16 GiB free" in result.error
     assert "GPU0 (Tesla T4) has 15 GiB/100% free" in result.error
     assert node.allocations() == []
-    time.sleep(1)
-    assert {r: node.kubelet.devices(r) for r in (MEMORY, CORE, WHOLE)} == before
+    # A change that does move a device list: GPU0's whole-card device turns Unhealthy
+    # once a shared pod lands there. The lists kubelet holds when that arrives include
+    # whatever the refusal changed, so anything beyond the marker would show.
+    assert shared_pod(node.kubelet, "marker", 1, 1).ok
+    node.kubelet.wait_for_devices(WHOLE, lambda ds: health_by_card(ds)[GPU0] == {"Unhealthy"})
+    assert {r: node.kubelet.devices(r) for r in (MEMORY, CORE)} == {
+        r: before[r] for r in (MEMORY, CORE)
+    }
+    assert health_by_card(node.kubelet.devices(WHOLE))[GPU1] == {"Healthy"}
 
 
 def test_linkage_and_release_through_pod_resources(node):
@@ -202,12 +211,12 @@ def test_bad_config_exits_2_with_one_line_naming_the_key():
 
 
 def test_sigterm_stops_within_5_s_while_kubelet_hangs_in_register():
-    hung = threading.Event()
+    hung, released = threading.Event(), threading.Event()
 
     class HangingRegistration(dp_grpc.RegistrationServicer):
         def Register(self, request, context):  # noqa: N802 (gRPC method name)
             hung.set()
-            time.sleep(30)  # a kubelet that never answers
+            released.wait(30)  # a kubelet that never answers (until the test ends)
             return dp.Empty()
 
     node = Node()
@@ -224,6 +233,7 @@ def test_sigterm_stops_within_5_s_while_kubelet_hangs_in_register():
         assert node.wait(timeout=10) == 0
         assert time.monotonic() - started < 5
     finally:
+        released.set()
         server.stop(0)
         node.cleanup()
 
@@ -234,9 +244,20 @@ def test_admission_goes_on_and_nothing_is_released_while_pod_resources_is_down(n
     node.wait_for(lambda: [a for a in node.allocations() if a["pod"]], what="owner")
     kubelet.set_pod_resources_available(False)
     assert shared_pod(kubelet, "second", 2, 10).ok
-    time.sleep(4)  # past the grace period: unconfirmed, but kubelet could not be asked
+    admitted = time.monotonic()
+    at_grace = {}
+
+    def skipped_after_grace():
+        """A reconcile was tried (and skipped) after the second allocation's grace period
+        ran out: it is unconfirmed, but kubelet could not be asked."""
+        if time.monotonic() < admitted + GRACE_SECONDS:
+            return False
+        count = node.log().count("reconcile skipped")
+        at_grace.setdefault("count", count)
+        return count > at_grace["count"]
+
+    node.wait_for(skipped_after_grace, timeout=20, what="a skipped reconcile after the grace")
     assert len(node.allocations()) == 2
-    assert "reconcile skipped" in node.log()
     kubelet.set_pod_resources_available(True)
     node.wait_for(lambda: all(a["pod"] for a in node.allocations()), what="both confirmed")
 

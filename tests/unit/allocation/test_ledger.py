@@ -86,6 +86,13 @@ def test_corrupt_file_is_refused_with_recovery_hint_and_left_in_place(tmp_path):
     assert path.read_bytes() == b"this is not sqlite" * 100
 
 
+def test_a_state_dir_that_cannot_be_made_is_a_ledger_error(tmp_path):
+    """A state_dir that cannot be created is a LedgerError naming the ledger's path."""
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(LedgerError, match="cannot open the ledger"):
+        Ledger(str(tmp_path / "a-file" / "state"))
+
+
 def test_read_only_open_does_not_create_anything(tmp_path):
     with pytest.raises(LedgerError):
         Ledger(str(tmp_path / "missing"), read_only=True)

@@ -1,4 +1,4 @@
-"""Pins nodemgr.config (schema, loading, reload): what a valid file loads to, the
+"""Pins nodemgr.config (schema, loading; reload has test_reload.py): what a valid file loads to, the
 documented defaults (the hook socket defaults to <run_dir>/hook.sock), the node name
 fallback, and that every invalid or useless setting is refused with a ConfigError naming
 the dotted key and saying what was wrong.
@@ -616,44 +616,3 @@ def test_metrics_address_refused(address):
 
 def test_status_socket_must_be_absolute():
     assert refused({"status": {"socket": "run/s.sock"}}).key == "status.socket"
-
-
-# --- reload ------------------------------------------------------------------------------
-
-
-def test_reload_applies_only_reloadable_keys_and_keeps_the_rest_running():
-    running = load({"enforcement": {"action": "kill"}, "resources": {"placement": "binpack"}})
-    loaded = load(
-        {
-            "enforcement": {"action": "log", "grace_mib": 256},
-            "kubelet": {"reconcile_interval_seconds": 3},
-            "resources": {"placement": "spread", "memory_unit_mib": 512},
-        }
-    )
-    effective, applied, restart = reload.reload_settings(running, loaded)
-    assert sorted(applied) == [
-        "enforcement.action",
-        "enforcement.grace_mib",
-        "kubelet.reconcile_interval_seconds",
-    ]
-    assert sorted(restart) == ["resources.memory_unit_mib", "resources.placement"]
-    assert effective.enforcement.action == "log"
-    assert effective.enforcement.grace_mib == 256
-    assert effective.kubelet.reconcile_interval_seconds == 3
-    assert effective.resources == running.resources  # not half-changed
-
-
-def test_reload_of_the_same_file_changes_nothing():
-    running = load({"mps": {"health_check_interval_seconds": 2}})
-    assert reload.reload_settings(running, running) == (running, [], [])
-
-
-def test_reload_names_a_changed_device_list_as_needing_a_restart():
-    def with_devices(*sizes):
-        devices = [
-            {"uuid": f"GPU-{i}", "name": "T4", "memory_mib": size} for i, size in enumerate(sizes)
-        ]
-        return load({"gpus": {"backend": "simulated", "simulated": {"devices": devices}}})
-
-    _, applied, restart = reload.reload_settings(with_devices(100), with_devices(100, 200))
-    assert (applied, restart) == ([], ["gpus.simulated.devices"])

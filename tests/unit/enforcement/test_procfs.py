@@ -117,14 +117,20 @@ def test_zombie_has_no_start_ticks_and_is_not_killed(children):
     child.wait()
 
 
+ECHO = [sys.executable, "-c", "import sys\nfor line in sys.stdin: print(line, end='', flush=True)"]
+
+
 def test_kill_with_wrong_start_ticks_leaves_the_process_running(children):
-    child = children()
+    """A start time that does not match (a reused PID) sends nothing: the process still
+    answers afterwards (a SIGKILL sent would end it before it could read again)."""
+    child = children(ECHO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     ticks = procfs.read_start_ticks(child.pid)
     assert procfs.kill(child.pid, ticks + 1) is False
     assert procfs.kill(child.pid, ticks - 1) is False
-    time.sleep(0.05)
+    child.stdin.write("still there?\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == "still there?\n"
     assert child.poll() is None
-    assert stat_state(child.pid) != b"Z"
 
 
 def test_kill_with_the_right_start_ticks_sigkills(children):

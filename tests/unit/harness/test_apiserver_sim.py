@@ -103,8 +103,10 @@ def test_watch_from_resource_version_replays_then_streams_live(server, v1):
     server.update_pod("default", "p1", lambda p: p["metadata"].update(annotations={"k": "v"}))
     server.add_pod("default", "elsewhere", "node-b")
 
+    replayed = threading.Event()  # the client got the history: what follows is live
+
     def live_changes():
-        time.sleep(0.3)
+        assert replayed.wait(10)
         server.set_pod_phase("default", "p1", "Running")
         server.delete_pod("default", "p1")
         server.add_pod("default", "late", None)  # scheduled later: not on node-a yet
@@ -121,6 +123,8 @@ def test_watch_from_resource_version_replays_then_streams_live(server, v1):
     ):
         pod = ev["object"]
         seen.append((ev["type"], pod.metadata.name, pod.status.phase))
+        if len(seen) == 2:
+            replayed.set()
         assert int(pod.metadata.resource_version) > int(rv)  # strictly increasing
         rv = pod.metadata.resource_version
         if pod.metadata.name == "late":
@@ -471,13 +475,23 @@ def test_drop_watches_ends_cleanly_and_the_client_resumes(server, v1):
     assert time.monotonic() - started < 5  # ended by drop_watches, not by its timeout
 
     server.requests.clear()
+    modified = threading.Event()
+
+    def watches():
+        return [q for m, _, q in list(server.requests) if m == "GET" and q.get("watch")]
+
+    def wait_for(predicate):
+        deadline = time.monotonic() + 10
+        while not predicate():
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
 
     def changes():
-        time.sleep(0.3)
+        wait_for(lambda: len(watches()) == 1)  # the client is watching
         server.set_pod_phase("default", "p1", "Running")
-        time.sleep(0.3)
+        assert modified.wait(10)  # ...and saw it
         server.drop_watches()
-        time.sleep(0.3)
+        wait_for(lambda: len(watches()) == 2)  # it resumed with a new watch
         server.delete_pod("default", "p1")
 
     threading.Thread(target=changes).start()
@@ -485,6 +499,8 @@ def test_drop_watches_ends_cleanly_and_the_client_resumes(server, v1):
     seen = []
     for ev in w.stream(v1.list_pod_for_all_namespaces, resource_version=rv):
         seen.append(ev["type"])
+        if ev["type"] == "MODIFIED":
+            modified.set()
         if ev["type"] == "DELETED":
             w.stop()
     assert seen == ["MODIFIED", "DELETED"]

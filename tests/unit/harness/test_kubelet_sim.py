@@ -331,10 +331,17 @@ def test_register_fails_when_the_plugin_does_not_serve(kubelet, monkeypatch):
     assert kubelet.registrations()[0].error
 
 
+def list_and_watch_readers():
+    """The test kubelet's live ListAndWatch reader threads of RESOURCE."""
+    name = f"{THREAD_PREFIX}-listandwatch-{RESOURCE}"
+    return [t for t in threading.enumerate() if t.name == name]
+
+
 def test_reregistration_replaces_the_endpoint(kubelet, make_plugin):
     first = make_plugin(n=2, socket="first.sock", prefix="old")
     first.register(kubelet.kubelet_socket)
     kubelet.wait_for_resource(RESOURCE)
+    [old_reader] = list_and_watch_readers()
 
     second = make_plugin(n=3, socket="second.sock", prefix="new")
     second.register(kubelet.kubelet_socket)
@@ -347,7 +354,8 @@ def test_reregistration_replaces_the_endpoint(kubelet, make_plugin):
     while first.active_streams and time.monotonic() < deadline:
         time.sleep(0.02)
     assert first.active_streams == 0
-    time.sleep(0.2)
+    old_reader.join(5)  # kubelet's reader of the old stream has done all it does at its end
+    assert not old_reader.is_alive()
     assert all(d.healthy for d in kubelet.devices(RESOURCE))
 
     result = kubelet.admit_pod("ns", "p", [ContainerSpec("c", {RESOURCE: 1})])
@@ -360,6 +368,7 @@ def test_stream_end_marks_devices_unhealthy_and_is_not_retried(kubelet, make_plu
     plugin = make_plugin(n=2)
     plugin.register(kubelet.kubelet_socket)
     kubelet.wait_for_resource(RESOURCE)
+    [reader] = list_and_watch_readers()
 
     if how == "stream ends":
         plugin.end_streams()
@@ -367,7 +376,8 @@ def test_stream_end_marks_devices_unhealthy_and_is_not_retried(kubelet, make_plu
         plugin.stop()
     devices = kubelet.wait_for_devices(RESOURCE, lambda ds: not any(d.healthy for d in ds))
     assert [d.health for d in devices] == ["Unhealthy", "Unhealthy"]
-    time.sleep(0.3)
+    reader.join(5)  # the reader is done: nothing is left that could call it again
+    assert not reader.is_alive()
     assert plugin.count("ListAndWatch") == 1  # kubelet never calls it again
 
     result = kubelet.admit_pod("ns", "p", [ContainerSpec("c", {RESOURCE: 1})])

@@ -1,0 +1,87 @@
+"""Pins nodemgr.common.changes.ChangeCounter: ``bump`` moves the generation and wakes
+every waiter at once; a waiter whose generation is already stale returns without
+waiting; a wait without a change ends at its timeout with the same generation; and
+``wake_all`` lets waiters return without a change (how a stop interrupts a wait)."""
+
+import threading
+import time
+
+from nodemgr.common.changes import ChangeCounter
+
+LONG = 10.0  # a wait this long never ends by its timeout within a passing test
+
+
+def waiter(counter: ChangeCounter, seen: int, timeout: float = LONG):
+    """A thread blocked in wait_for_change; its result lands in the returned list."""
+    result: list[int] = []
+    thread = threading.Thread(
+        target=lambda: result.append(counter.wait_for_change(seen, timeout)), daemon=True
+    )
+    thread.start()
+    return thread, result
+
+
+def test_bump_moves_the_generation_by_one():
+    """Each bump returns the new generation, which ``generation`` then reads."""
+    counter = ChangeCounter()
+    assert counter.generation == 0
+    assert [counter.bump() for _ in range(3)] == [1, 2, 3]
+    assert counter.generation == 3
+
+
+def test_a_stale_generation_returns_at_once():
+    """A waiter that acted on an older generation does not wait at all."""
+    counter = ChangeCounter()
+    counter.bump()
+    began = time.monotonic()
+    assert counter.wait_for_change(0, LONG) == 1
+    assert time.monotonic() - began < 1.0
+
+
+def test_without_a_change_the_wait_ends_at_its_timeout():
+    """No bump: the waiter gets its own generation back once the timeout passes."""
+    counter = ChangeCounter()
+    counter.bump()
+    began = time.monotonic()
+    assert counter.wait_for_change(1, 0.05) == 1
+    assert time.monotonic() - began >= 0.05
+
+
+def test_bump_wakes_every_waiter():
+    """Several threads waiting on one generation all return with the new one after a bump."""
+    counter = ChangeCounter()
+    waiters = [waiter(counter, 0) for _ in range(4)]
+    counter.bump()
+    for thread, result in waiters:
+        thread.join(5)
+        assert not thread.is_alive(), "a waiter slept through the bump"
+        assert result == [1]
+
+
+def test_a_bump_from_another_thread_while_waiting():
+    """A waiter in this thread wakes on a bump made by another thread."""
+    counter = ChangeCounter()
+    bumper = threading.Thread(target=counter.bump)
+    began = time.monotonic()
+    bumper.start()
+    assert counter.wait_for_change(0, LONG) == 1
+    assert time.monotonic() - began < LONG / 2
+    bumper.join(5)
+
+
+def test_wake_all_lets_waiters_return_without_a_change():
+    """After wake_all (a stop was requested) a waiter returns, generation unchanged,
+    long before its timeout: that is how PluginServer.stop and the publisher's stop
+    interrupt their waits."""
+    counter = ChangeCounter()
+    thread, result = waiter(counter, 0, timeout=3.0)
+    deadline = time.monotonic() + 1.0
+    # wake_all is not sticky: repeat it until the waiter, once blocked, has seen one.
+    while thread.is_alive() and time.monotonic() < deadline:
+        counter.wake_all()
+        thread.join(0.01)
+    woke = not thread.is_alive()
+    counter.bump()  # release it either way
+    thread.join(5)
+    assert woke, "wake_all did not end a wait_for_change"
+    assert result == [0]

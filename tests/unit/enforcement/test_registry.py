@@ -1,0 +1,239 @@
+"""Pins nodemgr.enforcement.registry.ContainerRegistry, the hook's decisions without the
+socket: a container asking for no GPU passes unregistered, as does one that holds an
+allocation but asks for no GPU; a container whose env matches a live allocation is
+registered durably and a restarted daemon knows it; a released or unknown allocation, a
+bad cgroup or a vanished init process is refused with one line naming the container;
+only one pod identity ever holds an allocation, also under concurrent admissions; a
+ledger that cannot record refuses the container; ``release`` and ``prune`` forget
+containers (pruning those whose init process is gone or whose PID was reused)."""
+
+import dataclasses
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import CgroupKey, ContainerRef
+from nodemgr.enforcement.registry import ContainerRegistry
+from nodemgr.errors import LedgerError
+from nodemgr.inventory import open_inventory
+from tests.harness.cards import MPS_PIPE, env_of, simulated_settings
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+CGROUP = "0::/kubepods/pod-a/c1\n"
+POD_A = ContainerRef("default", "a", "main")
+POD_B = ContainerRef("default", "b", "main")
+
+
+class Node:
+    def __init__(self, tmp_path):
+        self.settings = simulated_settings(str(tmp_path))
+        self.ledger = Ledger(self.settings.state_dir)
+        cards = open_inventory(self.settings.gpus).cards()
+        self.allocator = Allocator(self.settings, cards, self.ledger, clock=lambda: 1000.0)
+        self.registry = self.new_registry()
+
+    def new_registry(self):
+        return ContainerRegistry(self.ledger, self.allocator, MPS_PIPE, clock=lambda: 2000.0)
+
+    def allocate(self, memory_units=4, core_percent=30):
+        """What kubelet does for one container: both resources, on one card."""
+        allocation_id = None
+        for kind, size in ((MEM, memory_units), (CORE, core_percent)):
+            held = {key for a in self.allocator.allocations() for key in a.device_pairs()}
+            available = [d.id for d in self.allocator.devices(kind) if (kind, d.id) not in held]
+            ids = self.allocator.preferred(kind, available, [], size)
+            allocation_id = self.allocator.allocate(kind, ids).allocation_id
+        return self.allocator.allocation(allocation_id)
+
+    def stored(self):
+        return {r.container_id: r for r in Ledger(self.settings.state_dir).load_registrations()}
+
+
+@pytest.fixture
+def node(tmp_path):
+    node = Node(tmp_path)
+    yield node
+    node.ledger.close()
+
+
+def start_child():
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+@pytest.fixture
+def child():
+    process = start_child()
+    yield process
+    process.kill()
+    process.wait()
+
+
+def gone_pid():
+    with open("/proc/sys/kernel/pid_max") as f:
+        return int(f.read()) + 1
+
+
+def test_a_container_asking_for_no_gpu_passes_unregistered(node, child):
+    """No GPU asked and no allocation claimed: allowed, nothing recorded."""
+    allowed, message = node.registry.admit(
+        "c1", child.pid, {"NVIDIA_VISIBLE_DEVICES": "void"}, POD_A, CGROUP
+    )
+    assert (allowed, message) == (True, "container c1 (default/a/main) asks for no GPU")
+    assert node.registry.registrations() == [] and node.stored() == {}
+
+
+def test_a_container_holding_an_allocation_but_asking_for_no_gpu_passes(node, child):
+    """The allocation ID with NVIDIA_VISIBLE_DEVICES=void (e.g. a sidecar of the pod):
+    allowed, not registered (it can start no GPU process)."""
+    allocation = node.allocate()
+    env = env_of(allocation, NVIDIA_VISIBLE_DEVICES="void")
+    allowed, message = node.registry.admit("c1", child.pid, env, None, CGROUP)
+    assert allowed is True
+    assert message == f"container c1 holds allocation {allocation.id} but asks for no GPU"
+    assert node.registry.registrations() == []
+
+
+def test_a_matching_container_is_registered_durably(node, child):
+    """A matching env: allowed, registered with its cgroup, init PID and start time,
+    identity and the registry's clock; a registry made on the same ledger (a daemon
+    restart) knows it."""
+    allocation = node.allocate()
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is True
+    assert message == f"container c1 (default/a/main) registered on allocation {allocation.id}"
+    [registration] = node.registry.registrations()
+    assert registration.allocation_id == allocation.id
+    assert registration.cgroup == CgroupKey("", "/kubepods/pod-a/c1")
+    assert registration.init_pid == child.pid and registration.init_start_ticks > 0
+    assert (registration.identity, registration.registered_at) == (POD_A, 2000.0)
+    assert node.stored() == {"c1": registration}
+    assert node.new_registry().registrations() == [registration]
+
+
+def test_an_unknown_allocation_is_refused(node, child):
+    """An allocation ID the daemon does not hold (released, or made up): refused with
+    one line naming the container."""
+    allocation = node.allocate()
+    released = dataclasses.replace(allocation, id="ga-released")
+    allowed, message = node.registry.admit("c1", child.pid, env_of(released), POD_A, CGROUP)
+    assert allowed is False
+    assert message.startswith("gpushare-node refused container c1 (default/a/main): ")
+    assert "\n" not in message
+    assert node.registry.registrations() == [] and node.stored() == {}
+
+
+def test_a_container_without_its_own_cgroup_is_refused(node, child):
+    """The container must have a cgroup of its own (the watchdog tells pods apart by it)."""
+    allocation = node.allocate()
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), POD_A, "0::/\n")
+    assert allowed is False and message.startswith("gpushare-node refused container c1")
+    assert node.registry.registrations() == []
+
+
+def test_a_vanished_init_process_is_refused(node):
+    """The init process is gone before the hook's call lands: refused, naming the PID."""
+    allocation = node.allocate()
+    pid = gone_pid()
+    allowed, message = node.registry.admit("c1", pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False
+    assert message.endswith(f"its init process {pid} is gone")
+
+
+def test_one_identity_per_allocation_also_when_admissions_race(node, child):
+    """Containers of several pods claiming one allocation at the same moment: exactly one
+    pod's containers are let in."""
+    allocation = node.allocate()
+    env = env_of(allocation)
+    barrier = threading.Barrier(8)
+    results = {}
+
+    def admit(i):
+        identity = ContainerRef("default", f"pod-{i % 4}", "main")
+        barrier.wait(5)
+        results[i] = (identity, node.registry.admit(f"c{i}", child.pid, env, identity, CGROUP))
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    allowed = {identity for identity, (ok, _) in results.values() if ok}
+    assert len(results) == 8
+    assert len(allowed) == 1
+    assert {r.identity for r in node.registry.registrations()} == allowed
+
+
+def test_a_ledger_that_cannot_record_refuses_the_container(node, child, monkeypatch):
+    """Registration that cannot be made durable: refused (the watchdog could not tell
+    whose process it is after a restart), and nothing kept in memory either."""
+    allocation = node.allocate()
+
+    def broken(registration):
+        raise LedgerError("cannot write the ledger /state/ledger.db: disk I/O error")
+
+    monkeypatch.setattr(node.ledger, "put_registration", broken)
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False
+    assert message == (
+        "gpushare-node refused container c1 (default/a/main): cannot record it "
+        "(cannot write the ledger /state/ledger.db: disk I/O error)"
+    )
+    assert node.registry.registrations() == []
+
+
+def test_release_forgets_a_container_once(node, child):
+    """release: True and the ledger row gone; again (or an unknown ID): False."""
+    allocation = node.allocate()
+    assert node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+    assert node.registry.release("c1") is True
+    assert node.registry.registrations() == [] and node.stored() == {}
+    assert node.registry.release("c1") is False
+    assert node.registry.release("never-seen") is False
+
+
+def test_release_forgets_in_memory_even_if_the_ledger_fails(node, child, monkeypatch):
+    """A ledger error on release is logged; the container is forgotten all the same."""
+    allocation = node.allocate()
+    assert node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+
+    def broken(container_id):
+        raise LedgerError("disk full")
+
+    monkeypatch.setattr(node.ledger, "delete_registration", broken)
+    assert node.registry.release("c1") is True
+    assert node.registry.registrations() == []
+
+
+def test_prune_drops_containers_whose_init_process_is_gone(node, child):
+    """No poststop came for a container whose init process exited: prune forgets it and
+    keeps the running one."""
+    allocation = node.allocate()
+    doomed = start_child()
+    try:
+        assert node.registry.admit("live", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+        assert node.registry.admit("dead", doomed.pid, env_of(allocation), POD_A, CGROUP)[0]
+    finally:
+        doomed.kill()
+        doomed.wait()
+    node.registry.prune()
+    assert [r.container_id for r in node.registry.registrations()] == ["live"]
+    assert set(node.stored()) == {"live"}
+
+
+def test_prune_drops_a_container_whose_pid_was_reused(node, child):
+    """A registration whose PID now belongs to another process (other start time) is
+    stale: pruned, though a process with that PID runs."""
+    allocation = node.allocate()
+    assert node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+    [registration] = node.registry.registrations()
+    node.ledger.put_registration(
+        dataclasses.replace(registration, init_start_ticks=registration.init_start_ticks - 1)
+    )
+    restarted = node.new_registry()
+    restarted.prune()
+    assert restarted.registrations() == []

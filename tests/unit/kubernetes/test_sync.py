@@ -1,0 +1,305 @@
+"""Pins nodemgr.kubernetes.sync, between the allocator and the adapter: CandidatePods gives
+the allocator the adapter's candidate index and says the cache is live only when synced
+and watching; candidate_filter keeps pending pods asking for a shared resource; the
+Publisher hands the adapter only what differs from what it last sent (pod annotations per
+pod, node labels, the node annotation and gpu-count together), forgets released pods,
+publishes at start and after an allocation change, and survives a failing publish;
+refusals and violations become pod Events (none for a process of no known pod)."""
+
+import threading
+
+from nodemgr.common.changes import ChangeCounter
+from nodemgr.domain.deviceids import ResourceKind, memory_device_id
+from nodemgr.domain.model import Allocation, ContainerRef
+from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo
+from nodemgr.domain.violations import MEMORY, Violation
+from nodemgr.inventory import Card
+from nodemgr.kubernetes.publish import GPU_COUNT_RESOURCE
+from nodemgr.kubernetes.sync import (
+    REFUSAL_REASON,
+    VIOLATION_REASON,
+    CandidatePods,
+    Publisher,
+    candidate_filter,
+    post_refusal,
+    post_violation,
+)
+from tests.unit.kubernetes.support import CORE, MEM, PREFIX
+
+CARDS = (Card(0, "GPU-a", "Tesla T4", 15360), Card(1, "GPU-b", "Tesla T4", 15360))
+
+
+def pod(name, phase="Pending", requests=None):
+    return PodInfo(
+        namespace="ml",
+        name=name,
+        uid=f"uid-{name}",
+        node_name="node-a",
+        phase=phase,
+        created_at=100.0,
+        deleting=False,
+        annotations={},
+        containers=(ContainerRequest("main", requests if requests is not None else {MEM: 4}),),
+    )
+
+
+def allocation(id_, pod_name, units=4, card="GPU-a"):
+    devices = {ResourceKind.MEMORY: tuple(memory_device_id(card, j) for j in range(units))}
+    owner = ContainerRef("ml", pod_name, "main")
+    return Allocation(id_, devices, units * 1024, 1000.0, owner=owner)
+
+
+class FakeAllocator:
+    def __init__(self, allocations=()):
+        self.cards = CARDS
+        self.changes = ChangeCounter()
+        self.held = list(allocations)
+
+    def allocations(self):
+        return list(self.held)
+
+
+class FakeAdapter:
+    """Records what the publisher hands over; ``published`` is set at each node write."""
+
+    def __init__(self, pods=(), fail_first=0):
+        self.pod_list = list(pods)
+        self.calls = []
+        self.published = threading.Event()
+        self.pod_written = threading.Event()
+        self._fail = fail_first
+        self.state_value = {"synced": True, "watching": True}
+        self.generation = 7
+
+    def pods(self):
+        if self._fail:
+            self._fail -= 1
+            self.published.set()
+            raise RuntimeError("adapter bug")
+        return list(self.pod_list)
+
+    def patch_pod_annotations(self, namespace, name, annotations):
+        self.calls.append(("pod", namespace, name, annotations))
+        self.pod_written.set()
+
+    def set_node_labels(self, labels):
+        self.calls.append(("labels", labels))
+
+    def set_node_annotations(self, annotations):
+        self.calls.append(("node-annotations", annotations))
+
+    def set_node_extended_resources(self, quantities):
+        self.calls.append(("resources", quantities))
+        self.published.set()
+
+    def record_event(self, namespace, pod, reason, message, type="Warning"):
+        self.calls.append(("event", namespace, pod, reason, message))
+
+    def state(self):
+        return self.state_value
+
+    def candidates(self):
+        return tuple(p for p in self.pod_list if p.phase == "Pending")
+
+    def wait_for_change(self, seen_generation, timeout):
+        return seen_generation + 1
+
+
+STATUS = {"allocations": [], "gpus": []}
+
+
+def publisher(adapter, allocator, status=None):
+    document = status if status is not None else dict(STATUS)
+    return Publisher(adapter, allocator, lambda: document, 1024, True, PREFIX)
+
+
+def kinds(calls):
+    return [call[0] for call in calls]
+
+
+# --- CandidatePods and the filter ---------------------------------------------------------
+
+
+def test_candidate_pods_are_the_adapters_index():
+    """The allocator's PodSource reads the adapter's candidates, generation and waits."""
+    adapter = FakeAdapter([pod("a"), pod("b", phase="Running")])
+    source = CandidatePods(adapter)
+    assert [p.name for p in source.candidates()] == ["a"]
+    assert source.generation == 7
+    assert source.wait_for_change(7, 1.0) == 8
+
+
+def test_the_cache_is_live_only_when_synced_and_watching():
+    """Worth waiting for only with a complete LIST and an open watch."""
+    adapter = FakeAdapter()
+    source = CandidatePods(adapter)
+    assert source.live is True
+    for state in ({"synced": True, "watching": False}, {"synced": False, "watching": True}, {}):
+        adapter.state_value = state
+        assert source.live is False
+
+
+def test_candidate_filter_keeps_pending_pods_asking_for_a_shared_resource():
+    """Pending and asking for memory or share: a candidate; running, or asking for
+    something else only: not."""
+    keep = candidate_filter((MEM, CORE))
+    assert keep(pod("a", requests={MEM: 4}))
+    assert keep(pod("b", requests={CORE: 20}))
+    assert not keep(pod("c", phase="Running"))
+    assert not keep(pod("d", requests={"nvidia.com/gpu": 1}))
+
+
+# --- Publisher.publish --------------------------------------------------------------------
+
+
+def test_first_publish_sends_pods_and_the_node():
+    """Each pod holding shared GPUs gets its gpushare annotations; the node gets its
+    labels, its per-card annotation under the prefix, and gpu-count."""
+    adapter = FakeAdapter([pod("train-0")])
+    publisher(adapter, FakeAllocator([allocation("ga-1", "train-0")])).publish()
+    assert kinds(adapter.calls) == ["pod", "labels", "node-annotations", "resources"]
+    _, namespace, name, annotations = adapter.calls[0]
+    assert (namespace, name) == ("ml", "train-0")
+    assert annotations["ALIYUN_COM_GPU_MEM_IDX"] == "0"
+    assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
+    assert adapter.calls[1][1]["gpu-count"] == "2"
+    assert set(adapter.calls[2][1]) == {PREFIX + "gpus"}
+    assert adapter.calls[3] == ("resources", {GPU_COUNT_RESOURCE: 2})
+
+
+def test_nothing_changed_nothing_sent():
+    """A second publish with the same state hands the adapter nothing."""
+    adapter = FakeAdapter([pod("train-0")])
+    sync = publisher(adapter, FakeAllocator([allocation("ga-1", "train-0")]))
+    sync.publish()
+    adapter.calls.clear()
+    sync.publish()
+    assert adapter.calls == []
+
+
+def test_only_the_pod_that_changed_is_sent():
+    """A new allocation for another pod: that pod's annotations, and nothing else (the
+    node's labels and annotation did not change)."""
+    allocator = FakeAllocator([allocation("ga-1", "train-0")])
+    adapter = FakeAdapter([pod("train-0"), pod("train-1")])
+    sync = publisher(adapter, allocator)
+    sync.publish()
+    adapter.calls.clear()
+    allocator.held.append(allocation("ga-2", "train-1", card="GPU-b"))
+    sync.publish()
+    assert [(c[0], c[2]) for c in adapter.calls] == [("pod", "train-1")]
+    assert adapter.calls[0][3]["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+
+
+def test_a_released_pod_is_forgotten_and_sent_again_if_it_comes_back():
+    """A pod whose allocation was released is forgotten: the same annotations later are
+    sent again (the pod may have been recreated under the same name)."""
+    first = allocation("ga-1", "train-0")
+    allocator = FakeAllocator([first])
+    adapter = FakeAdapter([pod("train-0")])
+    sync = publisher(adapter, allocator)
+    sync.publish()
+    allocator.held.clear()
+    sync.publish()
+    adapter.calls.clear()
+    allocator.held.append(first)
+    sync.publish()
+    assert kinds(adapter.calls) == ["pod"]
+
+
+def test_a_node_change_resends_labels_annotation_and_gpu_count_together():
+    """The status document changed (a card's totals): the node's three writes go again."""
+    status = {"allocations": [], "gpus": []}
+    adapter = FakeAdapter()
+    sync = publisher(adapter, FakeAllocator(), status)
+    sync.publish()
+    adapter.calls.clear()
+    status["gpus"] = [
+        {
+            "index": 0,
+            "uuid": "GPU-a",
+            "model": "Tesla T4",
+            "mode": "idle",
+            "healthy": False,
+            "memory_total_mib": 15360,
+            "memory_allocated_mib": 0,
+            "core_allocated_percent": 0,
+        }
+    ]
+    sync.publish()
+    assert kinds(adapter.calls) == ["labels", "node-annotations", "resources"]
+
+
+# --- Publisher, the thread ----------------------------------------------------------------
+
+
+def test_the_publisher_publishes_at_start_and_after_a_change():
+    """Started: it publishes at once; an allocation change (the allocator's counter
+    moving) publishes the new pod soon after; stop ends it."""
+    allocator = FakeAllocator()
+    adapter = FakeAdapter([pod("train-0")])
+    sync = publisher(adapter, allocator)
+    sync.start()
+    try:
+        assert adapter.published.wait(5), "no publish at start"
+        assert not adapter.pod_written.is_set()  # nobody held a GPU at the first publish
+        allocator.held.append(allocation("ga-1", "train-0"))
+        allocator.changes.bump()
+        assert adapter.pod_written.wait(5), "the change was not published"
+        assert adapter.calls[-1][:3] == ("pod", "ml", "train-0")
+    finally:
+        sync.stop()
+    assert sync.join(5)
+
+
+def test_a_failing_publish_does_not_end_the_publisher(caplog):
+    """An error while publishing is logged; the thread lives on and the next change is
+    published."""
+    allocator = FakeAllocator()
+    adapter = FakeAdapter([pod("train-0")], fail_first=1)
+    sync = publisher(adapter, allocator)
+    sync.start()
+    try:
+        assert adapter.published.wait(5), "the first publish was never tried"
+        adapter.published.clear()
+        allocator.changes.bump()
+        assert adapter.published.wait(5), "no publish after the failure"
+        assert sync.alive
+    finally:
+        sync.stop()
+        sync.join(5)
+    assert any("publishing to the Kubernetes API failed" in r.getMessage() for r in caplog.records)
+
+
+# --- events -------------------------------------------------------------------------------
+
+
+def test_a_refusal_is_an_event_on_the_pod():
+    """post_refusal records a GPUShareRefused Event on the demand's pod with the message."""
+    adapter = FakeAdapter()
+    demand = Demand("ml", "train-0", "main", 0, 16, 0, None)
+    post_refusal(adapter, demand, "no single GPU on node-a has 16 GiB free")
+    assert adapter.calls == [
+        ("event", "ml", "train-0", REFUSAL_REASON, "no single GPU on node-a has 16 GiB free")
+    ]
+
+
+def test_a_violation_is_an_event_naming_container_card_and_action():
+    """post_violation records a GPUQuotaViolation naming the container, the card, what
+    happened and the action; a process of no known pod gets no Event."""
+    adapter = FakeAdapter()
+    owner = ContainerRef("ml", "train-0", "main")
+    violation = Violation(MEMORY, "GPU-a", (123,), "uses 6 GiB of its 4 GiB", owner=owner)
+    post_violation(adapter, violation, "GPU0 (GPU-a)", "kill")
+    assert adapter.calls == [
+        (
+            "event",
+            "ml",
+            "train-0",
+            VIOLATION_REASON,
+            "container main on GPU0 (GPU-a): uses 6 GiB of its 4 GiB (action: kill)",
+        )
+    ]
+    adapter.calls.clear()
+    post_violation(adapter, Violation(MEMORY, "GPU-a", (9,), "stray"), "GPU0", "log")
+    assert adapter.calls == []

@@ -1,0 +1,342 @@
+"""Pins nodemgr.runtime.loop.RunLoop with a real notify socket (tests/harness/notify_listener.py)
+and ServiceNotifier, a real Allocator and stand-ins for the rest: a healthy iteration says
+READY=1 once and then only STATUS when it changed; a card problem holds READY back and
+shows in STATUS; no WATCHDOG=1 while the allocation state is unresponsive; a SIGHUP reload
+applies the reloadable keys to the parts that use them, names what needs a restart, and
+refuses a bad file keeping the running settings; a reconcile never runs on a failed read
+of kubelet's record; waiting for kubelet is reported and keeps the watchdog fed."""
+
+import os
+import shutil
+import tempfile
+import threading
+
+import pytest
+
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.config.loading import load_settings
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.errors import LedgerError
+from nodemgr.inventory import open_inventory
+from nodemgr.kubelet.registration import KubeletUnavailable
+from nodemgr.runtime.loop import RunLoop
+from nodemgr.runtime.notify import ServiceNotifier
+from nodemgr.status.server import DaemonFacts
+from tests.harness.cards import GPU0, GPU1
+from tests.harness.notify_listener import Listener
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+MARKER = "--- marker ---"
+
+
+class Recorder:
+    """Stands in for the watchdog, the MPS supervisor and the metrics: records calls."""
+
+    def __init__(self):
+        self.calls = []
+
+    def set_settings(self, settings):
+        self.calls.append(("set_settings", settings))
+
+    def count_reconcile(self, result):
+        self.calls.append(("count_reconcile", result))
+
+    def count_reconcile_plan(self, plan):
+        self.calls.append(("count_reconcile_plan", plan))
+
+    def observe_allocate(self, *args):
+        pass
+
+
+class PodResources:
+    """kubelet's record, or the error reading it raises."""
+
+    def __init__(self, record=None, error=None):
+        self.record = record or {}
+        self.error = error
+
+    def list(self):
+        if self.error is not None:
+            raise self.error
+        return self.record
+
+
+CONFIG = """\
+node_name: node-a
+state_dir: {root}/state
+run_dir: {root}/run
+kubelet:
+  device_plugin_dir: {root}/dp
+  pod_resources_socket: {root}/pr/kubelet.sock
+  allocation_grace_seconds: 60
+gpus:
+  backend: simulated
+  simulated:
+    devices:
+      - {{uuid: {gpu0}, name: Tesla T4, memory_mib: 15360}}
+      - {{uuid: {gpu1}, name: Tesla T4, memory_mib: 15360}}
+enforcement:
+  action: {action}
+{extra}
+"""
+
+
+class Daemon:
+    """A RunLoop on a simulated two-card node, its systemd on a Listener."""
+
+    def __init__(self, root, watchdog_usec="1000"):
+        self.root = root
+        self.config_path = os.path.join(root, "gpushare.yaml")
+        self.write_config()
+        self.settings = load_settings(self.config_path)
+        self.ledger = Ledger(self.settings.state_dir)
+        cards = open_inventory(self.settings.gpus).cards()
+        self.allocator = Allocator(self.settings, cards, self.ledger)
+        self.systemd = Listener()
+        self.notifier = ServiceNotifier(
+            {"NOTIFY_SOCKET": self.systemd.address, "WATCHDOG_USEC": watchdog_usec}
+        )
+        self.watchdog, self.supervisor, self.metrics = Recorder(), Recorder(), Recorder()
+        self.podresources = PodResources()
+        self.loop = RunLoop(
+            self.settings,
+            self.config_path,
+            self.notifier,
+            DaemonFacts(version="test"),
+            self.allocator,
+            self.supervisor,
+            self.watchdog,
+            self.podresources,
+            self.metrics,
+        )
+
+    def write_config(self, extra="", action="kill"):
+        with open(self.config_path, "w") as f:
+            f.write(CONFIG.format(root=self.root, gpu0=GPU0, gpu1=GPU1, action=action, extra=extra))
+
+    def next_message(self) -> dict[str, str]:
+        """The next datagram systemd got (waits for it; fails after 5 s)."""
+        self.systemd.sock.settimeout(5)
+        data = self.systemd.sock.recv(4096)
+        return dict(line.split("=", 1) for line in data.decode().split("\n"))
+
+    def told(self) -> list[dict[str, str]]:
+        """Everything sent to systemd so far: a marker is sent and read back (datagrams on
+        one socket arrive in order), so nothing is waited for but the marker itself."""
+        self.notifier.status(MARKER)
+        messages = []
+        while True:
+            message = self.next_message()
+            if message == {"STATUS": MARKER}:
+                return messages
+            messages.append(message)
+
+    def close(self):
+        self.systemd.close()
+        self.ledger.close()
+
+
+@pytest.fixture
+def make_daemon():
+    made = []
+
+    def make(watchdog_usec="1000"):
+        root = tempfile.mkdtemp(dir="/tmp", prefix="gs-loop-")
+        made.append(Daemon(root, watchdog_usec))
+        return made[-1]
+
+    yield make
+    for daemon in made:
+        daemon.close()
+        shutil.rmtree(daemon.root, ignore_errors=True)
+
+
+@pytest.fixture
+def daemon(make_daemon):
+    return make_daemon()
+
+
+def allocate(allocator, size=4):
+    ids = allocator.preferred(MEM, [d.id for d in allocator.devices(MEM)], [], size)
+    allocator.allocate(MEM, ids)
+
+
+# --- READY, STATUS, WATCHDOG --------------------------------------------------------------
+
+
+def test_ready_once_then_status_only_when_it_changed(daemon):
+    """The first healthy iteration sends READY=1 with the summary; later ones send no
+    READY, and STATUS only when the summary changed; each pings the watchdog."""
+    daemon.loop._tell_systemd(3)
+    daemon.loop._tell_systemd(3)
+    first = daemon.told()
+    assert first[0] == {"READY": "1", "STATUS": "serving 3 resources on 2 GPUs, 0 allocations"}
+    assert daemon.loop.facts.ready is True
+    assert all("READY" not in m and "STATUS" not in m for m in first[1:])
+    assert {"WATCHDOG": "1"} in first[1:]
+
+    allocate(daemon.allocator)
+    daemon.loop._tell_systemd(3)
+    later = daemon.told()
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in later
+    assert not [m for m in later if "READY" in m]
+
+
+def test_a_card_problem_holds_ready_back_and_shows(daemon):
+    """While a card has a problem (MPS down) the daemon is not READY; STATUS says what
+    waits and names the card; once it is fixed, READY=1 follows."""
+    daemon.allocator.set_card_problem(GPU1, "MPS server not running")
+    daemon.loop._tell_systemd(3)
+    waiting = daemon.told()
+    assert not [m for m in waiting if "READY" in m]
+    assert {
+        "STATUS": "waiting for MPS: serving 3 resources on 2 GPUs, 0 allocations; "
+        f"GPU1 ({GPU1}): MPS server not running"
+    } in waiting
+    assert daemon.loop.facts.ready is False
+
+    daemon.allocator.set_card_problem(GPU1, None)
+    daemon.loop._tell_systemd(3)
+    assert daemon.told()[0]["READY"] == "1"
+
+
+def test_no_watchdog_ping_while_the_allocation_state_is_unresponsive(daemon, monkeypatch):
+    """A stuck allocator cannot answer Allocate: no WATCHDOG=1, so systemd restarts us;
+    READY and STATUS still go out."""
+    monkeypatch.setattr(daemon.allocator, "responsive", lambda timeout_seconds: False)
+    daemon.loop._tell_systemd(3)
+    daemon.loop._tell_systemd(3)
+    told = daemon.told()
+    assert told[0]["READY"] == "1"
+    assert not [m for m in told if "WATCHDOG" in m]
+    monkeypatch.undo()
+    daemon.loop._tell_systemd(3)
+    assert {"WATCHDOG": "1"} in daemon.told()
+
+
+def test_period_keeps_pace_with_the_watchdog(daemon):
+    """The loop turns at least four times per watchdog interval, at most every 0.5 s."""
+    assert daemon.loop._period() == pytest.approx(0.001 / 4)
+    daemon.loop.notifier = ServiceNotifier({})
+    assert daemon.loop._period() == 0.5
+
+
+# --- reload -------------------------------------------------------------------------------
+
+
+def test_reload_applies_reloadable_keys_to_the_running_parts(daemon):
+    """A reload wraps RELOADING=1 / READY=1, hands the new enforcement settings to the
+    watchdog, the grace period to the allocator and the MPS settings to the supervisor,
+    and says what it applied."""
+    daemon.write_config("mps:\n  health_check_interval_seconds: 9\n", action="log")
+    daemon.loop._reload()
+    told = daemon.told()
+    assert told[0]["RELOADING"] == "1"
+    assert told[1] == {
+        "READY": "1",
+        "STATUS": f"reloaded {daemon.config_path}: applied mps.health_check_interval_seconds, "
+        "enforcement.action",
+    }
+    settings = daemon.loop.settings
+    assert settings.enforcement.action == "log"
+    assert settings.mps.health_check_interval_seconds == 9
+    assert daemon.watchdog.calls == [("set_settings", settings.enforcement)]
+    assert daemon.supervisor.calls == [("set_settings", settings.mps)]
+
+
+def test_reload_names_what_needs_a_restart_and_keeps_it(daemon):
+    """A key that cannot change while running keeps its value and is named in STATUS; the
+    reloadable grace period reaches the allocator (its next reconcile uses it)."""
+    allocate(daemon.allocator)
+    daemon.loop._reconcile()
+    assert len(daemon.allocator.allocations()) == 1  # within the 60 s grace: kept
+    with open(daemon.config_path) as f:
+        text = f.read().replace("allocation_grace_seconds: 60", "allocation_grace_seconds: 0")
+    with open(daemon.config_path, "w") as f:
+        f.write(text + "resources:\n  placement: spread\n")
+    daemon.loop._reload()
+    status = daemon.told()[1]["STATUS"]
+    assert status == (
+        f"reloaded {daemon.config_path}: applied kubelet.allocation_grace_seconds; "
+        "needs a restart to take effect: resources.placement"
+    )
+    assert daemon.loop.settings.resources.placement == "binpack"
+    assert daemon.loop.settings.kubelet.allocation_grace_seconds == 0
+    daemon.loop._reconcile()
+    assert daemon.allocator.allocations() == []  # no grace any more: released
+
+
+def test_a_bad_file_is_refused_and_the_settings_stay(daemon):
+    """An invalid file: READY=1 with 'reload refused' naming the key, the running
+    settings untouched, nothing handed to the parts."""
+    before = daemon.loop.settings
+    with open(daemon.config_path, "a") as f:
+        f.write("resources:\n  placement: everywhere\n")
+    daemon.loop._reload()
+    told = daemon.told()
+    assert told[0]["RELOADING"] == "1"
+    assert told[1]["READY"] == "1"
+    assert told[1]["STATUS"].startswith("reload refused: ")
+    assert "resources.placement" in told[1]["STATUS"]
+    assert daemon.loop.settings is before
+    assert daemon.watchdog.calls == [] and daemon.supervisor.calls == []
+
+
+# --- reconcile ----------------------------------------------------------------------------
+
+
+def test_a_failed_read_of_kubelets_record_releases_nothing(daemon):
+    """kubelet unavailable: the reconcile is skipped (counted), every allocation kept."""
+    allocate(daemon.allocator)
+    daemon.allocator.set_grace_seconds(0)
+    daemon.podresources.error = KubeletUnavailable("kubelet restarting")
+    daemon.loop._reconcile()
+    assert len(daemon.allocator.allocations()) == 1
+    assert daemon.metrics.calls == [("count_reconcile", "skipped")]
+
+
+def test_a_reconcile_that_fails_is_counted_as_failed(daemon, monkeypatch):
+    """An error inside reconcile (the ledger) is counted as failed, not raised."""
+
+    def broken(record):
+        raise LedgerError("cannot write the ledger")
+
+    monkeypatch.setattr(daemon.allocator, "reconcile", broken)
+    daemon.loop._reconcile()
+    assert daemon.metrics.calls == [("count_reconcile", "failed")]
+
+
+def test_a_reconcile_releases_what_kubelet_no_longer_holds(daemon):
+    """kubelet's record without the allocation, grace over: released, counted ok."""
+    allocate(daemon.allocator)
+    daemon.allocator.set_grace_seconds(0)
+    daemon.loop._reconcile()
+    assert daemon.allocator.allocations() == []
+    assert daemon.metrics.calls[0] == ("count_reconcile", "ok")
+    assert len(daemon.metrics.calls[1][1].delete) == 1
+
+
+# --- waiting for kubelet ------------------------------------------------------------------
+
+
+def test_waiting_for_kubelet_is_reported_and_stop_ends_the_loop(make_daemon):
+    """No kubelet.sock yet: STATUS says so and the watchdog keeps being pinged (waiting is
+    healthy); a stop ends run() and our sockets are removed."""
+    daemon = make_daemon(watchdog_usec="400000")
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.loop.run, args=(stop, threading.Event()))
+    runner.start()
+    try:
+        seen = [daemon.next_message()]
+        while seen.count({"WATCHDOG": "1"}) < 2:  # pinged again and again while waiting
+            seen.append(daemon.next_message())
+    finally:
+        stop.set()
+        runner.join(10)
+    assert not runner.is_alive()
+    assert seen[0] == {
+        "STATUS": f"waiting for kubelet: {daemon.root}/dp/kubelet.sock does not exist yet"
+    }
+    assert not [m for m in seen if "READY" in m]
+    assert [n for n in os.listdir(f"{daemon.root}/dp") if n.endswith(".sock")] == []

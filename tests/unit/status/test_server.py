@@ -1,0 +1,180 @@
+"""Pins nodemgr.status.server, the status socket ``nodemgr status`` reads: a status request
+is answered with the live document (cards, allocations, the containers registered on
+each, the daemon's own facts); an unknown command or an unreadable request is answered
+with an error, never a hang; a bug while building the document is answered as an
+internal error; ``query`` returns the document and raises on an error answer; the card
+list is kept in the ledger for when the daemon is down."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+
+import pytest
+
+from hooks import protocol
+from nodemgr.allocation.allocator import Allocator
+from nodemgr.allocation.ledger import Ledger
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import ContainerRef
+from nodemgr.domain.statusdoc import MpsView
+from nodemgr.enforcement.registry import ContainerRegistry
+from nodemgr.errors import LedgerError
+from nodemgr.inventory import open_inventory
+from nodemgr.status.server import CARDS_META_KEY, DaemonFacts, LiveStatus, StatusServer, query
+from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+
+
+class Node:
+    def __init__(self, tmp_path, socket_dir):
+        self.settings = simulated_settings(str(tmp_path))
+        self.ledger = Ledger(self.settings.state_dir)
+        cards = open_inventory(self.settings.gpus).cards()
+        self.allocator = Allocator(self.settings, cards, self.ledger)
+        self.registry = ContainerRegistry(self.ledger, self.allocator, MPS_PIPE)
+        self.facts = DaemonFacts(version="1.2.3", pid=4242, started_at=1000.0)
+        self.facts.ready = self.facts.registered = True
+        self.document_error: BaseException | None = None
+        self.status = LiveStatus(
+            "node-a",
+            self.facts,
+            self.allocator,
+            self.ledger,
+            self.registry,
+            lambda: {GPU0: MpsView("healthy", clients=1)},
+            lambda: None,
+            lambda: {"action": "kill"},
+        )
+        self.server = StatusServer(self.status, os.path.join(socket_dir, "status.sock"))
+
+    def allocate(self, memory_units=4, core_percent=30):
+        allocation_id = None
+        for kind, size in ((MEM, memory_units), (CORE, core_percent)):
+            held = {key for a in self.allocator.allocations() for key in a.device_pairs()}
+            available = [d.id for d in self.allocator.devices(kind) if (kind, d.id) not in held]
+            ids = self.allocator.preferred(kind, available, [], size)
+            allocation_id = self.allocator.allocate(kind, ids).allocation_id
+        return self.allocator.allocation(allocation_id)
+
+    def ask(self, raw: bytes) -> dict:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(5)
+            sock.connect(self.server.socket_path)
+            sock.sendall(raw)
+            return protocol.read_message(sock, 64 * 1024 * 1024)
+
+
+@pytest.fixture
+def node(tmp_path):
+    # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
+    socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="gs-status-")
+    node = Node(tmp_path, socket_dir)
+    node.server.start()
+    yield node
+    node.server.stop()
+    node.ledger.close()
+    shutil.rmtree(socket_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def child():
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+def test_the_status_request_is_answered_with_the_live_document(node, child):
+    """query() gets the document: node, source, both cards, the allocation with the count
+    of containers registered on it, MPS state and the daemon's facts."""
+    allocation = node.allocate()
+    identity = ContainerRef("ml", "train-0", "main")
+    assert node.registry.admit("c1", child.pid, env_of(allocation), identity, "0::/c1\n")[0]
+    document = query(node.server.socket_path)
+    assert (document["node"], document["source"]) == ("node-a", "daemon")
+    assert [g["uuid"] for g in document["gpus"]] == [GPU0, GPU1]
+    assert document["gpus"][0]["mps"] == {"state": "healthy", "clients": 1, "detail": ""}
+    [row] = document["allocations"]
+    assert (row["id"], row["memory_mib"], row["core_percent"], row["containers"]) == (
+        allocation.id,
+        4096,
+        30,
+        1,
+    )
+    daemon = document["daemon"]
+    assert (daemon["pid"], daemon["version"], daemon["started_at"]) == (4242, "1.2.3", 1000.0)
+    assert daemon["ready"] is True and daemon["registered"] is True
+    assert daemon["uptime_seconds"] > 0
+
+
+def test_an_unknown_command_is_answered_with_an_error(node):
+    """A command other than status: an error naming it and the known ones."""
+    answer = node.ask(protocol.encode({"command": "stop"}))
+    assert answer == {"error": "unknown command 'stop' (known: status)"}
+
+
+@pytest.mark.parametrize("raw", [b"status please\n", b"[1, 2]\n"])
+def test_an_unreadable_request_is_answered_with_an_error(node, raw):
+    """Bytes that are not a JSON object: an 'unreadable request' error, not a hang."""
+    assert node.ask(raw)["error"].startswith("unreadable request (")
+
+
+def test_a_bug_while_building_the_document_is_answered(node, monkeypatch):
+    """The document cannot be built: the operator gets an internal error pointing to the
+    log, and the server keeps serving."""
+
+    def broken():
+        raise RuntimeError("status bug")
+
+    monkeypatch.setattr(node.status, "document", broken)
+    answer = node.ask(protocol.encode({"command": "status"}))
+    assert answer == {"error": "internal error in gpushare-node (status bug); see its log"}
+    monkeypatch.undo()
+    assert query(node.server.socket_path)["node"] == "node-a"
+
+
+def test_query_raises_on_an_error_answer(node, monkeypatch):
+    """query() turns the daemon's error answer into a ProtocolError quoting it."""
+    monkeypatch.setattr(node.status, "document", lambda: {"error": "busy"})
+    with pytest.raises(protocol.ProtocolError, match="gpushare-node answered: busy"):
+        query(node.server.socket_path)
+
+
+def test_query_without_a_daemon_raises_oserror(tmp_path):
+    """No socket: OSError (nodemgr status then reads the ledger instead)."""
+    with pytest.raises(OSError):
+        query(str(tmp_path / "status.sock"), timeout_seconds=1)
+
+
+def test_violations_that_cannot_be_counted_do_not_fail_the_document(node, monkeypatch):
+    """The ledger failing to count violations still gives a document (with none)."""
+
+    def broken():
+        raise LedgerError("cannot read the ledger")
+
+    monkeypatch.setattr(node.ledger, "violation_counts", broken)
+    document = node.status.document()
+    assert document["node"] == "node-a"
+
+
+def test_the_card_list_is_kept_in_the_ledger(node):
+    """remember_cards writes index, UUID, model and memory of each card for ``nodemgr
+    status`` to show while the daemon is down."""
+    node.status.remember_cards()
+    cards = json.loads(Ledger(node.settings.state_dir).get_meta(CARDS_META_KEY))
+    assert cards == [
+        {"index": 0, "uuid": GPU0, "name": "Tesla T4", "memory_mib": 15360},
+        {"index": 1, "uuid": GPU1, "name": "Tesla T4", "memory_mib": 15360},
+    ]
+
+
+def test_the_socket_is_root_only_and_removed_at_stop(node):
+    """The status socket is 0600 and gone after stop."""
+    assert os.stat(node.server.socket_path).st_mode & 0o777 == 0o600
+    node.server.stop()
+    assert not os.path.exists(node.server.socket_path)
