@@ -26,6 +26,7 @@ import yaml
 
 from nodemgr.config import values as rules
 from nodemgr.config.schema import (
+    NUMBER_RANGES,
     EnforcementSettings,
     GpuSettings,
     KubeletSettings,
@@ -159,8 +160,8 @@ def _kubelet(key: str, data: object) -> KubeletSettings:
             {
                 "device_plugin_dir": rules.path_value,
                 "pod_resources_socket": rules.path_value,
-                "reconcile_interval_seconds": rules.number_value,
-                "allocation_grace_seconds": partial(rules.number_value, zero_ok=True),
+                "reconcile_interval_seconds": _number("kubelet.reconcile_interval_seconds"),
+                "allocation_grace_seconds": _number("kubelet.allocation_grace_seconds"),
             },
         )
     )
@@ -218,7 +219,7 @@ def _devices(key: str, data: object) -> tuple[SimulatedDevice, ...]:
                 {
                     "uuid": rules.card_uuid,
                     "name": rules.string_value,
-                    "memory_mib": partial(rules.number_value, integer=True),
+                    "memory_mib": _integer("gpus.simulated.devices[].memory_mib"),
                 },
                 required=("uuid", "name", "memory_mib"),
             )
@@ -242,7 +243,7 @@ def _resources(key: str, data: object) -> ResourceSettings:
             ResourceSettings,
             {
                 "memory": rules.resource_name,
-                "memory_unit_mib": partial(rules.number_value, integer=True),
+                "memory_unit_mib": _integer("resources.memory_unit_mib"),
                 "core": rules.resource_name,
                 "whole": partial(rules.resource_name, empty_ok=True),
                 "placement": rules.one_of("binpack", "spread"),
@@ -272,9 +273,9 @@ def _mps(key: str, data: object) -> MpsSettings:
                 "enabled": rules.boolean_value,
                 "control_binary": rules.command_value,
                 "supervisor": rules.supervisor_value,
-                "shm_size_mib": partial(rules.number_value, integer=True, zero_ok=True),
-                "health_check_interval_seconds": rules.number_value,
-                "command_timeout_seconds": rules.number_value,
+                "shm_size_mib": _integer("mps.shm_size_mib"),
+                "health_check_interval_seconds": _number("mps.health_check_interval_seconds"),
+                "command_timeout_seconds": _number("mps.command_timeout_seconds"),
             },
         )
     )
@@ -288,8 +289,8 @@ def _enforcement(key: str, data: object) -> EnforcementSettings:
             EnforcementSettings,
             {
                 "action": rules.one_of("kill", "log"),
-                "interval_seconds": rules.number_value,
-                "grace_mib": partial(rules.number_value, integer=True, zero_ok=True),
+                "interval_seconds": _number("enforcement.interval_seconds"),
+                "grace_mib": _integer("enforcement.grace_mib"),
                 "hook_socket": partial(rules.path_value, empty_ok=True),
             },
         )
@@ -323,7 +324,7 @@ def _kubernetes(key: str, data: object) -> KubernetesSettings:
                 "enabled": rules.boolean_value,
                 "kubeconfig": partial(rules.path_value, empty_ok=True),
                 "label_prefix": rules.label_prefix,
-                "request_timeout_seconds": rules.number_value,
+                "request_timeout_seconds": _number("kubernetes.request_timeout_seconds"),
             },
         )
     )
@@ -364,3 +365,11 @@ def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -
 _StrictLoader.add_constructor(
     yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_duplicates
 )
+
+
+def _number(range_key: str) -> Callable[[str, object], Any]:
+    return rules.number_in(NUMBER_RANGES[range_key])
+
+
+def _integer(range_key: str) -> Callable[[str, object], Any]:
+    return rules.number_in(NUMBER_RANGES[range_key], integer=True)

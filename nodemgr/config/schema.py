@@ -16,6 +16,8 @@ __all__ = [
     "GpuSettings",
     "KubeletSettings",
     "KubernetesSettings",
+    "NUMBER_RANGES",
+    "NumberRange",
     "MetricsSettings",
     "MpsSettings",
     "ResourceSettings",
@@ -24,6 +26,33 @@ __all__ = [
     "SimulatedSettings",
     "StatusSettings",
 ]
+
+
+@dataclass(frozen=True)
+class NumberRange:
+    """The values one numeric key may take, both ends included."""
+
+    minimum: float
+    maximum: float
+    unit: str  # how the operator reads it: "seconds", "MiB"
+
+
+# Every number of the file, with its range, checked at load and so at every reload.
+# Bounded above as well as below: a value that parses but makes the daemon useless
+# (1e300 s never wakes a thread, 1e-300 s spins a core, a huge timeout never
+# starts MPS) is a configuration error and is refused with the range it must be in.
+NUMBER_RANGES: dict[str, NumberRange] = {
+    "kubelet.reconcile_interval_seconds": NumberRange(0.1, 3600, "seconds"),
+    "kubelet.allocation_grace_seconds": NumberRange(0, 86400, "seconds"),
+    "gpus.simulated.devices[].memory_mib": NumberRange(1, 16 * 1024 * 1024, "MiB"),
+    "resources.memory_unit_mib": NumberRange(1, 1024 * 1024, "MiB"),
+    "mps.shm_size_mib": NumberRange(0, 1024 * 1024, "MiB"),
+    "mps.health_check_interval_seconds": NumberRange(0.1, 3600, "seconds"),
+    "mps.command_timeout_seconds": NumberRange(0.1, 300, "seconds"),
+    "enforcement.interval_seconds": NumberRange(0.1, 300, "seconds"),
+    "enforcement.grace_mib": NumberRange(0, 1024 * 1024, "MiB"),
+    "kubernetes.request_timeout_seconds": NumberRange(0.1, 300, "seconds"),
+}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from nodemgr.config.schema import NumberRange
 from nodemgr.errors import ConfigError
 
 StrCheck = Callable[[str, Any], str]  # (dotted key, raw value) -> validated string
@@ -114,6 +115,26 @@ def number_value(key: str, value: object, *, integer: bool = False, zero_ok: boo
     if value < 0 or (value == 0 and not zero_ok):
         raise ConfigError(key, f"must be {'>= 0' if zero_ok else '> 0'} (got {show(value)})")
     return value if integer else float(value)
+
+
+def number_in(allowed: NumberRange, *, integer: bool = False) -> Callable[[str, object], Any]:
+    """A check for a number within ``allowed`` (see NUMBER_RANGES for why both ends)."""
+
+    def check(key: str, value: object) -> Any:
+        number = number_value(key, value, integer=integer, zero_ok=allowed.minimum <= 0)
+        if not allowed.minimum <= number <= allowed.maximum:
+            raise ConfigError(
+                key,
+                f"must be between {_plain(allowed.minimum)} and {_plain(allowed.maximum)} "
+                f"{allowed.unit} (got {show(value)})",
+            )
+        return number
+
+    return check
+
+
+def _plain(number: float) -> str:
+    return str(int(number)) if float(number).is_integer() else str(number)
 
 
 def one_of(*choices: str) -> StrCheck:

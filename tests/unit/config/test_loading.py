@@ -149,6 +149,8 @@ def test_public_names():
         "KubeletSettings",
         "KubernetesSettings",
         "MetricsSettings",
+        "NUMBER_RANGES",
+        "NumberRange",
         "MpsSettings",
         "ResourceSettings",
         "Settings",
@@ -616,3 +618,62 @@ def test_metrics_address_refused(address):
 
 def test_status_socket_must_be_absolute():
     assert refused({"status": {"socket": "run/s.sock"}}).key == "status.socket"
+
+
+@pytest.mark.parametrize(
+    ("section", "name", "value"),
+    [
+        ("mps", "health_check_interval_seconds", 1e300),
+        ("mps", "command_timeout_seconds", 1e300),
+        ("enforcement", "interval_seconds", 1e-300),
+        ("enforcement", "interval_seconds", 1e300),
+        ("kubelet", "reconcile_interval_seconds", 1e-9),
+        ("kubernetes", "request_timeout_seconds", 86400 * 365),
+        ("resources", "memory_unit_mib", 2**40),
+    ],
+)
+def test_numbers_that_parse_but_would_break_the_daemon_are_refused_with_their_range(
+    section, name, value
+):
+    """A value that validates as a number but makes a worker spin, never wake or never start
+    (1e300 s, 1e-300 s) is refused naming the key and the documented range."""
+    key = f"{section}.{name}"
+    with pytest.raises(ConfigError) as refused:
+        load({section: {name: value}})
+    allowed = schema.NUMBER_RANGES[key]
+    assert refused.value.key == key
+    assert "must be between" in refused.value.problem and allowed.unit in refused.value.problem
+
+
+def test_every_number_of_the_file_has_a_documented_range():
+    """No numeric setting escapes the range table: a new one must be given its range."""
+    import dataclasses
+
+    def numeric_keys(cls, prefix):
+        for field in dataclasses.fields(cls):
+            key = f"{prefix}{field.name}"
+            if dataclasses.is_dataclass(field.type if isinstance(field.type, type) else None):
+                yield from numeric_keys(field.type, f"{key}.")
+            elif field.type in ("int", "float", int, float):
+                yield key
+
+    found = set(numeric_keys(schema.Settings, ""))
+    found |= {f"gpus.simulated.devices[].{k}" for k in numeric_keys(schema.SimulatedDevice, "")}
+    for section in ("kubelet", "gpus", "resources", "mps", "enforcement", "status", "metrics",
+                    "kubernetes"):  # fmt: skip
+        cls = type(getattr(schema.Settings(node_name="n"), section))
+        found |= set(numeric_keys(cls, f"{section}."))
+    assert found == set(schema.NUMBER_RANGES)
+
+
+def test_readme_lists_every_range_as_the_schema_has_it():
+    """README's range table is the documentation operators read: it must match the schema."""
+    import pathlib
+    import re
+
+    readme = (pathlib.Path(__file__).resolve().parents[3] / "README.md").read_text()
+    rows = dict(re.findall(r"^\| `([a-z_.\[\]]+)` \| ([0-9.]+ to [0-9.]+) ", readme, re.M))
+    assert set(rows) == set(schema.NUMBER_RANGES)
+    for key, allowed in schema.NUMBER_RANGES.items():
+        low, high = (float(x) for x in rows[key].split(" to "))
+        assert (low, high) == (allowed.minimum, allowed.maximum), key
