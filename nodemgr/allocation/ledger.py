@@ -13,6 +13,7 @@ enforcement say.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import sqlite3
 import threading
@@ -78,6 +79,8 @@ CREATE TABLE IF NOT EXISTS violations (
 """
 # The violation history keeps this many rows, oldest dropped first.
 VIOLATION_HISTORY_ROWS = 10000
+
+log = logging.getLogger(__name__)
 
 
 class Ledger:
@@ -304,10 +307,20 @@ class Ledger:
                     yield
                     self._db.execute("COMMIT")
                 except BaseException:
-                    self._db.execute("ROLLBACK")
+                    self._roll_back()
                     raise
             except sqlite3.Error as e:
-                raise LedgerError(f"cannot write the ledger {self.path}: {e}") from e
+                raise LedgerError(f"cannot write the ledger {self.path}: {_cause(e)}") from e
+
+    def _roll_back(self) -> None:
+        """Undo the open transaction, if SQLite has not already (it does on SQLITE_FULL and
+        I/O errors); a failed rollback must never hide the error that caused it."""
+        if not self._db.in_transaction:
+            return
+        try:
+            self._db.execute("ROLLBACK")
+        except sqlite3.Error:
+            log.exception("rolling back a failed ledger write failed as well")
 
     def get_meta(self, key: str) -> str | None:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
@@ -324,6 +337,18 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _cause(error: sqlite3.Error) -> str:
+    """SQLite's message, with what to do for the causes an operator can fix."""
+    text = str(error)
+    if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in text:
+        return (
+            f"{text}: the file system of state_dir is full; free space there (nothing was written)"
+        )
+    if "readonly" in text or "read-only" in text:
+        return f"{text}: state_dir is read-only; make it writable (nothing was written)"
+    return text
 
 
 def _ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:

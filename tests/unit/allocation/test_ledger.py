@@ -208,3 +208,21 @@ def test_violation_history_keeps_only_the_newest_rows(tmp_path, monkeypatch):
     assert [v["detail"] for v in ledger.violations(limit=100)] == expected
     ledger.close()
     assert [v["detail"] for v in Ledger(str(tmp_path)).violations()] == expected
+
+
+def test_a_full_disk_is_refused_with_its_cause_and_the_ledger_recovers(tmp_path):
+    """When SQLite runs out of room (a full disk; here a page limit gives the same
+    SQLITE_FULL) the error names that cause, not a failed rollback, nothing half-written
+    stays, and writes work again once there is room."""
+    ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-kept", units=0, percent=1)])
+    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
+    ledger._db.execute(f"PRAGMA max_page_count = {pages}")
+    ledger.commit(put=[])  # an empty change still fits
+    with pytest.raises(LedgerError) as refused:
+        ledger.commit(put=[allocation("ga-big", units=5000, percent=0)])
+    assert "full" in str(refused.value) and "no transaction is active" not in str(refused.value)
+    assert [a.id for a in ledger.load()] == ["ga-kept"]
+    ledger._db.execute("PRAGMA max_page_count = 1073741823")
+    ledger.commit(put=[allocation("ga-big", units=5000, percent=0)])
+    assert sorted(a.id for a in ledger.load()) == ["ga-big", "ga-kept"]
