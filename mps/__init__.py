@@ -16,6 +16,7 @@ from mps.control import (
     MpsProtocolError,
     MpsTimeout,
     MpsUnavailable,
+    MpsUnsupported,
 )
 from mps.daemon import CardDaemon, Health, HealthState
 from mps.layout import MpsLayout
@@ -30,4 +31,5 @@ __all__ = [
     "MpsProtocolError",
     "MpsTimeout",
     "MpsUnavailable",
+    "MpsUnsupported",
 ]

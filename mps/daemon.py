@@ -22,6 +22,7 @@ from mps.control import (
     MpsProtocolError,
     MpsTimeout,
     MpsUnavailable,
+    MpsUnsupported,
     run_binary,
 )
 
@@ -67,7 +68,7 @@ class CardDaemon:
             servers = self.client.server_pids()
             clients = 0
             for server_pid in servers:
-                if self.client.server_status(server_pid) == "FAULT":
+                if self._in_fault(server_pid):
                     return Health(
                         HealthState.FAULT,
                         f"MPS server {server_pid} on {self.card_uuid} is in FAULT: it takes no "
@@ -82,6 +83,12 @@ class CardDaemon:
         except MpsProtocolError as e:
             return Health(HealthState.BROKEN, str(e))
         return Health(HealthState.HEALTHY, "", len(servers), clients)
+
+    def _in_fault(self, server_pid: int) -> bool:
+        try:
+            return self.client.server_status(server_pid) == "FAULT"
+        except MpsUnsupported:
+            return False  # driver 535 has no get_server_status: a FAULT cannot be seen
 
     def start(self) -> None:
         """Start the daemon detached (it forks away) and wait until it answers."""

@@ -22,6 +22,8 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
+# How often the serving thread looks for a stop (the most a stop waits for it).
+POLL_SECONDS = 0.1
 
 
 class UnixServer:
@@ -31,6 +33,7 @@ class UnixServer:
         self.name = name
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._thread: threading.Thread | None = None
+        self._stopping: threading.Thread | None = None  # runs the server's shutdown
 
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.socket_path), mode=0o755, exist_ok=True)
@@ -55,25 +58,44 @@ class UnixServer:
         server.daemon_threads = True
         self._server = server
         self._thread = threading.Thread(
-            target=server.serve_forever, args=(0.2,), name=self.name, daemon=True
+            target=server.serve_forever, args=(POLL_SECONDS,), name=self.name, daemon=True
         )
         self._thread.start()
 
     def stop(self) -> None:
-        if self._server is None:
+        """Stop accepting: the socket file is removed at once; the serving thread ends
+        within its poll interval (``join`` waits for it), so servers stop side by side."""
+        server = self._server
+        if server is None or self._stopping is not None:
             return
-        self._server.shutdown()
-        self._server.server_close()
-        self._server = None
         try:
-            os.unlink(self.socket_path)
+            os.unlink(self.socket_path)  # no new client finds us from now on
         except FileNotFoundError:
             pass
+        self._stopping = threading.Thread(
+            target=server.shutdown, name=f"{self.name}-stop", daemon=True
+        )
+        self._stopping.start()
 
     def join(self, timeout_seconds: float) -> bool:
-        """``stop`` already waited for the serving thread: nothing is left to wait for."""
-        return self._server is None
+        """Wait for the serving thread to end, then close the listening socket."""
+        if self._server is None:
+            return True
+        if self._thread is not None:
+            self._thread.join(max(timeout_seconds, 0.0))
+            if self._thread.is_alive():
+                return False
+        if self._stopping is not None:
+            self._stopping.join()  # shutdown() returns as soon as the serving thread ended
+        self._server.server_close()
+        self._server = None
+        return True
 
     @property
     def alive(self) -> bool:
-        return self._server is not None and self._thread is not None and self._thread.is_alive()
+        return (
+            self._server is not None
+            and self._stopping is None
+            and self._thread is not None
+            and self._thread.is_alive()
+        )

@@ -24,6 +24,9 @@ from typing import Protocol, TypeVar
 log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT_SECONDS = 2.0  # how long a stop waits for a worker before moving on
+# How long all of a daemon's workers together may take to stop once asked: the
+# daemon must exit within a second of SIGTERM (systemd, kubelet upgrades).
+STOP_BUDGET_SECONDS = 0.6
 
 
 class Worker(Protocol):
@@ -137,17 +140,31 @@ class Workers:
 
     ``start`` registers the worker's stop-and-join; ``stop_all_first`` (call it
     once, after the last start) registers a callback that runs before those and
-    asks every worker to stop at once, so the joins overlap instead of adding up.
+    asks every worker to stop at once, so the joins overlap instead of adding up,
+    and all of them share one budget of ``stop_budget_seconds``: a worker stuck
+    past it (e.g. in a command to a hung MPS daemon) is left behind, said in the
+    log, and the daemon exits on time (its threads are daemon threads).
     """
 
-    def __init__(self, stack: contextlib.ExitStack) -> None:
+    def __init__(
+        self, stack: contextlib.ExitStack, stop_budget_seconds: float = STOP_BUDGET_SECONDS
+    ) -> None:
         self._stack = stack
         self._started: list[Worker] = []
+        self._stop_budget_seconds = stop_budget_seconds
+        self._stop_deadline: float | None = None  # monotonic, once the stop was requested
 
-    def start(self, worker: W, join_timeout_seconds: float = JOIN_TIMEOUT_SECONDS) -> W:
-        running(self._stack, worker, join_timeout_seconds)
+    def start(self, worker: W) -> W:
+        worker.start()
+        self._stack.callback(self._stop_and_join, worker)
         self._started.append(worker)
         return worker
+
+    def _stop_and_join(self, worker: Worker) -> None:
+        if self._stop_deadline is None:  # a start failed before stop_all_first: plain stop
+            stop_and_join(worker)
+            return
+        stop_and_join(worker, max(0.0, self._stop_deadline - time.monotonic()))
 
     def stop_all_first(self) -> None:
         self._stack.callback(self._request_stop_all)
@@ -157,6 +174,7 @@ class Workers:
         return [worker.name for worker in self._started if not worker.alive]
 
     def _request_stop_all(self) -> None:
+        self._stop_deadline = time.monotonic() + self._stop_budget_seconds
         for worker in reversed(self._started):
             try:
                 worker.stop()

@@ -10,7 +10,9 @@ its periodic scan alone.
 
 from __future__ import annotations
 
+import os
 import select
+import threading
 from dataclasses import dataclass, field
 
 from pyroute2.netlink.connector.cn_proc import ProcEventSocket
@@ -38,10 +40,32 @@ class ProcEvents:
                 f"cannot listen to the netlink process connector ({e.strerror or e}); it needs "
                 "root (CAP_NET_ADMIN) and a kernel with CONFIG_PROC_EVENTS"
             ) from e
+        # wake() writes here so that a read blocked in select returns at once (a stop).
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # Held by wake() and close(): a closed descriptor's number may be reused by any
+        # file, which a late wake() must never write into.
+        self._wake_lock = threading.Lock()
+        self._closed = False
+
+    def wake(self) -> None:
+        """End a blocked ``read`` now (from another thread); the read returns no events."""
+        with self._wake_lock:
+            if self._closed:
+                return
+            try:
+                os.write(self._wake_write, b"x")
+            except BlockingIOError:  # the pipe is full: a wake is already pending
+                pass
 
     def read(self, timeout_seconds: float) -> Events:
         events = Events()
-        ready, _, _ = select.select([self._socket], [], [], timeout_seconds)
+        ready, _, _ = select.select([self._socket, self._wake_read], [], [], timeout_seconds)
+        if self._wake_read in ready:
+            try:
+                os.read(self._wake_read, 4096)
+            except OSError:
+                pass
+            return events
         if not ready:
             return events
         try:
@@ -59,8 +83,14 @@ class ProcEvents:
         return events
 
     def close(self) -> None:
-        try:
-            self._socket.control(listen=False)
-        except OSError:
-            pass
-        self._socket.close()
+        with self._wake_lock:
+            if self._closed:
+                return
+            self._closed = True
+            try:
+                self._socket.control(listen=False)
+            except OSError:
+                pass
+            self._socket.close()
+            os.close(self._wake_read)
+            os.close(self._wake_write)

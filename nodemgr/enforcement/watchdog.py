@@ -69,6 +69,7 @@ class ProcessEventSource(Protocol):
     """The process events (nodemgr.enforcement.procevents.ProcEvents)."""
 
     def read(self, timeout_seconds: float) -> ProcessEventBatch: ...
+    def wake(self) -> None: ...
     def close(self) -> None: ...
 
 
@@ -108,6 +109,7 @@ class Watchdog(ThreadWorker):
         self._usage_problem: str | None = None
         # Memory really used, from the last scan that could read it (nodemgr status, metrics).
         self._last_usage: UsageView | None = None
+        self._events: ProcessEventSource | None = None  # open while run() reads it
         self._raw_usage: list = []
 
     # -- what other threads read: snapshots taken under the lock ----------------
@@ -149,6 +151,9 @@ class Watchdog(ThreadWorker):
                 events = events_source()
             except Exception as e:  # ProcEventsUnavailable, or an unexpected pyroute2 failure
                 log.warning("%s: the watchdog relies on its periodic scan alone", e)
+        self._events = events  # stop() wakes a read blocked on it
+        if stop.is_set() and events is not None:
+            events.wake()  # stopped while opening: the first read returns at once
         try:
             next_scan = 0.0
             while not stop.is_set():
@@ -160,6 +165,7 @@ class Watchdog(ThreadWorker):
                         news = events.read(min(wait, 0.5))
                     except Exception:  # a netlink failure must not stop enforcement
                         log.exception("process events failed; the periodic scan alone runs")
+                        self._events = None
                         events.close()
                         events = None
                         continue
@@ -174,8 +180,14 @@ class Watchdog(ThreadWorker):
                         log.exception("watchdog scan failed; retrying at the next interval")
                     next_scan = time.monotonic() + self._settings.interval_seconds
         finally:
+            self._events = None
             if events is not None:
                 events.close()
+
+    def _wake(self) -> None:
+        events = self._events
+        if events is not None:
+            events.wake()
 
     def scan(self) -> list[Violation]:
         """One snapshot, its violations, and the action on each. Returns the violations."""

@@ -10,7 +10,11 @@ change while running.
 Under systemd (``Type=notify``) it says READY=1 once every resource is
 registered with kubelet and every shared card's MPS is healthy, keeps
 STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
-iteration, and wraps a reload in RELOADING=1 / READY=1.
+iteration, and wraps a reload in RELOADING=1 / READY=1. The reload's outcome
+(applied, needs a restart, refused) stays in STATUS= for
+``RELOAD_STATUS_SECONDS`` or until the summary changes, so that ``systemctl
+status`` after ``systemctl reload`` shows it (the next iteration's summary
+used to replace it at once).
 """
 
 from __future__ import annotations
@@ -19,10 +23,11 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nodemgr.allocation.allocator import Allocator
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.loading import load_settings
 from nodemgr.config.reload import reload_settings
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind
@@ -47,6 +52,17 @@ WATCH_PERIOD_SECONDS = 0.5  # how fast a kubelet restart or a stop request is no
 REGISTER_RETRY_MAX_SECONDS = 5.0
 # The allocation state must be readable this fast for a systemd watchdog ping.
 WATCHDOG_LOCK_TIMEOUT_SECONDS = 1.0
+# How long a reload's outcome stays in STATUS= (unless the summary changes first).
+RELOAD_STATUS_SECONDS = 60.0
+
+
+@dataclass
+class _HeldStatus:
+    """A reload's outcome, shown in STATUS= instead of the summary for a while."""
+
+    text: str
+    until: float  # clock time
+    summary: str | None = None  # the summary when first held back; a change ends the hold
 
 
 @dataclass
@@ -62,6 +78,8 @@ class RunLoop:
     watchdog: Watchdog
     podresources: PodResourcesClient
     metrics: Metrics
+    clock: Callable[[], float] = time.monotonic
+    _held: _HeldStatus | None = field(default=None, init=False, repr=False)
 
     @property
     def observe_allocate(self) -> ObserveAllocate | None:
@@ -174,10 +192,27 @@ class RunLoop:
         elif not facts.ready:
             notifier.status(f"waiting for MPS: {summary}")
         else:
-            notifier.status(summary)
+            notifier.status(self._reload_outcome(summary) or summary)
         # A deadlocked allocator cannot answer Allocate: then no ping, and systemd restarts us.
         if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
             notifier.watchdog()
+
+    def _reload_outcome(self, summary: str) -> str | None:
+        """The last reload's outcome while it is still shown instead of ``summary``."""
+        held = self._held
+        if held is None:
+            return None
+        if held.summary is None:
+            held.summary = summary
+        if held.summary == summary and self.clock() < held.until:
+            return held.text
+        self._held = None
+        return None
+
+    def _tell_reloaded(self, message: str) -> None:
+        """READY=1 after a reload, its outcome in STATUS= (held there for a while)."""
+        self.notifier.ready(message)
+        self._held = _HeldStatus(message, self.clock() + RELOAD_STATUS_SECONDS)
 
     def _reload(self) -> None:
         """SIGHUP: apply what can change while running; say what needs a restart."""
@@ -185,8 +220,11 @@ class RunLoop:
         try:
             loaded = load_settings(self.config_path)
         except ConfigError as e:
-            log.error("reload refused, the running configuration stays: %s", config_error_line(e))
-            self.notifier.ready(f"reload refused: {config_error_line(e)}")
+            # "<key>: <problem>" on one line: config_error_line's "gpushare-node: config
+            # error: " prefix, made for stderr, would only crowd STATUS= (cut at 200 chars).
+            why = " ".join(f"{e.key}: {e.problem}".split())
+            log.error("reload refused, the running configuration stays: %s", why)
+            self._tell_reloaded(f"reload refused: {why}")
             return
         settings, applied, restart = reload_settings(self.settings, loaded)
         self.watchdog.set_settings(settings.enforcement)
@@ -199,7 +237,7 @@ class RunLoop:
         if restart:
             message += f"; needs a restart to take effect: {', '.join(restart)}"
         log.log(logging.WARNING if restart else logging.INFO, "%s", message)
-        self.notifier.ready(message)
+        self._tell_reloaded(message)
 
     def _reconcile(self) -> None:
         try:

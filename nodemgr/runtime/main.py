@@ -79,5 +79,21 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def entry() -> None:
+    """The ``gpushare-node`` console script: ``main``, then exit at once.
+
+    By the time ``main`` returns every worker is stopped, the sockets are
+    removed and the ledger is closed. Python's own finalisation after that
+    (gRPC's core, thread states, module teardown) takes another quarter second
+    or more on a busy node, and a daemon asked to stop must be gone within a
+    second: so the logs are flushed and the process ends without it.
+    """
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

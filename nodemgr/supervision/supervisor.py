@@ -108,6 +108,8 @@ class MpsSupervisor(ThreadWorker):
     def tend_all(self) -> None:
         whole = self._allocator.whole_cards()
         for uuid, state in self._states.items():
+            if self.stopping:  # a stop waits for at most the one command in flight
+                return
             try:
                 if uuid in whole:
                     self._leave_mps(self._cards[uuid], state)

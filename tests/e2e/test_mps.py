@@ -1,8 +1,11 @@
-"""End to end with MPS: the real gpushare-node, the test kubelet and the stand-in
-control binary. Pins one control daemon per shared card, the pipe env and mounts
-in Allocate, whole cards leaving MPS and coming back, health and restart of a
-killed control daemon, survival of control daemons across our own restart, and
-a hung or babbling control binary never hanging the node daemon."""
+"""End to end with MPS: the real gpushare-node, the test kubelet and a control
+binary: the stand-in, and NVIDIA's real one (driver 535 from
+tests.harness.real_parts; without a GPU its control daemon runs and answers, no
+MPS server ever starts, and nothing here needs one). Pins one control daemon per
+shared card, the pipe env and mounts in Allocate, whole cards leaving MPS and
+coming back, health and restart of a killed control daemon, survival of control
+daemons across our own restart, and a hung or babbling control binary never
+hanging the node daemon."""
 
 import os
 import shutil
@@ -13,7 +16,8 @@ import time
 
 import pytest
 
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
+from tests.harness import real_parts
+from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, MPS_STANDIN, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
@@ -28,9 +32,16 @@ def start(node: Node) -> Node:
     return node
 
 
+@pytest.fixture(params=["stand-in", "real"])
+def control_binary(request) -> str:
+    if request.param == "real":
+        return real_parts.require().mps_control
+    return MPS_STANDIN
+
+
 @pytest.fixture
-def node():
-    node = start(Node())
+def node(control_binary):
+    node = start(Node(control_binary))
     yield node
     node.cleanup()
     node.kubelet.stop()
@@ -50,9 +61,9 @@ def test_each_shared_card_has_its_own_control_daemon(node):
     for card in (GPU0, GPU1):
         assert os.path.exists(os.path.join(pipe_dir(node, card), "control"))
         log = open(os.path.join(node.root, "run", "mps", card, "log", "control.log")).read()
-        assert f"CUDA_VISIBLE_DEVICES={card}" in log
-        # The server-side ceiling: the card's shareable memory (15 GiB).
-        assert "set_default_device_pinned_mem_limit 0 15360M" in log
+        # The server-side ceiling: the card's shareable memory (15 GiB), read back.
+        assert "Cmd:set_default_device_pinned_mem_limit 0 15360M" in log
+        assert "Cmd:get_default_device_pinned_mem_limit 0" in log
     assert "compute mode EXCLUSIVE_PROCESS" in node.log()
 
 

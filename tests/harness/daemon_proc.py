@@ -29,14 +29,16 @@ def _console_script(name: str) -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), name)
     if os.path.exists(script):
         return [script]
-    module = {"gpushare-node": "nodemgr.runtime.wiring", "nodemgr": "nodemgr.cli.main"}[name]
+    module = {"gpushare-node": "nodemgr.runtime.main", "nodemgr": "nodemgr.cli.main"}[name]
     return [sys.executable, "-m", module]
 
 
 class Node:
     """A node's directories, its config, and the gpushare-node process on it."""
 
-    def __init__(self, **overrides):
+    def __init__(self, control_binary: str = MPS_STANDIN, **overrides):
+        """``control_binary``: the MPS control binary (the stand-in, or NVIDIA's real one
+        from tests.harness.real_parts); ``overrides`` replace top-level config keys."""
         # Unix socket paths must stay under 108 bytes: pytest's tmp_path is too long.
         self.root = tempfile.mkdtemp(prefix="gs-", dir="/tmp")
         self.device_plugin_dir = os.path.join(self.root, "dp")
@@ -55,7 +57,7 @@ class Node:
             "run_dir": os.path.join(self.root, "run"),
             "metrics": {"address": "127.0.0.1:0"},  # tests run side by side
             "mps": {
-                "control_binary": MPS_STANDIN,
+                "control_binary": control_binary,
                 "health_check_interval_seconds": 0.5,
                 "command_timeout_seconds": 2,
                 "shm_size_mib": 64,

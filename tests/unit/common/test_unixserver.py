@@ -115,7 +115,7 @@ def test_stop_removes_the_socket_and_is_safe_twice(make_server):
 
 
 def test_alive_and_join_follow_the_lifecycle(make_server):
-    """alive: only between start and stop; join: True once stopped."""
+    """alive: only between start and stop; stop asks, join waits: True once it ended."""
     server = make_server()
     assert not server.alive
     server.start()
@@ -123,6 +123,7 @@ def test_alive_and_join_follow_the_lifecycle(make_server):
     assert server.join(0.0) is False  # still serving
     server.stop()
     assert not server.alive
+    assert server.join(5.0) is True
     assert server.join(0.0) is True
 
 

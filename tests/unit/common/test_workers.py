@@ -227,3 +227,36 @@ def test_dead_names_the_workers_no_longer_alive():
         second.alive = False
         assert group.dead() == ["b"]
         assert first.alive
+
+
+def test_a_worker_stuck_past_the_stop_budget_is_left_behind_and_said(caplog):
+    """One budget for all stops: a worker that ignores its stop (stuck in a hung command)
+    is left behind with a warning naming it, so the daemon still exits on time."""
+    import contextlib
+    import threading
+
+    from nodemgr.common.workers import ThreadWorker, Workers
+
+    release = threading.Event()
+
+    class Stuck(ThreadWorker):
+        def run(self, stop):
+            release.wait(30)  # ignores stop, like a thread blocked in a subprocess
+
+    class Prompt(ThreadWorker):
+        def run(self, stop):
+            stop.wait()
+
+    prompt = Prompt("prompt")
+    stuck = Stuck("stuck-worker")
+    try:
+        with caplog.at_level("WARNING"), contextlib.ExitStack() as stack:
+            workers = Workers(stack, stop_budget_seconds=0.2)
+            workers.start(stuck)
+            workers.start(prompt)
+            workers.stop_all_first()
+        assert prompt.join(0)  # the prompt one ended within the budget
+        assert stuck._thread.is_alive()  # left behind, not waited for
+        assert any("stuck-worker did not stop" in r.getMessage() for r in caplog.records)
+    finally:
+        release.set()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -196,3 +197,32 @@ def test_env_is_read_again_after_the_process_execs_itself(parts, monkeypatch):
     finally:
         process.kill()
         process.wait()
+
+
+def test_stop_wakes_a_blocked_process_event_read(parts):
+    """stop() ends the watchdog at once even while it waits on the netlink reader: the
+    reader's wake() is called, so SIGTERM does not wait out the read's timeout."""
+    from nodemgr.enforcement.procevents import Events
+
+    class BlockingEvents:
+        def __init__(self):
+            self.woken = threading.Event()
+            self.reads = threading.Event()
+
+        def read(self, timeout_seconds):
+            self.reads.set()
+            self.woken.wait(30)  # far longer than any budget: only wake() ends it
+            return Events()
+
+        def wake(self):
+            self.woken.set()
+
+        def close(self):
+            pass
+
+    source = BlockingEvents()
+    dog = watchdog(parts, Usage(), events_source=lambda: source)
+    dog.start()
+    assert source.reads.wait(5)
+    dog.stop()
+    assert dog.join(2)

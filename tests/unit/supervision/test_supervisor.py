@@ -49,13 +49,15 @@ def world():
 
 
 def test_shared_cards_run_mps_with_exclusive_process_and_ceiling(world):
+    """Shared cards run MPS in EXCLUSIVE_PROCESS with the card's memory as the pinned
+    ceiling, read back as the real control binary answers it (15360M reads 15G)."""
     allocator, inventory, supervisor, clock = world
     sup = supervisor()
     sup.prepare()
     assert inventory.compute_modes == {GPU0: "EXCLUSIVE_PROCESS", GPU1: "EXCLUSIVE_PROCESS"}
     for card in (GPU0, GPU1):
         client = sup._states[card].daemon.client
-        assert client.command("get_default_device_pinned_mem_limit 0") == ["15360M"]
+        assert client.command("get_default_device_pinned_mem_limit 0") == ["15G"]
     assert allocator.card_problems() == {}
 
 
