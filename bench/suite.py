@@ -14,7 +14,9 @@ in its own module with what it measures and why:
 5. enforcement reaction (bench/enforcement_reaction.py, real runc);
 6. runtime hook overhead (bench/hook_overhead.py, real runc);
 7. Allocate with the Kubernetes pod cache empty vs holding 5,000 pods
-   (bench/kube_cache_latency.py, test API server).
+   (bench/kube_cache_latency.py, test API server);
+8. SIGTERM to exit with kubelet streaming and with every MPS control daemon
+   hung (bench/shutdown.py).
 
 A figure whose feature is not built is ``absent``; one this machine cannot
 measure (no runc, not root) is ``skipped`` with the reason in the notes; one
@@ -46,6 +48,7 @@ from bench import (
     kube_cache_latency,
     listandwatch_size,
     restart,
+    shutdown,
 )
 from bench.report import Figure, machine_lines, skipped, table
 from tests.harness import runc_env
@@ -66,6 +69,7 @@ class Settings:
     enforcement_runs: int
     hook_rounds: int
     kube_cache_admissions: int
+    shutdown_trials: int
     adapter_off_too: bool  # footprint a second time with the Kubernetes adapter off
 
 
@@ -79,6 +83,7 @@ FULL = Settings(
     enforcement_runs=40,
     hook_rounds=40,
     kube_cache_admissions=300,
+    shutdown_trials=20,
     adapter_off_too=True,
 )
 QUICK = Settings(
@@ -91,6 +96,7 @@ QUICK = Settings(
     enforcement_runs=8,
     hook_rounds=8,
     kube_cache_admissions=100,
+    shutdown_trials=4,
     adapter_off_too=False,
 )
 
@@ -191,6 +197,9 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         samples = kube_cache_latency.measure(settings.kube_cache_admissions, 5000)
         return kube_cache_latency.figures(samples, 5000)
 
+    def stop() -> list[Figure]:
+        return shutdown.figures(shutdown.measure(settings.shutdown_trials))
+
     return [
         Section(
             "1. Allocate latency vs a trivial gRPC call (same run, same socket kind)",
@@ -225,6 +234,11 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             "7. Allocate with the Kubernetes pod cache empty vs 5,000 pods cached",
             ("kube_cache_allocate_p99_ratio",),
             kube_cache,
+        ),
+        Section(
+            "8. SIGTERM to exit: kubelet streaming, and every MPS control daemon hung",
+            ("shutdown_p99_ms",),
+            stop,
         ),
     ]
 
