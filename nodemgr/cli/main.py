@@ -6,6 +6,7 @@ The other commands read what the daemon wrote; none of them changes state.
 ``nodemgr status`` (status.py; ``--cluster``: cluster_status.py) and
 ``nodemgr doctor`` (nodemgr/cli/doctor/) live in modules of their own; this one has:
 - ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
+- ``nodemgr check-ledger [--config FILE] [--json]``: the ledger's invariants (cli/check_ledger.py);
 - ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
   the containers the runtime hook registered on each;
 - ``nodemgr violations [--config FILE] [--json] [--limit N]``: the watchdog's
@@ -22,6 +23,7 @@ import time
 from typing import Any
 
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
+from nodemgr.cli import check_ledger
 from nodemgr.cli import status as status_cli
 from nodemgr.cli.doctor import command as doctor
 from nodemgr.cli.install import command as install
@@ -30,7 +32,7 @@ from nodemgr.errors import ConfigError, LedgerError
 
 # Subcommands that live in their own module: each has ``add_parser(sub)``, which
 # adds its parser and sets ``run`` (args -> exit code) as the parser default.
-_COMMAND_MODULES: tuple = (status_cli, doctor, install)
+_COMMAND_MODULES: tuple = (status_cli, doctor, install, check_ledger)
 
 
 def main(argv: list[str] | None = None) -> int:

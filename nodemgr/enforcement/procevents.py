@@ -15,7 +15,14 @@ import select
 import threading
 from dataclasses import dataclass, field
 
-from pyroute2.netlink.connector.cn_proc import ProcEventSocket
+from pyroute2.netlink.connector.cn_proc import (
+    CN_IDX_PROC,
+    CN_VAL_PROC,
+    NLMSG_DONE,
+    PROC_CN_MCAST_IGNORE,
+    ProcEventSocket,
+    proc_event_control,
+)
 
 
 class ProcEventsUnavailable(Exception):
@@ -88,9 +95,24 @@ class ProcEvents:
                 return
             self._closed = True
             try:
-                self._socket.control(listen=False)
+                _send_ignore(self._socket)
             except OSError:
                 pass
             self._socket.close()
             os.close(self._wake_read)
             os.close(self._wake_write)
+
+
+def _send_ignore(sock: ProcEventSocket) -> None:
+    """Tell the kernel we stop listening, without waiting for an answer.
+
+    pyroute2's ``control(listen=False)`` sends the same message and then waits for
+    any message to arrive; after an IGNORE on a quiet node none ever does, and the
+    watchdog's stop hung there.
+    """
+    msg = proc_event_control()
+    msg["action"] = PROC_CN_MCAST_IGNORE
+    msg["idx"] = CN_IDX_PROC
+    msg["val"] = CN_VAL_PROC
+    msg["len"] = 4  # the payload: one 32-bit action
+    sock.put(msg, NLMSG_DONE, msg_flags=0, msg_seq=0)

@@ -71,7 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-
 def version() -> str:
     try:
         return importlib.metadata.version("gpushare-node")

@@ -23,6 +23,14 @@ behaviour a device plugin can observe, as described in
   which device, with one ``ContainerDevices`` entry per device (and NUMA node),
   like kubelet: clients have to merge entries of the same resource.
 
+* Optional CRI mode (``use_cri``): ``run_pod`` admits a pod, then creates it
+  through a container runtime's CRI v1 API (``tests.harness.cri``) as kubelet's
+  SyncPod does: RunPodSandbox, then per container PreStartContainer,
+  CreateContainer with the envs, mounts, devices and annotations of the
+  device plugins' Allocate answers, StartContainer; ``stop_pod`` stops and
+  removes the sandbox, removes the pod's cgroups (runc leaves them, kubelet
+  removes them), then frees the devices. Without it nothing changes.
+
 Everything is guarded by one lock; waits use a Condition on it. gRPC calls to
 plugins are never made while holding that lock (a plugin that hangs must not
 freeze ListAndWatch updates or the PodResources server), which is why pod
@@ -35,6 +43,7 @@ import os
 import re
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass, field
@@ -46,6 +55,9 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.api import podresources_v1_pb2 as pr
 from nodemgr.kubelet.api import podresources_v1_pb2_grpc as pr_grpc
+from tests.harness.cri import configs as cri_configs
+from tests.harness.cri.api import runtime_v1_pb2 as cri
+from tests.harness.cri.api import runtime_v1_pb2_grpc as cri_grpc
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +72,8 @@ CHECKPOINT_FILE = "kubelet_internal_checkpoint"
 DIAL_TIMEOUT_S = 10.0
 # kubelet's deadline for PreStartContainer.
 PRE_START_TIMEOUT_S = 30.0
+# The deadline of each CRI call in CRI mode (kubelet's --runtime-request-timeout: 2 min).
+CRI_TIMEOUT_S = 120.0
 # How long stop() waits for one ListAndWatch thread after closing its channel.
 THREAD_JOIN_TIMEOUT_S = 5.0
 # Every thread this module starts (ListAndWatch readers, gRPC handler pools)
@@ -148,6 +162,28 @@ class AdmitResult:
     ok: bool
     error: str | None
     containers: list[ContainerAdmission]
+
+
+@dataclass
+class CriPod:
+    """What ``run_pod`` did for one pod in CRI mode.
+
+    ``error`` is None when every container started; else the first failure
+    (admission, or the CRI call that failed, with the runtime's message).
+    ``container_ids`` holds the containers created (a refused one included).
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    admission: AdmitResult
+    sandbox_id: str | None = None
+    container_ids: dict[str, str] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 @dataclass
@@ -321,6 +357,11 @@ class TestKubelet:
         self._threads: list[threading.Thread] = []  # ListAndWatch readers
 
         self._servers: list[tuple[grpc.Server, futures.ThreadPoolExecutor]] = []
+
+        # CRI mode (use_cri): the runtime endpoint, where pod logs go, the pods run.
+        self._cri_endpoint: str | None = None
+        self._cri_log_root: str | None = None
+        self._cri_pods: dict[tuple[str, str], CriPod] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -825,6 +866,131 @@ class TestKubelet:
                 dp.PreStartContainerRequest(devices_ids=ids),
                 timeout=PRE_START_TIMEOUT_S,
             )
+
+    # ------------------------------------------------------------------ CRI mode
+
+    def use_cri(self, endpoint: str, log_root: str) -> None:
+        """CRI mode: ``run_pod`` creates pods through the CRI v1 runtime at ``endpoint``
+        (``unix://...``, kubelet's --container-runtime-endpoint); pod logs under
+        ``log_root``."""
+        self._cri_endpoint = endpoint
+        self._cri_log_root = log_root
+
+    def _cri_call(self, method: str, request):
+        if self._cri_endpoint is None:
+            raise RuntimeError("not in CRI mode: call use_cri(endpoint, log_root) first")
+        with grpc.insecure_channel(self._cri_endpoint) as channel:
+            stub = cri_grpc.RuntimeServiceStub(channel)
+            return getattr(stub, method)(request, timeout=CRI_TIMEOUT_S)
+
+    def run_pod(
+        self,
+        namespace: str,
+        pod: str,
+        containers: list[ContainerSpec],
+        image: str,
+        command: list[str],
+        uid: str | None = None,
+    ) -> CriPod:
+        """Admit the pod (``admit_pod``), then create and start it through the CRI like
+        kubelet's SyncPod; every container runs ``image`` with ``command``.
+
+        Stops at the first failure (kubelet would retry): the result says which;
+        what was created stays until ``stop_pod``.
+        """
+        if self._cri_endpoint is None:
+            raise RuntimeError("not in CRI mode: call use_cri(endpoint, log_root) first")
+        uid = uid or str(uuid.uuid4())
+        admission = self.admit_pod(namespace, pod, containers)
+        result = CriPod(namespace, pod, uid, admission)
+        if not admission.ok:
+            result.error = f"admission: {admission.error}"
+            return result
+        sandbox = cri_configs.sandbox_config(namespace, pod, uid, self._cri_log_root)
+        try:
+            answer = self._cri_call("RunPodSandbox", cri.RunPodSandboxRequest(config=sandbox))
+        except grpc.RpcError as exc:
+            result.error = f"RunPodSandbox: {exc.details()}"
+            return result
+        result.sandbox_id = answer.pod_sandbox_id
+        with self._lock:
+            self._cri_pods[(namespace, pod)] = result
+        for admitted in admission.containers:
+            result.error = self._run_container(result, sandbox, admitted, image, command)
+            if result.error is not None:
+                break
+        return result
+
+    def _run_container(
+        self,
+        pod: CriPod,
+        sandbox: cri.PodSandboxConfig,
+        admitted: ContainerAdmission,
+        image: str,
+        command: list[str],
+    ) -> str | None:
+        """PreStartContainer, CreateContainer, StartContainer; why it failed, or None."""
+        try:
+            self.start_container(pod.namespace, pod.name, admitted.name)
+        except PluginError as exc:
+            return f"PreStartContainer: {exc}"
+        # kubelet's GetDeviceRunContainerOptions: the first env, mount (by container
+        # path), device (by container path) and annotation seen wins.
+        mounts: dict[str, dp.Mount] = {}
+        devices: dict[str, dp.DeviceSpec] = {}
+        annotations: dict[str, str] = {}
+        for response in admitted.responses.values():
+            for mount in response.mounts:
+                mounts.setdefault(mount.container_path, mount)
+            for device in response.devices:
+                devices.setdefault(device.container_path, device)
+            for key, value in response.annotations.items():
+                annotations.setdefault(key, value)
+        config = cri_configs.container_config(
+            sandbox,
+            admitted.name,
+            image,
+            command,
+            envs=admitted.envs,
+            mounts=mounts.values(),
+            devices=devices.values(),
+            annotations=annotations,
+        )
+        try:
+            answer = self._cri_call(
+                "CreateContainer",
+                cri.CreateContainerRequest(
+                    pod_sandbox_id=pod.sandbox_id, config=config, sandbox_config=sandbox
+                ),
+            )
+        except grpc.RpcError as exc:
+            return f"CreateContainer {admitted.name}: {exc.details()}"
+        pod.container_ids[admitted.name] = answer.container_id
+        try:
+            self._cri_call(
+                "StartContainer", cri.StartContainerRequest(container_id=answer.container_id)
+            )
+        except grpc.RpcError as exc:
+            return f"StartContainer {admitted.name}: {exc.details()}"
+        return None
+
+    def cri_pod(self, namespace: str, pod: str) -> CriPod:
+        """The pod ``run_pod`` created (KeyError if none)."""
+        with self._lock:
+            return self._cri_pods[(namespace, pod)]
+
+    def stop_pod(self, namespace: str, pod: str) -> None:
+        """Remove a pod like kubelet: StopPodSandbox (its containers stop, the runtime runs
+        their poststop hooks), RemovePodSandbox, remove the pod's cgroups, then free its
+        devices (``remove_pod``)."""
+        with self._lock:
+            result = self._cri_pods.pop((namespace, pod), None)
+        if result is not None and result.sandbox_id is not None:
+            request = {"pod_sandbox_id": result.sandbox_id}
+            self._cri_call("StopPodSandbox", cri.StopPodSandboxRequest(**request))
+            self._cri_call("RemovePodSandbox", cri.RemovePodSandboxRequest(**request))
+            cri_configs.remove_pod_cgroups(result.uid)
+        self.remove_pod(namespace, pod)
 
     # ------------------------------------------------------------------ PodResources
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 
 from hooks import protocol
-from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
+from nodemgr.allocation.audit import audit_ledger, card_capacities
+from nodemgr.allocation.ledger import LEDGER_FILE
 from nodemgr.cli.doctor.host import Host, SocketProbe, connect_error, stat_socket
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.config.schema import Settings
@@ -149,14 +150,22 @@ def check_ledger(settings: Settings) -> Result:
     if not os.path.exists(os.path.join(state_dir, LEDGER_FILE)):
         return ledger_result(state_dir, os.path.isdir(state_dir), None, None)
     try:
-        ledger = Ledger(state_dir, read_only=True)
-        try:
-            counts = (len(ledger.load()), len(ledger.load_registrations()))
-        finally:
-            ledger.close()
+        cards, _ = card_capacities(settings)  # None without NVML: the gpu check says why
+        audit = audit_ledger(state_dir, settings.resources.memory_unit_mib, cards)
     except LedgerError as e:
         return ledger_result(state_dir, True, None, str(e))
-    return ledger_result(state_dir, True, counts, None)
+    if audit.problems:
+        return ledger_result(
+            state_dir,
+            True,
+            None,
+            f"the ledger {audit.path} breaks its invariants: {'; '.join(audit.problems[:3])}"
+            + (f" (and {len(audit.problems) - 3} more)" if len(audit.problems) > 3 else "")
+            + "; to recover, stop gpushare-node, run nodemgr check-ledger for the full list "
+            "and restart it: the first reconcile with kubelet's record repairs what kubelet "
+            "knows",
+        )
+    return ledger_result(state_dir, True, (audit.allocations, audit.containers), None)
 
 
 def ledger_result(

@@ -122,7 +122,10 @@ def registration(container_id="c1", identity=None, registered_at=2000.0):
 
 
 def test_registrations_round_trip_survive_reopen_and_delete(tmp_path):
+    """Registered containers come back in registration order after a reopen; deleting one
+    that was never there is fine."""
     ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-1")])
     with_identity = registration("c1", ContainerRef("ns", "pod", "main"), 2000.0)
     without = registration("c2", None, 2001.0)
     ledger.put_registration(without)
@@ -137,7 +140,9 @@ def test_registrations_round_trip_survive_reopen_and_delete(tmp_path):
 
 
 def test_putting_a_registration_again_replaces_it(tmp_path):
+    """Registering a container ID again replaces its row (a new allocation, a new cgroup)."""
     ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-1"), allocation("ga-2", units=0, percent=0)])
     ledger.put_registration(registration("c1"))
     moved = Registration(
         "c1", "ga-2", CgroupKey("memory", "/other"), 7, 8, None, registered_at=3000.0

@@ -52,6 +52,25 @@ def test_wake_ends_a_blocked_read_at_once(events):
 
 def test_wake_after_close_does_nothing(events):
     """A late wake from a stopping watchdog never writes into a closed (reused) descriptor."""
+    events.read(0)  # (close itself is pinned by test_close_returns_on_a_quiet_node)
     events.close()
     events.wake()
     events.close()  # twice is fine too
+
+
+def test_close_returns_on_a_quiet_node():
+    """Closing a reader that saw no event returns at once: pyroute2's control(listen=False)
+    waits for a reply that a quiet node never sends, which hung the watchdog's stop. Run in
+    a child process so that a hang fails this test instead of the whole run."""
+    import subprocess
+    import sys
+
+    code = (
+        "from nodemgr.enforcement.procevents import ProcEvents, ProcEventsUnavailable\n"
+        "try:\n    e = ProcEvents()\nexcept ProcEventsUnavailable:\n    raise SystemExit(3)\n"
+        "e.close()\nprint('closed')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30)
+    if done.returncode == 3:
+        pytest.skip("no netlink process connector here")
+    assert done.returncode == 0 and "closed" in done.stdout, done.stderr

@@ -340,3 +340,46 @@ def test_waiting_for_kubelet_is_reported_and_stop_ends_the_loop(make_daemon):
     }
     assert not [m for m in seen if "READY" in m]
     assert [n for n in os.listdir(f"{daemon.root}/dp") if n.endswith(".sock")] == []
+
+
+# --- a reload's outcome in STATUS -----------------------------------------------------------
+
+
+def test_a_reload_outcome_stays_in_status_until_the_summary_changes_or_time_passes(daemon):
+    """The outcome of a reload (READY=1 with STATUS=) is not overwritten by the summary of
+    the same or the next iterations: `systemctl status` must show a refusal (it did not:
+    tests/systemd). The summary comes back once RELOAD_STATUS_SECONDS have passed, or at
+    once when it changes."""
+    from nodemgr.runtime.loop import RELOAD_STATUS_SECONDS
+    from tests.harness.clock import Clock
+
+    clock = Clock()
+    daemon.loop.clock = clock
+    summary = "serving 3 resources on 2 GPUs, 0 allocations"
+    daemon.loop._tell_systemd(3)
+    assert daemon.told()[0] == {"READY": "1", "STATUS": summary}
+
+    with open(daemon.config_path, "a") as f:
+        f.write("resources:\n  placement: everywhere\n")
+    daemon.loop._reload()
+    daemon.loop._tell_systemd(3)  # the same iteration of the run loop
+    clock.now += RELOAD_STATUS_SECONDS - 1
+    daemon.loop._tell_systemd(3)
+    statuses = [m["STATUS"] for m in daemon.told() if "STATUS" in m]
+    assert statuses[0] == "reloading"
+    # The key first: no "gpushare-node: config error:" (that is for stderr) in STATUS.
+    assert statuses[1].startswith("reload refused: resources.placement: ")
+    assert statuses[1:] == [statuses[1]]  # no summary over it
+
+    clock.now += 2
+    daemon.loop._tell_systemd(3)
+    assert {"STATUS": summary} in daemon.told()
+
+    daemon.write_config(action="log")
+    daemon.loop._reload()
+    daemon.loop._tell_systemd(3)
+    applied = f"reloaded {daemon.config_path}: applied enforcement.action"
+    assert [m["STATUS"] for m in daemon.told() if "STATUS" in m] == ["reloading", applied]
+    allocate(daemon.allocator)  # the summary changes: it is news, shown at once
+    daemon.loop._tell_systemd(3)
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in daemon.told()

@@ -10,7 +10,6 @@ import os
 import shutil
 import socket
 import threading
-from types import SimpleNamespace
 
 from hooks import protocol
 from nodemgr.allocation.allocator import Allocator
@@ -21,6 +20,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
+from tests.harness.cards import simulated_settings
 from tests.unit.cli.doctor.support import listening, short_dir, write
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -141,7 +141,7 @@ def refuse_one(server: socket.socket) -> None:
 
 def test_ledger_probe(tmp_path):
     """check_ledger: no file WARNs, a real ledger passes, a file that is not a database FAILs."""
-    settings = SimpleNamespace(state_dir=str(tmp_path / "state"))
+    settings = simulated_settings(str(tmp_path))
     assert daemon_checks.check_ledger(settings).status == WARN
     Ledger(settings.state_dir).close()
     assert daemon_checks.check_ledger(settings).status == PASS

@@ -1,0 +1,133 @@
+"""containerd 1.6 (Debian) with its CRI plugin, driven through the real CRI v1 gRPC API
+(RunPodSandbox, CreateContainer, StartContainer) like kubelet, its runc runtime's
+``base_runtime_spec`` the JSON the installed ``make-base-spec`` prints, against the
+real gpushare-node on simulated cards and the test kubelet. Pins: a container with
+the envs and mounts of a real Allocate answer starts and is registered under the pod
+identity containerd annotates (the pause sandboxes get no hook: containerd 1.6
+applies ``base_runtime_spec`` to containers only); a container of another pod
+reusing that env is refused with the hook's message; a GPU container without
+allocation is refused; removing the pod unregisters its container (poststop). And
+one whole node path: the test kubelet in CRI mode admits a pod through the device
+plugin, creates it through containerd's CRI, the hook registers it, and the
+watchdog kills its over-quota process."""
+
+from __future__ import annotations
+
+import time
+
+import grpc
+import pytest
+
+from tests.engines.conftest import leftover_cgroups, new_uid
+from tests.harness import runc_env
+from tests.harness.cri import configs
+from tests.harness.cri.api import runtime_v1_pb2 as cri
+from tests.harness.daemon_proc import CORE, GPU0, MEMORY
+from tests.harness.kubelet_sim import ContainerSpec
+
+pytestmark = pytest.mark.e2e
+
+KILL_DEADLINE_SECONDS = 2.0  # the issue's promise for action: kill
+
+
+def admit(node, pod: str):
+    """The Allocate answers of pod default/<pod>'s container "main" (4 GiB, 30 %)."""
+    result = node.kubelet.admit_pod("default", pod, [ContainerSpec("main", {MEMORY: 4, CORE: 30})])
+    assert result.ok, result.error
+    return result.containers[0]
+
+
+def start(containerd, engines, namespace: str, pod: str, envs, mounts=()):
+    """A new sandbox for namespace/pod and its container "main" with these envs and
+    mounts: (sandbox ID, container ID, the StartContainer error or None)."""
+    sandbox = configs.sandbox_config(namespace, pod, new_uid(), containerd.log_root)
+    sandbox_id = containerd.run_pod_sandbox(sandbox)
+    config = configs.container_config(
+        sandbox, "main", engines.busybox_image, ["sleep", "1000"], envs, mounts
+    )
+    container_id = containerd.create_container(sandbox_id, sandbox, config)
+    try:
+        containerd.start_container(container_id)
+    except grpc.RpcError as e:
+        return sandbox_id, container_id, e
+    return sandbox_id, container_id, None
+
+
+def test_allocated_container_starts_through_cri_and_is_registered(node, containerd, engines):
+    admission = admit(node, "cuda")
+    sandbox_id, container_id, error = start(
+        containerd, engines, "default", "cuda", admission.envs, admission.mounts
+    )
+    assert error is None, error.details()
+    status, info = containerd.container_status(container_id)
+    assert status.state == cri.ContainerState.CONTAINER_RUNNING
+    # The hook ran from the base runtime spec, with the CRI's pod identity annotations.
+    assert info["runtimeSpec"]["hooks"]["createRuntime"][0]["args"][2] == node.hook_socket
+    assert node.registered() == {container_id}  # the pause container gets no hook at all
+    log = node.node.log()
+    assert f"registered container {container_id} (default/cuda/main) on allocation" in log
+    for mount in admission.mounts:
+        assert any(m["destination"] == mount.container_path for m in info["runtimeSpec"]["mounts"])
+
+    # Another pod's container reusing that env is refused; it never runs.
+    _, thief_id, error = start(
+        containerd, engines, "default", "thief", admission.envs, admission.mounts
+    )
+    assert error is not None
+    assert "gpushare-hook: gpushare-node refused container" in error.details()
+    assert "belongs to default/cuda/main, not default/thief/main" in error.details()
+    assert containerd.container_status(thief_id)[0].state != cri.ContainerState.CONTAINER_RUNNING
+    assert node.registered() == {container_id}
+
+    # kubelet removing the pod: the poststop hook unregisters its container.
+    containerd.remove_pod_sandbox(sandbox_id)
+    node.node.wait_for(lambda: not node.registered(), timeout=5, what="the poststop hook")
+
+
+def test_gpu_container_without_allocation_is_refused_through_cri(node, containerd, engines):
+    _, container_id, error = start(
+        containerd, engines, "default", "escape", {"NVIDIA_VISIBLE_DEVICES": "all"}
+    )
+    assert error is not None
+    assert "without a gpushare allocation" in error.details()
+    assert containerd.container_status(container_id)[0].state != (
+        cri.ContainerState.CONTAINER_RUNNING
+    )
+    assert node.registered() == set()
+
+
+def test_the_whole_node_path_kubelet_device_plugin_cri_hook_watchdog(node, containerd, engines):
+    kubelet = node.kubelet
+    kubelet.use_cri(containerd.address, containerd.log_root)
+    spec = ContainerSpec("main", {MEMORY: 4, CORE: 30})
+    pod = kubelet.run_pod("default", "train", [spec], engines.busybox_image, ["sleep", "1000"])
+    assert pod.ok, pod.error
+    container_id = pod.container_ids["main"]
+    assert node.registered() == {container_id}
+    [allocation] = node.node.allocations()
+    assert allocation["containers"] == [container_id]
+    node.node.wait_for(
+        lambda: node.node.allocations()[0]["pod"] == "train", what="kubelet's PodResources owner"
+    )
+
+    pid = containerd.pid(container_id)
+    node.set_usage([(pid, GPU0, 5000)])  # over the 4096 MiB quota
+    start_time = time.monotonic()
+    while runc_env.running(pid) and time.monotonic() - start_time < 5:
+        time.sleep(0.02)
+    took = time.monotonic() - start_time
+    assert not runc_env.running(pid) and took < KILL_DEADLINE_SECONDS, took
+    log = node.node.log()
+    assert "violation (memory)" in log and f"killed process {pid}" in log
+    # containerd sees its init die: the container exits, the poststop hook unregisters it.
+    node.node.wait_for(
+        lambda: (
+            containerd.container_status(container_id)[0].state
+            == cri.ContainerState.CONTAINER_EXITED
+        ),
+        what="containerd to see the container exit",
+    )
+    kubelet.stop_pod("default", "train")
+    node.node.wait_for(lambda: not node.registered(), timeout=5, what="unregistration")
+    assert containerd.sandboxes() == []
+    assert leftover_cgroups(pod.uid) == []
