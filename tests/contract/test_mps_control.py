@@ -7,6 +7,10 @@ driving each binary. What the real one showed is in docs/real-parts.md.
 
 Every daemon a test starts is killed at its end (found in /proc by its pipe
 directory), and the module checks that none is left.
+
+Why this module is longer than 400 lines: it is the one contract module the project
+promises: every command gpushare-node sends and every answer it parses, each against
+both the stand-in and NVIDIA's binary.
 """
 
 from __future__ import annotations

@@ -35,6 +35,12 @@ Everything is guarded by one lock; waits use a Condition on it. gRPC calls to
 plugins are never made while holding that lock (a plugin that hangs must not
 freeze ListAndWatch updates or the PodResources server), which is why pod
 admission is serialised by a second lock of its own.
+
+Why this module is longer than 400 lines: it stands in for kubelet's whole device plugin
+side (Registration server, one ListAndWatch reader per plugin,
+GetPreferredAllocation/Allocate/PreStartContainer as kubelet orders them, the
+PodResources server, restarts) plus an optional CRI mode; splitting it would split one
+protocol's state.
 """
 
 import dataclasses

@@ -26,6 +26,10 @@ still left is removed by the next one.
 ``python -m tests.harness.nspawn kubelet DEVICE_PLUGIN_DIR POD_RESOURCES_SOCKET
 STATE_FILE`` runs the test kubelet (``kubelet_sim.TestKubelet``) inside the
 container until SIGTERM, writing the registrations it saw to STATE_FILE (JSON).
+
+Why this module is longer than 400 lines: it is one harness for one real part: booting
+systemd in systemd-nspawn, driving it from outside and cleaning up every trace (cgroups,
+nspawn state) even after a killed run; the pieces only make sense together.
 """
 
 from __future__ import annotations

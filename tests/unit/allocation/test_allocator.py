@@ -1,6 +1,11 @@
 """Pins the allocator: one card for a container's memory and share (whichever comes
 first), env contents, linkage between whole and shared cards, and clear refusals
-that change nothing."""
+that change nothing.
+
+Why this module is longer than 400 lines: the allocator is the one owner of the
+allocation state; its admission, placement, carry-over and reconcile paths are pinned
+here together because they share one fixture and one state.
+"""
 
 import pytest
 

@@ -8,6 +8,9 @@ Allocate, PreStartContainer, the PodResources server, and kubelet restarts.
 Unix socket paths must stay under 108 bytes, so every test works in a short
 directory from ``tempfile.mkdtemp(prefix="ks")`` under /tmp rather than in
 pytest's (long) tmp_path.
+
+Why this module is longer than 400 lines: it holds the kubelet stand-in to kubelet's
+behaviour message by message, as the stand-in itself is large.
 """
 
 import os

@@ -9,6 +9,9 @@ cover the rest: detaching, the server processes, clients, ``ps``, per-server
 settings, the stand-in-only ``sim_*`` controls, what ``quit`` and signals do to
 servers, and a stale socket being replaced. Every daemon and server a test
 starts is killed at its end. Linux only (/proc).
+
+Why this module is longer than 400 lines: it pins the stand-in's whole dialect, command
+by command, next to the contract tests against the real binary.
 """
 
 from __future__ import annotations
