@@ -9,6 +9,9 @@ new file of mode 0600 (the kubeconfig holds a credential)::
     python deploy/render.py scheduler-config --extender-url http://10.0.0.5:32766/gpushare-scheduler
     python deploy/render.py kubeconfig --server https://10.0.0.1:6443 \\
         --ca-file ca.crt --token-file token -o kubeconfig
+    python deploy/render.py scheduler-rbac | kubectl apply -f -
+    python deploy/render.py scheduler-deployment --image REGISTRY/gpushare-node:0.1.0
+    python deploy/render.py gpushare-scheduler-config
 
 Every value except the kubeconfig's server, CA and token has a default
 (``DEFAULTS``); rendering with the defaults gives valid manifests. Values are
@@ -37,6 +40,10 @@ TEMPLATES: dict[str, str] = {
     "rbac": "rbac.yaml.j2",
     "scheduler-config": "scheduler-config.yaml.j2",
     "kubeconfig": "kubeconfig.yaml.j2",
+    # gpushare-scheduler, this project's extender (nodemgr/extender).
+    "scheduler-rbac": "scheduler-rbac.yaml.j2",
+    "scheduler-deployment": "scheduler-deployment.yaml.j2",
+    "gpushare-scheduler-config": "gpushare-scheduler-config.yaml.j2",
 }
 
 # The defaults, and which values each template takes. The kubeconfig's server,
@@ -50,12 +57,43 @@ DEFAULTS: dict[str, str] = {
     # kubeadm's kubeconfig of kube-scheduler on each control-plane node.
     "scheduler_kubeconfig": "/etc/kubernetes/scheduler.conf",
     "cluster_name": "kubernetes",
+    "scheduler_account": "gpushare-scheduler",
+    # The extender's NodePort (and container port): where the default extender_url points.
+    "node_port": "32766",
+    "container_port": "32766",
+    # The node daemons' resources.memory, .core and .whole.
+    "memory_resource": "aliyun.com/gpu-mem",
+    "core_resource": "aliyun.com/gpu-core.percentage",
+    "whole_resource": "nvidia.com/gpu",
 }
 VALUES: dict[str, tuple[str, ...]] = {
     "rbac": ("namespace", "service_account"),
     "scheduler-config": ("extender_url", "scheduler_kubeconfig"),
     "kubeconfig": ("namespace", "service_account", "cluster_name", "server", "ca_pem", "token"),
+    "scheduler-rbac": ("namespace", "scheduler_account"),
+    "scheduler-deployment": (
+        "namespace",
+        "scheduler_account",
+        "image",
+        "node_port",
+        "container_port",
+        "memory_resource",
+        "core_resource",
+        "whole_resource",
+    ),
+    "gpushare-scheduler-config": (
+        "extender_url",
+        "scheduler_kubeconfig",
+        "memory_resource",
+        "core_resource",
+        "whole_resource",
+    ),
 }
+# An extended resource name as kubelet takes it: <DNS subdomain>/<name>.
+_RESOURCE = re.compile(
+    r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
+    r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
+)
 
 # A DNS-1123 label: what a namespace name must be. The service account name is
 # held to the same rule (its "-token" Secret and the ClusterRole share it).
@@ -86,7 +124,9 @@ def _check(name: str, value: str) -> dict[str, object]:
     """The template variables for one value, after checking it."""
     if not isinstance(value, str):
         raise RenderError(f"{name} must be a string, not {type(value).__name__}")
-    if name in ("namespace", "service_account"):
+    if name in _SCHEDULER_VALUES:
+        return _check_scheduler_value(name, value)
+    if name in ("namespace", "service_account", "scheduler_account"):
         if len(value) > 63 or not _DNS_LABEL.fullmatch(value):
             raise RenderError(
                 f"{name} {value!r} is not a DNS-1123 label "
@@ -126,6 +166,32 @@ def _check(name: str, value: str) -> dict[str, object]:
             raise RenderError("the token is still base64-encoded, as in the Secret: base64 -d it")
         return {name: token}
     raise RenderError(f"unknown value {name!r}")
+
+
+_SCHEDULER_VALUES = (
+    "image",
+    "node_port",
+    "container_port",
+    "memory_resource",
+    "core_resource",
+    "whole_resource",
+)
+
+
+def _check_scheduler_value(name: str, value: str) -> dict[str, object]:
+    """The values only gpushare-scheduler's templates take."""
+    if name == "image":
+        if not value or any(c.isspace() for c in value) or value.startswith("-"):
+            raise RenderError(f"image {value!r} must be one image reference, e.g. repo/name:tag")
+        return {name: value}
+    if name in ("node_port", "container_port"):
+        low, high = (30000, 32767) if name == "node_port" else (1, 65535)
+        if not value.isdigit() or not low <= int(value) <= high:
+            raise RenderError(f"{name} {value!r} must be a port number in [{low}, {high}]")
+        return {name: int(value)}
+    if len(value) > 253 or not _RESOURCE.fullmatch(value) or "kubernetes.io/" in value:
+        raise RenderError(f"{name} {value!r} is not an extended resource name (domain/name)")
+    return {name: value}
 
 
 def _environment() -> jinja2.Environment:
@@ -174,6 +240,46 @@ def _parser() -> argparse.ArgumentParser:
     rbac = add("rbac", "ServiceAccount, token Secret, ClusterRole and binding of gpushare-node")
     scheduler = add("scheduler-config", "KubeSchedulerConfiguration with the gpushare extender")
     kubeconfig = add("kubeconfig", "the kubeconfig each node's gpushare-node reads")
+    scheduler_rbac = add(
+        "scheduler-rbac", "ServiceAccount, token Secret and RBAC of gpushare-scheduler"
+    )
+    deployment = add(
+        "scheduler-deployment", "gpushare-scheduler as a Deployment and NodePort Service"
+    )
+    our_config = add(
+        "gpushare-scheduler-config", "KubeSchedulerConfiguration with gpushare-scheduler"
+    )
+    for sub in (scheduler_rbac, deployment):
+        sub.add_argument("--namespace", default=DEFAULTS["namespace"], help="default: %(default)s")
+        sub.add_argument(
+            "--scheduler-account",
+            default=DEFAULTS["scheduler_account"],
+            help="default: %(default)s",
+        )
+    deployment.add_argument(
+        "--image", required=True, help="an image with gpushare-node installed (pip install .)"
+    )
+    for name in ("node_port", "container_port"):
+        deployment.add_argument(
+            "--" + name.replace("_", "-"), default=DEFAULTS[name], help="default: %(default)s"
+        )
+    for sub in (deployment, our_config):
+        for name in ("memory_resource", "core_resource", "whole_resource"):
+            sub.add_argument(
+                "--" + name.replace("_", "-"),
+                default=DEFAULTS[name],
+                help="as the node daemons' config; default: %(default)s",
+            )
+    our_config.add_argument(
+        "--extender-url",
+        default=DEFAULTS["extender_url"],
+        help="urlPrefix of gpushare-scheduler; default: %(default)s",
+    )
+    our_config.add_argument(
+        "--scheduler-kubeconfig",
+        default=DEFAULTS["scheduler_kubeconfig"],
+        help="kube-scheduler's own kubeconfig (clientConnection); default: %(default)s",
+    )
     for sub in (rbac, kubeconfig):
         sub.add_argument("--namespace", default=DEFAULTS["namespace"], help="default: %(default)s")
         sub.add_argument(

@@ -14,8 +14,11 @@ the API server unreachable or refusing; 2 bad config, or
 ``kubernetes.enabled: false``.
 
 ``run_cluster`` is called by ``status.run`` (which owns the flags);
-``cluster_view`` reads the annotations, ``render_cluster`` and
-``render_cluster_details`` print the summary and ``-d``. It changes nothing.
+``fetch_view`` finds the credentials and lists the nodes, ``cluster_view``
+reads the annotations (``nodemgr.kubernetes.publish.parse_node_annotation``),
+and ``render`` prints the summary, ``-d`` or ``--json``. The kubectl plugin
+``kubectl-inspect-gpushare`` (nodemgr.cli.inspect) uses the same three, with
+the share per card (``share=True``). It changes nothing.
 """
 
 from __future__ import annotations
@@ -29,10 +32,22 @@ from collections.abc import Iterable, Mapping
 
 from nodemgr.config.schema import Settings
 from nodemgr.errors import KubeApiError, KubeCredentialsError
-from nodemgr.kubernetes.publish import NODE_ANNOTATION
+from nodemgr.kubernetes.publish import (
+    NODE_ANNOTATION,
+    NODE_ANNOTATION_VERSION,
+    parse_node_annotation,
+)
 
-ANNOTATION_VERSION = 1  # the "v" of nodemgr.kubernetes.publish.node_annotation
+ANNOTATION_VERSION = NODE_ANNOTATION_VERSION  # the "v" of publish.node_annotation
 _NAMES_SHOWN = 10  # nodes named in a note before "and N more"
+ADMIN_FIX = (
+    "give --kubeconfig FILE: a kubeconfig allowed to list nodes (an admin's; gpushare-node's "
+    "own may not)"
+)
+
+
+class ClusterViewError(Exception):
+    """The cluster view cannot be shown; the message says why and the fix."""
 
 
 def run_cluster(args: argparse.Namespace, settings: Settings) -> int:
@@ -44,47 +59,74 @@ def run_cluster(args: argparse.Namespace, settings: Settings) -> int:
             file=sys.stderr,
         )
         return 2
+    try:
+        view = fetch_view(
+            args.kubeconfig,
+            kubernetes.kubeconfig,
+            kubernetes.request_timeout_seconds,
+            kubernetes.label_prefix,
+        )
+    except ClusterViewError as e:
+        print(f"nodemgr: {e}", file=sys.stderr)
+        return 1
+    print(render(view, details=args.details, as_json=args.json))
+    return 0
+
+
+def fetch_view(
+    kubeconfig_flag: str | None,
+    kubeconfig_setting: str,
+    timeout_seconds: float,
+    label_prefix: str,
+    command: str = "`nodemgr status --cluster`",
+) -> dict:
+    """The cluster view from one LIST of the nodes; ClusterViewError with the reason and fix.
+
+    ``kubeconfig_flag``: --kubeconfig (must exist); else the credentials are
+    found from ``kubeconfig_setting`` as the daemon finds them.
+    """
     # Imported here: the kubernetes client takes half a second to load, which
     # `nodemgr status` of this node alone would pay.
     from nodemgr.kubernetes import client as kube_client
 
-    admin_fix = (
-        "give --kubeconfig FILE: a kubeconfig allowed to list nodes (an admin's; gpushare-node's "
-        "own may not)"
-    )
     try:
-        if args.kubeconfig:
-            if not os.path.isfile(args.kubeconfig):
-                raise KubeCredentialsError(f"--kubeconfig {args.kubeconfig}: no such file")
-            credentials = kube_client.Credentials("kubeconfig", args.kubeconfig, "--kubeconfig")
+        if kubeconfig_flag:
+            if not os.path.isfile(kubeconfig_flag):
+                raise KubeCredentialsError(f"--kubeconfig {kubeconfig_flag}: no such file")
+            credentials = kube_client.Credentials("kubeconfig", kubeconfig_flag, "--kubeconfig")
         else:
-            credentials = kube_client.find_credentials(kubernetes.kubeconfig)
-        client = kube_client.CommandClient(credentials, kubernetes.request_timeout_seconds)
+            credentials = kube_client.find_credentials(kubeconfig_setting)
+        client = kube_client.CommandClient(credentials, timeout_seconds)
     except KubeCredentialsError as e:
-        print(f"nodemgr: {kube_client.credentials_problem(str(e))}; {admin_fix}", file=sys.stderr)
-        return 1
+        raise ClusterViewError(f"{kube_client.credentials_problem(str(e))}; {ADMIN_FIX}") from e
     with client:
         try:
             nodes = client.list_nodes()
         except KubeApiError as e:
-            print(
-                f"nodemgr: {list_error(e, client.server, credentials.describe())}", file=sys.stderr
-            )
-            return 1
-    view = cluster_view(
-        ((n.name, n.internal_ip, n.annotations) for n in nodes),
-        kubernetes.label_prefix + NODE_ANNOTATION,
+            raise ClusterViewError(
+                list_error(e, client.server, credentials.describe(), command)
+            ) from e
+    return cluster_view(
+        ((n.name, n.internal_ip, n.annotations) for n in nodes), label_prefix + NODE_ANNOTATION
     )
-    if args.json:
-        print(json.dumps(view, indent=2))
-    elif args.details:
-        print(render_cluster_details(view))
-    else:
-        print(render_cluster(view))
-    return 0
 
 
-def list_error(error: KubeApiError, server: str, credentials: str) -> str:
+def render(view: dict, *, details: bool = False, as_json: bool = False, share: bool = False) -> str:
+    """The one renderer of the cluster view: ``--json``, ``-d`` or the summary; ``share``
+    adds each card's allocated compute share (the kubectl plugin shows it)."""
+    if as_json:
+        return json.dumps(view, indent=2)
+    if details:
+        return render_cluster_details(view, share=share)
+    return render_cluster(view, share=share)
+
+
+def list_error(
+    error: KubeApiError,
+    server: str,
+    credentials: str,
+    command: str = "`nodemgr status --cluster`",
+) -> str:
     """What a failed LIST of the nodes means for this command, and the fix."""
     if error.status is None:
         return (
@@ -103,7 +145,7 @@ def list_error(error: KubeApiError, server: str, credentials: str) -> str:
     if error.status == 403:
         return (
             f"the credentials from {credentials} may not list nodes (HTTP 403 from {server}): "
-            "`nodemgr status --cluster` needs RBAC nodes list, which gpushare-node's own "
+            f"{command} needs RBAC nodes list, which gpushare-node's own "
             "ClusterRole does not grant; run it with an admin's kubeconfig: --kubeconfig FILE"
         )
     return f"listing the nodes at {server} failed: {error}"
@@ -124,7 +166,7 @@ def cluster_view(nodes: Iterable[tuple[str, str | None, Mapping[str, str]]], key
             skipped.append({"name": name, "reason": "no annotation"})
             continue
         try:
-            gpus = _annotation_gpus(text)
+            gpus = parse_node_annotation(text)
         except ValueError as e:
             skipped.append({"name": name, "reason": f"unreadable {key} annotation: {e}"})
             continue
@@ -132,32 +174,9 @@ def cluster_view(nodes: Iterable[tuple[str, str | None, Mapping[str, str]]], key
     return {"annotation": key, "nodes": shown, "skipped": skipped}
 
 
-def _annotation_gpus(text: str) -> list[dict]:
-    try:
-        document = json.loads(text)
-    except ValueError as e:
-        raise ValueError(f"not JSON ({e})") from e
-    if not isinstance(document, dict):
-        raise ValueError("not a JSON object")
-    if document.get("v") != ANNOTATION_VERSION:
-        raise ValueError(
-            f"format v{document.get('v')}, this nodemgr reads v{ANNOTATION_VERSION} "
-            "(a newer gpushare-node wrote it: update nodemgr)"
-        )
-    gpus = document.get("gpus")
-    if not isinstance(gpus, list):
-        raise ValueError("no gpus list")
-    for gpu in gpus:
-        fields = ("index", "memory_mib", "memory_allocated_mib")
-        if not isinstance(gpu, dict) or not all(type(gpu.get(f)) is int for f in fields):
-            raise ValueError(f"a card without {', '.join(fields)}: {json.dumps(gpu)[:80]}")
-        if not isinstance(gpu.get("allocations", []), list):
-            raise ValueError(f"GPU{gpu['index']}: allocations is not a list")
-    return sorted(gpus, key=lambda g: g["index"])
-
-
-def render_cluster(view: dict) -> str:
-    """The summary of ``kubectl inspect gpushare``: one row per node, the cluster's total."""
+def render_cluster(view: dict, share: bool = False) -> str:
+    """The summary of ``kubectl inspect gpushare``: one row per node, the cluster's total;
+    ``share`` adds a ``GPU<i>(Core)`` column per card (allocated compute share)."""
     columns = _gpu_columns(view["nodes"])
     rows = [
         (
@@ -165,6 +184,7 @@ def render_cluster(view: dict) -> str:
             "IPADDRESS",
             *(f"GPU{i}(Allocated/Total)" for i in columns),
             "GPU Memory(GiB)",
+            *((f"GPU{i}(Core)" for i in columns) if share else ()),
         )
     ]
     for node in view["nodes"]:
@@ -175,44 +195,81 @@ def render_cluster(view: dict) -> str:
             else "-"
             for i in columns
         ]
+        cores = [f"{_core(by_index[i])}%" if i in by_index else "-" for i in columns]
         allocated, total = _memory(node["gpus"])
-        rows.append((node["name"], _address(node), *cells, f"{_gib(allocated)}/{_gib(total)}"))
+        rows.append(
+            (
+                node["name"],
+                _address(node),
+                *cells,
+                f"{_gib(allocated)}/{_gib(total)}",
+                *(cores if share else ()),
+            )
+        )
     lines = _aligned(rows)
-    allocated, total = _memory(g for n in view["nodes"] for g in n["gpus"])
+    gpus = [g for n in view["nodes"] for g in n["gpus"]]
+    allocated, total = _memory(gpus)
     lines += [
         "-" * max(len(line) for line in lines),
         "Allocated/Total GPU Memory In Cluster:",
         f"{_gib(allocated)}/{_gib(total)} ({_percent(allocated, total)}%)",
     ]
+    if share:
+        core = sum(_core(g) for g in gpus)
+        lines += [
+            "Allocated/Total GPU Core In Cluster:",
+            f"{core}/{100 * len(gpus)}% ({_percent(core, 100 * len(gpus))}%)",
+        ]
     return "\n".join(lines + _notes(view))
 
 
-def render_cluster_details(view: dict) -> str:
-    """``kubectl inspect gpushare -d``: per node its pods' memory per card, allocated, total."""
+def render_cluster_details(view: dict, share: bool = False) -> str:
+    """``kubectl inspect gpushare -d``: per node its pods' memory per card, allocated, total;
+    ``share`` adds each pod's compute share per card and the node's allocated share."""
     lines: list[str] = []
     for node in view["nodes"]:
         lines += ["", *_aligned([("NAME:", node["name"]), ("IPADDRESS:", _address(node))]), ""]
         columns = [gpu["index"] for gpu in node["gpus"]]
         pods: dict[tuple, dict[int, int]] = {}  # (namespace, pod) -> {card index: MiB}
+        cores: dict[tuple, dict[int, int]] = {}  # (namespace, pod) -> {card index: percent}
         for gpu in node["gpus"]:
-            for namespace, pod, _container, memory_mib, _core in _entries(gpu):
+            whole = gpu.get("mode") == "whole"
+            for namespace, pod, _container, memory_mib, core in _entries(gpu):
                 # A card given out whole: the pod holds all of it (the entry's memory is
                 # that of every card the allocation holds).
-                mib = gpu["memory_mib"] if gpu.get("mode") == "whole" else memory_mib
+                mib = gpu["memory_mib"] if whole else memory_mib
                 held = pods.setdefault((namespace, pod), {})
                 held[gpu["index"]] = held.get(gpu["index"], 0) + mib
+                share_held = cores.setdefault((namespace, pod), {})
+                share_held[gpu["index"]] = share_held.get(gpu["index"], 0) + (
+                    100 if whole else int(core or 0)
+                )
         allocated, total = _memory(node["gpus"])
-        block = [("NAME", "NAMESPACE", *(f"GPU{i}(Allocated)" for i in columns))]
+        block = [
+            (
+                "NAME",
+                "NAMESPACE",
+                *(f"GPU{i}(Allocated)" for i in columns),
+                *((f"GPU{i}(Core)" for i in columns) if share else ()),
+            )
+        ]
         for (namespace, pod), held in pods.items():
             block.append(
                 (
                     pod or "(not yet known)",
                     namespace or "-",
                     *(_gib(held.get(i, 0)) for i in columns),
+                    *((f"{cores[(namespace, pod)].get(i, 0)}%" for i in columns) if share else ()),
                 )
             )
         block.append(("Allocated :", f"{_gib(allocated)} ({_percent(allocated, total)}%)"))
         block.append(("Total :", _gib(total)))
+        if share:
+            core = sum(_core(g) for g in node["gpus"])
+            whole_share = 100 * len(node["gpus"])
+            block.append(
+                ("Allocated Core :", f"{core}/{whole_share}% ({_percent(core, whole_share)}%)")
+            )
         table = _aligned(block)
         lines += [*table, "-" * max(len(line) for line in table)]
     allocated, total = _memory(g for n in view["nodes"] for g in n["gpus"])
@@ -222,6 +279,12 @@ def render_cluster_details(view: dict) -> str:
         f"{_gib(allocated)}/{_gib(total)} ({_percent(allocated, total)}%)",
     ]
     return "\n".join(lines + _notes(view))
+
+
+def _core(gpu: dict) -> int:
+    """A card's allocated compute share in percent (0 when the annotation lacks it)."""
+    value = gpu.get("core_allocated_percent")
+    return value if type(value) is int else 0
 
 
 def _entries(gpu: dict) -> list[tuple]:

@@ -38,6 +38,7 @@ from nodemgr.domain.statusdoc import CardFacts
 
 GPU_COUNT_RESOURCE = "aliyun.com/gpu-count"  # node capacity, for the gpushare extender
 NODE_ANNOTATION = "gpus"  # after the label prefix: per-card totals and allocations
+NODE_ANNOTATION_VERSION = 1  # its "v"
 PodKey = tuple[str, str]  # (namespace, pod)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -129,7 +130,38 @@ def node_annotation(status: Mapping[str, Any]) -> str:
         }
         for g in status["gpus"]
     ]
-    return json.dumps({"v": 1, "gpus": gpus}, separators=(",", ":"))
+    return json.dumps({"v": NODE_ANNOTATION_VERSION, "gpus": gpus}, separators=(",", ":"))
+
+
+def parse_node_annotation(text: str) -> list[dict[str, Any]]:
+    """The cards of a ``<label_prefix>gpus`` annotation (what ``node_annotation`` writes),
+    sorted by index; ValueError saying what is wrong with it.
+
+    Read by ``nodemgr status --cluster`` / ``kubectl inspect gpushare`` and the
+    scheduler extender. Every card has int ``index``, ``memory_mib`` and
+    ``memory_allocated_mib`` and a list of ``allocations``.
+    """
+    try:
+        document = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"not JSON ({e})") from e
+    if not isinstance(document, dict):
+        raise ValueError("not a JSON object")
+    if document.get("v") != NODE_ANNOTATION_VERSION:
+        raise ValueError(
+            f"format v{document.get('v')}, this nodemgr reads v{NODE_ANNOTATION_VERSION} "
+            "(a newer gpushare-node wrote it: update nodemgr)"
+        )
+    gpus = document.get("gpus")
+    if not isinstance(gpus, list):
+        raise ValueError("no gpus list")
+    for gpu in gpus:
+        fields = ("index", "memory_mib", "memory_allocated_mib")
+        if not isinstance(gpu, dict) or not all(type(gpu.get(f)) is int for f in fields):
+            raise ValueError(f"a card without {', '.join(fields)}: {json.dumps(gpu)[:80]}")
+        if not isinstance(gpu.get("allocations", []), list):
+            raise ValueError(f"GPU{gpu['index']}: allocations is not a list")
+    return sorted(gpus, key=lambda g: int(g["index"]))
 
 
 def label_value(text: str) -> str:

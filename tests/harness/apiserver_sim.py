@@ -45,8 +45,18 @@ Implemented, with the real server's wire shapes and status codes:
 * Bearer-token auth (401), 404/405/415 Status bodies, failure injection (``fail_next``,
   ``delay_next``), ``drop_watches()`` and a request log (``requests``).
 
+* Pod ``binding`` (POST ``/api/v1/namespaces/{ns}/pods/{name}/binding``, what a scheduler
+  or a binding scheduler extender creates): sets spec.nodeName and the PodScheduled
+  condition, copies the Binding's annotations onto the pod, answers 201 with a Success
+  Status; 409 for a pod already bound or being deleted or a metadata.uid precondition
+  that does not match, 400 for a name differing from the URL's, 422 without target.name
+  or with a target kind other than Node, 404 for no such pod.
+* ``limit``/``continue`` paging of lists: pages of ``limit`` items from one snapshot (the
+  first page's resourceVersion); an opaque continue token; a token whose snapshot left
+  the history gives 410 Expired.
+
 Not implemented: other resources and access reviews, server-side apply (415),
-``limit``/``continue`` paging (accepted; one page holds everything), ``sendInitialEvents``,
+``remainingItemCount``, ``sendInitialEvents``,
 ``dryRun``, managedFields, generation, quantity checks and canonical forms, graceful
 deletion over HTTP (a DELETE removes at once; ``delete_pod(graceful=True)`` marks a pod
 terminating), strategic merge directives other than ``$patch``, shared storage of the two
@@ -55,6 +65,7 @@ Event APIs, pod spec immutability, TLS.
 
 from __future__ import annotations
 
+import base64
 import bisect
 import copy
 import hashlib
@@ -646,6 +657,9 @@ class TestApiServer:
         with self._cond:
             return copy.deepcopy(self._objs.get((NODES, "", name)))
 
+    def nodes(self) -> list[dict]:
+        return self._all(NODES)
+
     def events(self) -> list[dict]:
         """The events of both APIs, core/v1 first."""
         return self._all(EVENTS) + self._all(EVENTS_V1)
@@ -823,14 +837,21 @@ class TestApiServer:
         m = _PATH.match(path)
         res = m and _RESOURCES.get((m["group"] or "", m["plural"]))
         ns, name, sub = (m["ns"] or "", m["name"], m["sub"]) if res else ("", None, None)
+        binding = res is PODS and bool(name) and sub == "binding"
         if (
             not res
             or (ns and not res.namespaced)
             or (name and res.namespaced and not ns)
-            or (sub and (sub != "status" or not res.status_sub))
+            or (sub and not binding and (sub != "status" or not res.status_sub))
         ):
             raise ApiError(404, "the server could not find the requested resource")
         key = (res, ns, name)
+        if binding:
+            if method != "POST":
+                raise ApiError(
+                    405, "the server does not allow this method on the requested resource"
+                )
+            return 201, self._bind(key, _json(body))
         if name is None and method == "GET" and is_watch:
             return self._watch(h, res, ns, query)
         if name is None and method == "GET":
@@ -882,19 +903,96 @@ class TestApiServer:
 
     def _list(self, res, ns, query) -> dict:
         match, rv = _matcher(res, ns, query), query.get("resourceVersion", "")
+        limit = int(query.get("limit") or 0) if (query.get("limit") or "0").isdigit() else 0
+        token = query.get("continue") or ""
         with self._cond:
             n = _parse_rv(rv) if rv else 0
             if n > self._rv:  # the real server waits 3 s for it, then says this
                 raise ApiError(504, f"Too large resource version: {n}, current: {self._rv}")
             exact = query.get("resourceVersionMatch") == "Exact"
+            start = None
+            if token:  # the next page of an earlier list: the same snapshot
+                n, start = _parse_continue(token)
+                exact = True
+                if n < self._floor:
+                    raise ApiError(
+                        410,
+                        "The provided continue parameter is too old to display a consistent "
+                        "list result. You can start a new list without the continue parameter.",
+                    )
+            elif limit and not exact:
+                n, exact = self._rv, True  # a paged list is a snapshot at this version
             state = self._state_at(res, n) if exact else dict(self._items(res))
-            items = [o for _, o in sorted(state.items(), key=_ns_name) if match(o)]
-            # List items go without kind and apiVersion on the wire.
-            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in items]
+            ordered = sorted(state.items(), key=_ns_name)
+            if start is not None:
+                ordered = [(k, o) for k, o in ordered if list(k[1:]) > start]
+            items = [(k, o) for k, o in ordered if match(o)]
             meta = {"resourceVersion": str(n if exact else self._rv)}
+            if limit and len(items) > limit:
+                items = items[:limit]
+                meta["continue"] = _continue_token(n, items[-1][0])
+            # List items go without kind and apiVersion on the wire.
+            out = [
+                {k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for _, o in items
+            ]
             return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta} | {
-                "items": copy.deepcopy(items)
+                "items": copy.deepcopy(out)
             }
+
+    def _bind(self, key, binding) -> dict:
+        """A Binding: the pod gets spec.nodeName (what kube-scheduler's bind does)."""
+        _, ns, name = key
+        if not isinstance(binding, dict):
+            raise ApiError(400, "the body must be a JSON object")
+        meta = binding.get("metadata") or {}
+        if meta.get("name", name) != name:
+            raise ApiError(400, "name in URL does not match name in Binding object")
+        target = binding.get("target") or {}
+        if target.get("kind") not in (None, "", "Node"):
+            raise ApiError(
+                422,
+                f'Binding "{name}" is invalid: target.kind: Unsupported value: '
+                f'"{target.get("kind")}": supported values: "Node"',
+            )
+        if not target.get("name"):
+            raise ApiError(422, f'Binding "{name}" is invalid: target.name: Required value')
+        with self._cond:
+            pod = copy.deepcopy(self._objs[self._existing(key)])
+            pod_meta = pod["metadata"]
+            uid = meta.get("uid")
+            if uid and uid != pod_meta["uid"]:
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on pods/binding "{name}": Precondition '
+                    f"failed: UID in precondition: {uid}, UID in object meta: {pod_meta['uid']}",
+                    details={"name": name, "kind": "pods/binding"},
+                )
+            if pod_meta.get("deletionTimestamp"):
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                    "being deleted, cannot be assigned to a host",
+                    details={"name": name, "kind": "pods/binding"},
+                )
+            if pod["spec"].get("nodeName"):
+                raise ApiError(
+                    409,
+                    f'Operation cannot be fulfilled on pods/binding "{name}": pod {name} is '
+                    f'already assigned to node "{pod["spec"]["nodeName"]}"',
+                    details={"name": name, "kind": "pods/binding"},
+                )
+            pod["spec"]["nodeName"] = target["name"]
+            if meta.get("annotations"):
+                pod_meta["annotations"] = {**(pod_meta.get("annotations") or {})}
+                pod_meta["annotations"].update(meta["annotations"])
+            status = pod.setdefault("status", {})
+            conditions = [c for c in status.get("conditions") or [] if c["type"] != "PodScheduled"]
+            scheduled = {"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}
+            status["conditions"] = [scheduled, *conditions]
+            self._update(key, pod, "all")
+        return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success"} | {
+            "code": 201
+        }
 
     def _delete(self, key, opts) -> dict:
         res, _, name = key
@@ -982,6 +1080,20 @@ def _seen_as(ev: _Ev, w: _Watch) -> str | None:
         return ev.type if w.match(ev.obj) else None
     was, now = w.match(ev.prev), w.match(ev.obj)
     return ("MODIFIED" if was else "ADDED") if now else ("DELETED" if was else None)
+
+
+def _continue_token(rv: int, key: tuple) -> str:
+    """An opaque continue token: the snapshot's version and the last key returned."""
+    data = json.dumps({"v": "meta.k8s.io/v1", "rv": rv, "start": [key[1], key[2]]})
+    return base64.urlsafe_b64encode(data.encode()).decode()
+
+
+def _parse_continue(token: str) -> tuple[int, list]:
+    try:
+        data = json.loads(base64.urlsafe_b64decode(token.encode()))
+        return int(data["rv"]), list(data["start"])
+    except (ValueError, KeyError, TypeError):
+        raise ApiError(400, f"invalid continue token: {token!r}") from None
 
 
 def _rv_of(ev: _Ev) -> int:

@@ -68,6 +68,7 @@ from nodemgr.cli.install.render import (
 from nodemgr.config.loading import load_settings
 from nodemgr.config.schema import MpsSettings
 
+SCHEDULER_UNIT = "gpushare-scheduler.service"  # nodemgr install --scheduler (scheduler.py)
 START_TIMEOUT_SECONDS = 300  # TimeoutStartSec= of gpushare-node.service, for the printed hint
 
 
@@ -244,7 +245,8 @@ def uninstall(root: str, dry_run: bool, out=None) -> int:
         print(
             "First stop and disable them, then run nodemgr uninstall again:\n"
             "  systemctl disable --now gpushare-node\n"
-            "  systemctl disable --now 'gpushare-mps@*'   # if you enabled any",
+            "  systemctl disable --now 'gpushare-mps@*'   # if you enabled any\n"
+            "  systemctl disable --now gpushare-scheduler  # if installed with --scheduler",
             file=out,
         )
         return 1
@@ -359,7 +361,7 @@ def _enabled_links(root: str) -> list[str]:
         if not os.path.isdir(directory):
             continue
         for name in sorted(os.listdir(directory)):
-            if name == NODE_UNIT or (
+            if name in (NODE_UNIT, SCHEDULER_UNIT) or (
                 name.startswith("gpushare-mps@") and name.endswith(".service")
             ):
                 links.append(os.path.join(directory, name))

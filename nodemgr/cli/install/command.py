@@ -2,9 +2,11 @@
 
 ``install [--root DIR] [--config FILE] [--dry-run]`` and ``uninstall [--root
 DIR] [--dry-run]`` run ``apply.install`` and ``apply.uninstall`` under DIR
-(default ``/``; it must exist). Exit status: what they return (0, or 1 when
-a file was kept or units are still enabled); 1 when install cannot go on
-(``InstallError``) or a file operation fails; 2 when the config is unusable.
+(default ``/``; it must exist); ``install --scheduler [--scheduler-kubeconfig
+FILE]`` runs ``scheduler.install_scheduler`` instead (the extender's unit
+only). Exit status: what they return (0, or 1 when a file was kept or units
+are still enabled); 1 when install cannot go on (``InstallError``) or a file
+operation fails; 2 when the config is unusable.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import sys
 
 from nodemgr.cli.install.apply import install, uninstall
 from nodemgr.cli.install.render import CONFIG_PATH, InstallError
+from nodemgr.cli.install.scheduler import SCHEDULER_KUBECONFIG, install_scheduler
 from nodemgr.config.loading import config_error_line
 from nodemgr.errors import ConfigError
 
@@ -35,6 +38,18 @@ def add_parser(sub) -> None:
         "when absent)",
     )
     parser.add_argument("--dry-run", action="store_true", help="print the plan, write nothing")
+    parser.add_argument(
+        "--scheduler",
+        action="store_true",
+        help="write only gpushare-scheduler.service, the scheduler extender on 127.0.0.1:32766 "
+        "for kube-scheduler on this control-plane node (no node daemon files)",
+    )
+    parser.add_argument(
+        "--scheduler-kubeconfig",
+        metavar="FILE",
+        help=f"with --scheduler: the extender's kubeconfig on the node (default "
+        f"{SCHEDULER_KUBECONFIG})",
+    )
     parser.set_defaults(run=_run_install)
     parser = sub.add_parser(
         "uninstall", help="remove the files nodemgr install wrote (keeps the config and state)"
@@ -45,6 +60,14 @@ def add_parser(sub) -> None:
 
 
 def _run_install(args: argparse.Namespace) -> int:
+    if args.scheduler:
+        return _guarded(
+            lambda: install_scheduler(_root(args.root), args.scheduler_kubeconfig, args.dry_run),
+            "install",
+        )
+    if args.scheduler_kubeconfig:
+        print("nodemgr install: --scheduler-kubeconfig goes with --scheduler", file=sys.stderr)
+        return 2
     return _guarded(lambda: install(_root(args.root), args.config, args.dry_run), "install")
 
 

@@ -1,0 +1,460 @@
+"""The extender's verbs over the cache, and the HTTP server kube-scheduler calls.
+
+``Extender`` answers the three verbs:
+
+- ``filter``: the candidate nodes where every GPU container of the pod fits
+  on one card (whole cards: enough idle cards), the others with the reason;
+- ``prioritize``: 0 to 10 per node by the placement policy;
+- ``bind``: chooses the cards under the cache lock and *assumes* them there
+  (see nodemgr.extender.cache), then writes the gpushare annotations with one
+  merge patch and creates the Binding. A bind that fails for sure frees its
+  cards; one whose outcome is unknown (no answer) keeps them until the
+  assumption expires.
+
+While the cache has not listed nodes and pods yet, filter and bind answer
+with ``Error`` (kube-scheduler retries the pod), never with a blind decision.
+
+``ExtenderServer`` (stdlib HTTP/1.1, keep-alive, one thread per connection):
+``POST <prefix>/filter``, ``<prefix>/prioritize``, ``<prefix>/bind`` (the
+prefix is the path of the scheduler config's urlPrefix; the bare ``/filter``
+... work too), ``GET /healthz`` (200 once both caches are synced, else 503
+saying which is not) and ``GET /metrics`` (Prometheus text format, written
+here: prometheus_client is the node daemon's metrics module's only). A body
+that is not the verb's type gets HTTP 400 with the reason.
+
+What it must not do: make an API request while holding the cache lock.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from nodemgr.errors import KubeApiError, KubeUnavailable
+from nodemgr.extender import logic
+from nodemgr.extender.cache import ClusterCache
+from nodemgr.extender.wire import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderFilterResult,
+    HostPriority,
+    WireError,
+    binding_result,
+    host_priority_list,
+    parse_binding_args,
+    parse_extender_args,
+)
+from nodemgr.kubernetes.podwatch import pod_info
+
+log = logging.getLogger("nodemgr.extender")
+
+MAX_BODY_BYTES = 256 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
+NOT_SYNCED = (
+    "gpushare-scheduler has not listed the cluster's nodes and pods yet (starting, or the API "
+    "server does not answer); kube-scheduler retries the pod"
+)
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Binder(Protocol):
+    """The two writes of a bind (nodemgr.kubernetes.scheduling with a session)."""
+
+    def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
+
+    def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
+
+
+class WatchState(Protocol):
+    @property
+    def watching(self) -> bool: ...
+
+    @property
+    def synced(self) -> bool: ...
+
+
+@dataclass
+class _Histogram:
+    counts: list[int] = field(default_factory=lambda: [0] * (len(_BUCKETS) + 1))
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, seconds: float) -> None:
+        self.n += 1
+        self.total += seconds
+        for i, bound in enumerate(_BUCKETS):
+            if seconds <= bound:
+                self.counts[i] += 1
+                return
+        self.counts[-1] += 1
+
+
+class Metrics:
+    """Request counts and durations (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.requests: dict[tuple[str, str], int] = {}
+        self.durations: dict[str, _Histogram] = {}
+
+    def observe(self, verb: str, result: str, seconds: float) -> None:
+        with self._lock:
+            self.requests[(verb, result)] = self.requests.get((verb, result), 0) + 1
+            self.durations.setdefault(verb, _Histogram()).observe(seconds)
+
+    def render(self, cache: ClusterCache, watches: dict[str, WatchState]) -> str:
+        lines = [
+            "# HELP gpushare_extender_requests_total Extender calls by verb and result.",
+            "# TYPE gpushare_extender_requests_total counter",
+        ]
+        with self._lock:
+            for (verb, result), n in sorted(self.requests.items()):
+                lines.append(
+                    f'gpushare_extender_requests_total{{verb="{verb}",result="{result}"}} {n}'
+                )
+            lines += [
+                "# HELP gpushare_extender_request_duration_seconds Time to answer a call, "
+                "API requests of bind included.",
+                "# TYPE gpushare_extender_request_duration_seconds histogram",
+            ]
+            for verb, histogram in sorted(self.durations.items()):
+                cumulative = 0
+                for bound, count in zip((*_BUCKETS, "+Inf"), histogram.counts, strict=True):
+                    cumulative += count
+                    lines.append(
+                        "gpushare_extender_request_duration_seconds_bucket"
+                        f'{{verb="{verb}",le="{bound}"}} {cumulative}'
+                    )
+                lines.append(
+                    f'gpushare_extender_request_duration_seconds_sum{{verb="{verb}"}} '
+                    f"{histogram.total:.6f}"
+                )
+                lines.append(
+                    f'gpushare_extender_request_duration_seconds_count{{verb="{verb}"}} '
+                    f"{histogram.n}"
+                )
+        counts = cache.counts()
+        gauges = [
+            ("gpushare_extender_nodes", "Nodes in the cache.", counts["nodes"]),
+            (
+                "gpushare_extender_gpu_nodes",
+                "Nodes whose gpushare-node published its GPUs.",
+                counts["gpu_nodes"],
+            ),
+            ("gpushare_extender_pods", "Pods asking for GPUs in the cache.", counts["pods"]),
+            (
+                "gpushare_extender_assumed_pods",
+                "Binds decided and not yet seen bound by the pod watch.",
+                counts["assumed"],
+            ),
+        ]
+        for name, help_text, value in gauges:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
+        lines += [
+            "# HELP gpushare_extender_cache_synced Whether the resource was listed (1) or not.",
+            "# TYPE gpushare_extender_cache_synced gauge",
+        ]
+        lines += [
+            f'gpushare_extender_cache_synced{{resource="{r}"}} {int(w.synced)}'
+            for r, w in sorted(watches.items())
+        ]
+        lines += [
+            "# HELP gpushare_extender_watch_connected Whether the resource's watch is open.",
+            "# TYPE gpushare_extender_watch_connected gauge",
+        ]
+        lines += [
+            f'gpushare_extender_watch_connected{{resource="{r}"}} {int(w.watching)}'
+            for r, w in sorted(watches.items())
+        ]
+        counters = [
+            (
+                "gpushare_extender_assumptions_expired_total",
+                "Assumed binds the pod watch never confirmed.",
+                cache.expired_total,
+            ),
+            (
+                "gpushare_extender_assumptions_confirmed_total",
+                "Assumed binds the pod watch confirmed.",
+                cache.confirmed_total,
+            ),
+        ]
+        for name, help_text, value in counters:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
+        return "\n".join(lines) + "\n"
+
+
+class Extender:
+    """filter, prioritize and bind over the cache; ``binder`` makes the bind's writes."""
+
+    def __init__(
+        self,
+        cache: ClusterCache,
+        binder: Binder,
+        clock_ns: Callable[[], int] = time.time_ns,
+    ):
+        self.cache = cache
+        self.binder = binder
+        self._clock_ns = clock_ns
+        self.decision_seconds: list[float] = []  # bind's time under the lock (bench reads it)
+        self.keep_decision_times = False
+
+    def _demand(self, args: ExtenderArgs) -> logic.PodDemand:
+        demand = logic.pod_demand(pod_info(args.pod), self.cache.resources)
+        self.cache.remember(demand)
+        return demand
+
+    def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
+        cache = self.cache
+        if not cache.synced:
+            return ExtenderFilterResult(error=NOT_SYNCED)
+        demand = self._demand(args)
+        names = args.candidate_names()
+        if not demand.wants_gpu:
+            passed = names
+            outcome = logic.FilterOutcome(list(names), {}, {})
+        else:
+            cache.expire()
+            with cache.lock:
+                outcome = logic.filter_nodes(
+                    demand,
+                    names,
+                    cache.view,
+                    cache.policy,
+                    cache.resources.memory_unit_mib,
+                )
+            passed = outcome.passed
+            if not passed:
+                reasons = {**outcome.failed, **outcome.unresolvable}
+                log.info(
+                    "%s fits none of %d nodes: %s",
+                    demand.label,
+                    len(names),
+                    "; ".join(f"{n}: {r}" for n, r in reasons.items())[:2000],
+                )
+        result = ExtenderFilterResult(
+            failed_nodes=outcome.failed, failed_and_unresolvable_nodes=outcome.unresolvable
+        )
+        if args.node_names is not None:
+            result.node_names = list(passed)
+        else:
+            keep = set(passed)
+            result.nodes = [n for n in args.nodes or [] if n["metadata"]["name"] in keep]
+        return result
+
+    def prioritize(self, args: ExtenderArgs) -> list[HostPriority]:
+        cache = self.cache
+        names = args.candidate_names()
+        if not cache.synced:
+            return [HostPriority(n, 0) for n in names]
+        demand = self._demand(args)
+        if not demand.wants_gpu:
+            return [HostPriority(n, 0) for n in names]
+        with cache.lock:
+            scores = logic.prioritize(
+                demand, names, cache.view, cache.policy, cache.resources.memory_unit_mib
+            )
+        return [HostPriority(n, s) for n, s in scores]
+
+    def bind(self, args: ExtenderBindingArgs) -> str:
+        """The bind; "" when done, else the error kube-scheduler reports."""
+        cache = self.cache
+        who = f"{args.pod_namespace}/{args.pod_name}"
+        if not cache.synced:
+            return NOT_SYNCED
+        cache.expire()
+        began = time.perf_counter()
+        with cache.lock:
+            demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
+            if demand is None:
+                return (
+                    f"gpushare-scheduler does not know pod {who} (UID {args.pod_uid or '?'}): "
+                    "neither its pod watch nor a filter call has shown it"
+                )
+            annotations: dict[str, str] = {}
+            if demand.wants_gpu:
+                view = cache.view(args.node)
+                try:
+                    placement = logic.place(
+                        demand, view, cache.policy, cache.resources.memory_unit_mib
+                    )
+                except logic.Unfit as e:
+                    return f"{who} no longer fits {args.node}: {e.reason}"
+                annotations = logic.bind_annotations(demand, placement, view, self._clock_ns())
+                cache.assume(placement, demand)
+        if self.keep_decision_times:
+            self.decision_seconds.append(time.perf_counter() - began)
+        uid = args.pod_uid or demand.uid
+        try:
+            if annotations:
+                self.binder.annotate(args.pod_namespace, args.pod_name, annotations)
+            self.binder.bind(args.pod_namespace, args.pod_name, uid, args.node)
+        except KubeApiError as e:
+            if isinstance(e, KubeUnavailable):
+                cache.bound(demand.uid)  # it may have happened: keep the cards until expiry
+            else:
+                cache.forget(demand.uid)
+            log.warning("binding %s to %s failed: %s", who, args.node, e)
+            return f"gpushare-scheduler could not bind {who} to {args.node}: {e}"
+        if demand.wants_gpu:
+            cache.bound(demand.uid)
+            log.info(
+                "bound %s to %s: %s",
+                who,
+                args.node,
+                ", ".join(_describe_choice(demand, annotations)) or "whole cards only",
+            )
+        return ""
+
+
+def _describe_choice(demand: logic.PodDemand, annotations: dict[str, str]) -> list[str]:
+    text = annotations.get(logic.ALLOCATION_ANNOTATION)
+    chosen = json.loads(text) if text else {}
+    parts = []
+    for c in demand.containers:
+        cards = chosen.get(str(c.index))
+        if cards:
+            (card,) = cards
+            parts.append(f"{c.name} on GPU{card} ({c.memory_units} units, {c.core_percent}%)")
+        if c.whole:
+            parts.append(f"{c.name}: {c.whole} whole")
+    return parts
+
+
+# --- HTTP ------------------------------------------------------------------------------------
+
+
+class ExtenderServer:
+    """The HTTP server; ``serve_forever`` in a thread of its own; ``shutdown`` to end it."""
+
+    def __init__(
+        self,
+        extender: Extender,
+        address: tuple[str, int],
+        url_prefix: str = "",
+        watches: dict[str, WatchState] | None = None,
+    ):
+        self.extender = extender
+        self.metrics = Metrics()
+        self.watches = watches or {}
+        self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
+        self.httpd = ThreadingHTTPServer(address, _Handler)
+        self.httpd.daemon_threads = True
+        self.httpd.extender_server = self  # type: ignore[attr-defined]
+
+    @property
+    def address(self) -> tuple[str, int]:
+        host, port = self.httpd.server_address[:2]
+        return str(host), int(port)
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever(poll_interval=0.2)
+
+    def shutdown(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+    def route(self, method: str, path: str) -> str | None:
+        """The verb of a path ("filter", "healthz", ...), or None."""
+        path = path.split("?", 1)[0].rstrip("/")
+        if self.url_prefix and path.startswith(self.url_prefix + "/"):
+            path = path[len(self.url_prefix) :]
+        verb = path.lstrip("/")
+        if verb in ("filter", "prioritize", "bind") and method == "POST":
+            return verb
+        if verb in ("healthz", "metrics") and method == "GET":
+            return verb
+        if verb in ("filter", "prioritize", "bind", "healthz", "metrics"):
+            return "method"
+        return None
+
+    def healthz(self) -> tuple[int, str]:
+        cache = self.extender.cache
+        missing = [
+            resource
+            for resource, synced in (("nodes", cache.nodes_synced), ("pods", cache.pods_synced))
+            if not synced
+        ]
+        if missing:
+            return 503, f"not ready: {' and '.join(missing)} not listed yet\n"
+        return 200, "ok\n"
+
+    def answer(self, verb: str, body: bytes) -> tuple[int, Any, str]:
+        """(HTTP status, JSON document, result label for the metrics)."""
+        extender = self.extender
+        try:
+            if verb == "filter":
+                result = extender.filter(parse_extender_args(body))
+                passed = result.node_names or result.nodes
+                label = "error" if result.error else "ok" if passed else "none"
+                return 200, result.to_json(), label
+            if verb == "prioritize":
+                return 200, host_priority_list(extender.prioritize(parse_extender_args(body))), "ok"
+            error = extender.bind(parse_binding_args(body))
+            return 200, binding_result(error), "error" if error else "ok"
+        except WireError as e:
+            return 400, {"error": str(e)}, "bad_request"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "gpushare-scheduler"
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+        log.debug("%s %s", self.address_string(), format % args)
+
+    def _server(self) -> ExtenderServer:
+        return self.server.extender_server  # type: ignore[attr-defined]
+
+    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+        self._dispatch("GET")
+
+    def do_POST(self) -> None:  # noqa: N802
+        self._dispatch("POST")
+
+    def do_PUT(self) -> None:  # noqa: N802
+        self._dispatch("PUT")
+
+    def _dispatch(self, method: str) -> None:
+        server = self._server()
+        verb = server.route(method, self.path)
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_BODY_BYTES:
+            self._send(413, "text/plain", f"body over {MAX_BODY_BYTES} bytes\n".encode())
+            self.close_connection = True
+            return
+        body = self.rfile.read(length) if length else b""
+        if verb is None:
+            self._send(404, "text/plain", f"no such path: {self.path}\n".encode())
+            return
+        if verb == "method":
+            self._send(405, "text/plain", f"{method} not allowed on {self.path}\n".encode())
+            return
+        if verb == "healthz":
+            status, text = server.healthz()
+            self._send(status, "text/plain", text.encode())
+            return
+        if verb == "metrics":
+            text = server.metrics.render(server.extender.cache, server.watches)
+            self._send(200, "text/plain; version=0.0.4", text.encode())
+            return
+        began = time.perf_counter()
+        try:
+            status, document, label = server.answer(verb, body)
+        except Exception:
+            log.exception("%s failed", verb)
+            status, document, label = 500, {"error": f"{verb}: internal error"}, "internal"
+        data = json.dumps(document, separators=(",", ":")).encode()
+        self._send(status, "application/json", data)
+        server.metrics.observe(verb, label, time.perf_counter() - began)
+
+    def _send(self, status: int, content_type: str, data: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)

@@ -1,0 +1,216 @@
+"""A cluster-wide LIST+WATCH of one resource (nodes, pods), handed to a handler as raw JSON.
+
+For the scheduler extender (nodemgr.extender.cache), which keeps every GPU
+node and every GPU pod of the cluster. One thread per resource: a paged LIST
+(``page_size`` items per request, so a cluster of 50,000 pods is never one
+body in memory), then a WATCH from the list's resourceVersion with bookmarks;
+a new WATCH from the last version seen when the server ends one, a new LIST
+when the version expired (410) or went back (504 "too large resource
+version"), with backoff after failures. The pod watch of one node
+(``podwatch``) follows the same protocol for the daemon.
+
+The handler gets the objects as decoded JSON dicts (camelCase, as on the
+wire) and keeps what it needs of them:
+
+- ``replace(items)``: the complete current set after a LIST; ``items`` is an
+  iterator that fetches the pages as it is consumed (the handler must not hold
+  its own lock while iterating it);
+- ``apply(kind, obj)``: one ADDED, MODIFIED or DELETED event.
+
+What it must not do: list more than once per (re)start or expiry, hold a
+lock over I/O, or let an error end the thread before ``stop``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
+
+from nodemgr.errors import KubeApiError, KubeExpired, KubeForbidden, KubeUnavailable
+from nodemgr.kubernetes.client import ApiSession, map_error, status_error
+from nodemgr.kubernetes.podwatch import _close_response, _lines, _wake_reader
+from nodemgr.kubernetes.writes import Backoff
+
+log = logging.getLogger("nodemgr.kubernetes.listwatch")
+
+RESOURCES = ("nodes", "pods")
+
+
+class WatchHandler(Protocol):
+    def replace(self, items: Iterator[Mapping[str, Any]]) -> None: ...
+
+    def apply(self, kind: str, obj: Mapping[str, Any]) -> None: ...
+
+
+class ListWatch:
+    """One resource of the whole cluster, listed once and watched, in a thread of its own."""
+
+    def __init__(
+        self,
+        session: ApiSession,
+        resource: str,
+        handler: WatchHandler,
+        stop: threading.Event,
+        *,
+        watch_timeout_seconds: int = 300,
+        page_size: int = 500,
+        backoff: Backoff | None = None,
+    ):
+        if resource not in RESOURCES:
+            raise ValueError(f"resource must be one of {RESOURCES}, not {resource!r}")
+        self.resource = resource
+        self._session = session
+        self._handler = handler
+        self._stop = stop
+        self._watch_timeout_seconds = watch_timeout_seconds
+        self._page_size = page_size
+        self._backoff = backoff or Backoff()
+        self._response_lock = threading.Lock()
+        self._response: Any = None
+        self.synced = False  # a LIST has been handed over since the last expiry
+        self.watching = False
+        self.lists = 0  # how many LISTs (first pages) were made
+        self.last_error: str | None = None
+        self.thread = threading.Thread(target=self._run, name=f"watch-{resource}", daemon=True)
+
+    def _list_method(self) -> Callable[..., Any]:
+        core = self._session.core
+        if self.resource == "nodes":
+            return core.list_node
+        return core.list_pod_for_all_namespaces
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def abort(self) -> None:
+        """After ``stop`` is set: end a blocked read of the watch stream now."""
+        with self._response_lock:
+            response = self._response
+        if response is not None:
+            _wake_reader(response)
+
+    # --- the thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        backoff = self._backoff
+        resource_version: str | None = None
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                if resource_version is None:
+                    resource_version = self._relist()
+                resource_version = self._follow(resource_version)
+                if time.monotonic() - began >= 1.0:
+                    backoff.reset()
+                    continue
+                delay = backoff.next_delay_seconds()
+            except KubeExpired:
+                log.info(
+                    "%s watch: version %s expired, listing again", self.resource, resource_version
+                )
+                resource_version = None
+                self.synced = False
+                if time.monotonic() - began >= 1.0:
+                    continue
+                delay = backoff.next_delay_seconds()
+            except KubeApiError as e:
+                self.last_error = str(e)
+                delay = backoff.next_delay_seconds()
+                log.debug("%s watch failed, again in %.1f s: %s", self.resource, delay, e)
+                if not isinstance(e, (KubeUnavailable, KubeForbidden)):  # those are logged
+                    self._session.log_once(f"{self.resource} watch: {e}", logging.WARNING)
+            except Exception:  # a bug must not end the watch for the process's lifetime
+                delay = backoff.next_delay_seconds()
+                log.exception("%s watch failed, again in %.1f s", self.resource, delay)
+            self._stop.wait(delay)
+
+    def _pages(self, first: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
+        """Every item of the list whose first page is ``first``, fetching the next pages."""
+        page = first
+        while True:
+            yield from page.get("items") or ()
+            token = (page.get("metadata") or {}).get("continue") or ""
+            if not token or self._stop.is_set():
+                return
+            page = self._session.call(
+                "list",
+                self.resource,
+                self._list_method(),
+                limit=self._page_size,
+                _continue=token,
+            )
+
+    def _relist(self) -> str:
+        """LIST the resource (page by page) into the handler; the list's resourceVersion."""
+        first = self._session.call(
+            "list", self.resource, self._list_method(), limit=self._page_size
+        )
+        self.lists += 1
+        version = str((first.get("metadata") or {}).get("resourceVersion") or "")
+        self._handler.replace(self._pages(first))
+        self.synced = True
+        self.last_error = None
+        return version
+
+    def _follow(self, resource_version: str) -> str:
+        """WATCH from ``resource_version`` until the stream ends; the last version seen."""
+        session = self._session
+        try:
+            response = self._list_method()(
+                watch=True,
+                resource_version=resource_version,
+                allow_watch_bookmarks=True,
+                timeout_seconds=self._watch_timeout_seconds,
+                _preload_content=False,
+                _request_timeout=(
+                    session.timeout_seconds,
+                    self._watch_timeout_seconds + 2 * session.timeout_seconds,
+                ),
+            )
+        except Exception as e:
+            error = map_error(e, "watch", self.resource)
+            if error.status == 504 and "too large resource version" in str(error).lower():
+                raise KubeExpired(str(error), 504) from e
+            session.note_error(error)
+            raise error from e
+        with self._response_lock:
+            self._response = response
+        self.watching = True
+        session.note_ok()
+        try:
+            if self._stop.is_set():
+                return resource_version
+            for line in _lines(response):
+                if self._stop.is_set():
+                    break
+                if line.strip():
+                    resource_version = self._event(json.loads(line), resource_version)
+        except KubeApiError as e:
+            session.note_error(e)
+            raise
+        except Exception as e:
+            if self._stop.is_set():
+                return resource_version
+            error = map_error(e, "watch", self.resource)
+            session.note_error(error)
+            raise error from e
+        finally:
+            self.watching = False
+            with self._response_lock:
+                self._response = None
+            _close_response(response)
+        return resource_version
+
+    def _event(self, event: Mapping[str, Any], resource_version: str) -> str:
+        kind = event.get("type")
+        obj = event.get("object") or {}
+        if kind == "ERROR":
+            raise status_error(obj, "watch", self.resource)
+        version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
+        if kind in ("ADDED", "MODIFIED", "DELETED"):
+            self._handler.apply(str(kind), obj)
+        return str(version)

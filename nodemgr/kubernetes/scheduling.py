@@ -1,0 +1,68 @@
+"""The scheduler extender's requests: its session, the pod annotations and the Binding.
+
+For nodemgr.extender (which may not import the kubernetes client itself):
+
+- ``open_session``: credentials found as the daemon finds them (an explicit
+  kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config) and an ``ApiSession``;
+- ``patch_pod_annotations``: one JSON merge patch of ``metadata.annotations``
+  (only the keys given change);
+- ``create_binding``: ``POST .../pods/<name>/binding``, with the pod's UID as
+  precondition, so a pod deleted and made again under the same name is never
+  bound by a decision made for the old one.
+
+Errors are ``KubeApiError`` (``client.map_error``). RBAC: pods patch,
+pods/binding create (deploy/templates/scheduler-rbac.yaml.j2).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from nodemgr.kubernetes.client import ApiSession, find_credentials, new_api_client
+
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def open_session(kubeconfig: str, timeout_seconds: float, pool_size: int = 8) -> ApiSession:
+    """An ApiSession for the extender; raises KubeCredentialsError naming what was tried."""
+    credentials = find_credentials(kubeconfig)
+    client = new_api_client(credentials, pool_size=pool_size)
+    client.user_agent = "gpushare-scheduler"
+    return ApiSession(client, timeout_seconds, time.time)
+
+
+def describe_credentials(kubeconfig: str) -> str:
+    """Where the session's credentials come from, for the start-up log line."""
+    return find_credentials(kubeconfig).describe()
+
+
+def patch_pod_annotations(
+    session: ApiSession, namespace: str, name: str, annotations: Mapping[str, str]
+) -> None:
+    session.call(
+        "patch",
+        f"pods/{namespace}/{name}",
+        session.core.patch_namespaced_pod,
+        name,
+        namespace,
+        {"metadata": {"annotations": dict(annotations)}},
+        _content_type=MERGE_PATCH,
+    )
+
+
+def create_binding(session: ApiSession, namespace: str, name: str, uid: str, node: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": {"name": name, "namespace": namespace, **({"uid": uid} if uid else {})},
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    session.call(
+        "create",
+        f"pods/{namespace}/{name}/binding",
+        session.core.create_namespaced_pod_binding,
+        name,
+        namespace,
+        body,
+    )

@@ -1,0 +1,108 @@
+"""``gpushare-scheduler``, the console script, against the test API server.
+
+Pins: bad flags exit 2 and no credentials exit 1, each saying why; it serves at once,
+/healthz turns 200 once nodes and pods are listed (one LIST each, then watches);
+SIGTERM stops it with exit 0; what it bound is rebuilt from the API after a restart
+(the pod's annotations and nodeName), so the card stays taken; SIGHUP does not stop it.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from nodemgr.kubernetes.publish import node_annotation
+from tests.harness.apiserver_sim import TestApiServer
+from tests.harness.extender_proc import ExtenderProc
+
+MEMORY = "aliyun.com/gpu-mem"
+
+
+def gpus(*allocated_gib):
+    cards = [
+        {
+            "index": i,
+            "uuid": f"GPU-{i}",
+            "model": "Tesla T4",
+            "mode": "shared" if gib else "idle",
+            "healthy": True,
+            "memory_total_mib": 15360,
+            "memory_allocated_mib": gib * 1024,
+            "core_allocated_percent": 0,
+        }
+        for i, gib in enumerate(allocated_gib)
+    ]
+    return node_annotation({"gpus": cards, "allocations": []})
+
+
+@pytest.fixture
+def api():
+    server = TestApiServer()
+    server.start()
+    server.add_node("node-a", annotations={"gpushare.aliyun.com/gpus": gpus(0)})
+    yield server
+    server.stop()
+
+
+def run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, "-m", "nodemgr.extender.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+def test_bad_flags_and_no_credentials(tmp_path):
+    done = run("--policy", "tightest")
+    assert done.returncode == 2 and "unknown placement policy 'tightest'" in done.stderr
+    done = run("--address", "nowhere")
+    assert done.returncode == 2 and "'nowhere' is not HOST:PORT" in done.stderr
+    env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = run(env=env)
+    assert done.returncode == 1
+    assert done.stderr.startswith("gpushare-scheduler: no Kubernetes credentials (tried ")
+
+
+def test_serves_lists_once_and_rebuilds_after_a_restart(api, tmp_path):
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    pod = api.add_pod("default", "job", containers=[{"name": "main", "requests": {MEMORY: "8"}}])
+    extender = ExtenderProc(kubeconfig)
+    try:
+        extender.wait_ready()
+        lists = [p for m, p, q in api.requests if q.get("watch") != "true" and m == "GET"]
+        assert sorted(lists) == ["/api/v1/nodes", "/api/v1/pods"]
+        binding = {"PodName": "job", "PodNamespace": "default", "Node": "node-a"}
+        binding["PodUID"] = pod["metadata"]["uid"]
+        assert extender.post("bind", binding) == (200, {"Error": ""})
+        assert api.pod("default", "job")["spec"]["nodeName"] == "node-a"
+        extender.process.send_signal(signal.SIGHUP)
+        time.sleep(0.3)
+        assert extender.process.poll() is None
+        assert extender.stop() == 0
+        assert "SIGTERM: stopping" in extender.log()
+        restarted = ExtenderProc(kubeconfig)
+        try:
+            restarted.wait_ready()
+            other = api.add_pod(
+                "default", "next", containers=[{"name": "main", "requests": {MEMORY: "8"}}]
+            )
+            status, result = restarted.post("filter", {"Pod": other, "NodeNames": ["node-a"]})
+            assert status == 200
+            assert result["NodeNames"] == []
+            assert result["FailedNodes"]["node-a"] == (
+                "no single GPU on node-a has 8 GiB free: GPU0 (Tesla T4) has 7 GiB/100% free"
+            )
+            status, metrics = restarted.get("/metrics")
+            assert 'gpushare_extender_cache_synced{resource="pods"} 1' in metrics
+            assert json.loads(json.dumps(result))  # plain JSON
+        finally:
+            assert restarted.stop() == 0
+    finally:
+        extender.stop()

@@ -1,0 +1,225 @@
+"""nodemgr.extender.server: the verbs over the cache, served over real HTTP.
+
+The server runs in this process on a free loopback port, its cache fed by the watch
+handlers directly and its binder a fake. Pins: filter answers in the form asked
+(NodeNames or the full Nodes, passed back as received) with reasons per failed node;
+prioritize scores every node; bind writes the gpushare annotations, then the Binding,
+and counts the cards at once; a failed bind frees them, one without an answer keeps
+them; concurrent binds to one node never give the same card space twice; until the
+cache is listed, filter and bind answer with an Error and /healthz with 503;
+/metrics is Prometheus text; bad bodies get 400 naming the field, unknown paths 404,
+wrong methods 405; the URL prefix is optional.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from nodemgr.errors import KubeConflict, KubeUnavailable
+from nodemgr.extender.cache import ClusterCache
+from nodemgr.extender.server import Extender, ExtenderServer
+from tests.unit.extender.support import (
+    CORE,
+    MEMORY,
+    RESOURCES,
+    WHOLE,
+    annotation,
+    cache_with,
+    node,
+    pod,
+)
+
+
+class FakeBinder:
+    def __init__(self):
+        self.calls = []
+        self.fail_bind = None
+        self.lock = threading.Lock()
+
+    def annotate(self, namespace, name, annotations):
+        with self.lock:
+            self.calls.append(("annotate", namespace, name, dict(annotations)))
+
+    def bind(self, namespace, name, uid, node_name):
+        if self.fail_bind is not None:
+            raise self.fail_bind
+        with self.lock:
+            self.calls.append(("bind", namespace, name, uid, node_name))
+
+
+NODES = [node("a", annotation((7, 80), (11, 10))), node("b", annotation((0, 0), (0, 0)))]
+
+
+class Served:
+    def __init__(self, cache):
+        self.binder = FakeBinder()
+        self.extender = Extender(cache, self.binder, clock_ns=lambda: 42)
+        self.server = ExtenderServer(self.extender, ("127.0.0.1", 0), "/gpushare-scheduler")
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+        self.url = f"http://127.0.0.1:{self.server.address[1]}"
+
+    def request(self, method, path, body=None):
+        data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, method=method)
+        try:
+            with urllib.request.urlopen(request, timeout=10) as answer:
+                return answer.status, answer.read().decode()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    def post(self, verb, body, prefix="/gpushare-scheduler"):
+        status, text = self.request("POST", f"{prefix}/{verb}", body)
+        assert status == 200, text
+        return json.loads(text)
+
+    def close(self):
+        self.server.shutdown()
+
+
+@pytest.fixture
+def served():
+    pods = [pod("job", ("main", {MEMORY: 6, CORE: 40}), uid="u-job")]
+    s = Served(cache_with(NODES, pods))
+    yield s
+    s.close()
+
+
+def test_filter_by_names_and_by_nodes(served):
+    job = pod("job", ("main", {MEMORY: 6, CORE: 40}), uid="u-job")
+    result = served.post("filter", {"Pod": job, "NodeNames": ["a", "b"]})
+    assert result["NodeNames"] == ["b"] and result["Nodes"] is None and result["Error"] == ""
+    assert result["FailedNodes"] == {
+        "a": "no single GPU on a has 6 GiB and 40% free: GPU0 (Tesla T4) has 8 GiB/20% free, "
+        "GPU1 (Tesla T4) has 4 GiB/90% free"
+    }
+    result = served.post("filter", {"Pod": job, "Nodes": {"items": NODES}}, prefix="")
+    assert result["Nodes"]["items"] == [NODES[1]] and result["NodeNames"] is None
+    no_gpu = pod("web", ("main", {"cpu": 1}))
+    assert served.post("filter", {"Pod": no_gpu, "NodeNames": ["a", "x"]})["NodeNames"] == [
+        "a",
+        "x",
+    ]
+
+
+def test_prioritize_scores_each_node(served):
+    small = pod("small", ("main", {MEMORY: 2, CORE: 10}))
+    scores = served.post("prioritize", {"Pod": small, "NodeNames": ["a", "b"]})
+    assert [p["Host"] for p in scores] == ["a", "b"]
+    by_host = {p["Host"]: p["Score"] for p in scores}
+    assert by_host["a"] > by_host["b"]  # binpack: the fuller node
+
+
+def test_bind_annotates_binds_and_counts_at_once(served):
+    result = served.post(
+        "bind", {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "b"}
+    )
+    assert result == {"Error": ""}
+    assert served.binder.calls == [
+        (
+            "annotate",
+            "default",
+            "job",
+            {
+                "ALIYUN_COM_GPU_MEM_IDX": "0",
+                "ALIYUN_COM_GPU_MEM_POD": "6",
+                "ALIYUN_COM_GPU_MEM_DEV": "15",
+                "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+                "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "42",
+                "scheduler.framework.gpushare.allocation": '{"0":{"0":6}}',
+            },
+        ),
+        ("bind", "default", "job", "u-job", "b"),
+    ]
+    cache = served.extender.cache
+    with cache.lock:
+        assert cache.view("b").loads[0].memory_units_free == 9
+    unknown = served.post(
+        "bind", {"PodName": "ghost", "PodNamespace": "default", "PodUID": "u-x", "Node": "b"}
+    )
+    assert unknown["Error"].startswith("gpushare-scheduler does not know pod default/ghost")
+
+
+def test_a_failed_bind_frees_the_cards_and_one_without_answer_keeps_them(served):
+    cache = served.extender.cache
+    args = {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "b"}
+    served.binder.fail_bind = KubeConflict("create pods/default/job/binding: HTTP 409", 409)
+    assert "could not bind default/job to b: create" in served.post("bind", args)["Error"]
+    assert not cache.is_assumed("u-job")
+    served.binder.fail_bind = KubeUnavailable("create ...: no answer from the API server")
+    assert served.post("bind", args)["Error"]
+    assert cache.is_assumed("u-job")  # it may have happened: counted until it expires
+
+
+def test_concurrent_binds_never_share_a_card():
+    pods = [pod(f"p{i}", ("main", {MEMORY: 8, CORE: 10}), uid=f"u{i}") for i in range(12)]
+    s = Served(cache_with([node("b", annotation((0, 0), (0, 0)))], pods))
+    try:
+        results = {}
+
+        def bind(i):
+            results[i] = s.post(
+                "bind",
+                {"PodName": f"p{i}", "PodNamespace": "default", "PodUID": f"u{i}", "Node": "b"},
+            )["Error"]
+
+        threads = [threading.Thread(target=bind, args=(i,)) for i in range(12)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        bound = [i for i, error in results.items() if not error]
+        assert len(bound) == 2  # one 8 GiB container per 15 GiB card
+        cards = [
+            json.loads(c[3]["scheduler.framework.gpushare.allocation"])["0"]
+            for c in s.binder.calls
+            if c[0] == "annotate"
+        ]
+        assert sorted(next(iter(c)) for c in cards) == ["0", "1"]
+        assert all(
+            "no longer fits b: no single GPU on b has 8 GiB and 10% free" in e
+            for e in results.values()
+            if e
+        )
+    finally:
+        s.close()
+
+
+def test_nothing_is_decided_before_the_cache_is_listed():
+    cache = ClusterCache(RESOURCES, "gpushare.aliyun.com/", "binpack")
+    s = Served(cache)
+    try:
+        assert s.request("GET", "/healthz") == (503, "not ready: nodes and pods not listed yet\n")
+        job = pod("job", ("main", {MEMORY: 1}))
+        result = s.post("filter", {"Pod": job, "NodeNames": ["a"]})
+        assert result["Error"].startswith("gpushare-scheduler has not listed the cluster's nodes")
+        bound = s.post("bind", {"PodName": "job", "PodNamespace": "default", "Node": "a"})
+        assert bound["Error"].startswith("gpushare-scheduler has not listed")
+        cache.node_handler.replace(iter(NODES))
+        assert s.request("GET", "/healthz")[0] == 503
+        cache.pod_handler.replace(iter([job]))
+        assert s.request("GET", "/gpushare-scheduler/healthz") == (200, "ok\n")
+    finally:
+        s.close()
+
+
+def test_metrics_and_http_errors(served):
+    served.post("filter", {"Pod": pod("x", ("main", {WHOLE: 1})), "NodeNames": ["a", "b"]})
+    status, body = served.request("POST", "/gpushare-scheduler/filter", b"{broken")
+    assert status == 400 and "ExtenderArgs: the body is not JSON" in body
+    status, body = served.request("POST", "/bind", {"PodNamespace": "default", "Node": "b"})
+    assert (status, json.loads(body)) == (400, {"error": "ExtenderBindingArgs.PodName: required"})
+    assert served.request("GET", "/filter")[0] == 405
+    assert served.request("POST", "/preempt", {})[0] == 404
+    status, text = served.request("GET", "/metrics")
+    assert status == 200
+    assert 'gpushare_extender_requests_total{verb="filter",result="ok"} 1' in text
+    assert 'gpushare_extender_requests_total{verb="filter",result="bad_request"} 1' in text
+    assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 2' in text
+    assert "gpushare_extender_nodes 2" in text and "gpushare_extender_gpu_nodes 2" in text
+    assert "gpushare_extender_assumed_pods 0" in text
