@@ -624,20 +624,25 @@ def figures(args, tmp: str) -> list[Figure]:
     return out
 
 
-def main() -> None:
+def run(quick: bool, seed: int = 17) -> list[Figure]:
+    """Every figure of the simulation: the issue's sizes, or a smaller ``quick`` run."""
     import tempfile
 
+    args = argparse.Namespace(seed=seed, nodes=50, pods=2000)
+    args.filter_nodes, args.filter_calls = 1000, 400
+    args.rss_nodes, args.rss_pods = 5000, 50000
+    if quick:
+        args.pods, args.filter_calls, args.rss_nodes, args.rss_pods = 400, 100, 500, 5000
+    with tempfile.TemporaryDirectory() as tmp:
+        return figures(args, tmp)
+
+
+def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="a smaller run")
     parser.add_argument("--seed", type=int, default=17)
     args = parser.parse_args()
-    args.nodes, args.pods = 50, 2000
-    args.filter_nodes, args.filter_calls = 1000, 400
-    args.rss_nodes, args.rss_pods = 5000, 50000
-    if args.quick:
-        args.pods, args.filter_calls, args.rss_nodes, args.rss_pods = 400, 100, 500, 5000
-    with tempfile.TemporaryDirectory() as tmp:
-        result = figures(args, tmp)
+    result = run(args.quick, args.seed)
     print(table(result))
     print()
     print("\n".join(machine_lines(result)))

@@ -16,7 +16,9 @@ in its own module with what it measures and why:
 7. Allocate with the Kubernetes pod cache empty vs holding 5,000 pods
    (bench/kube_cache_latency.py, test API server);
 8. SIGTERM to exit with kubelet streaming and with every MPS control daemon
-   hung (bench/shutdown.py).
+   hung (bench/shutdown.py);
+9. the cluster side (bench/cluster_sim.py): pods refused at admission with node
+   totals only vs with gpushare-scheduler, filter/bind p99, extender RSS.
 
 A figure whose feature is not built is ``absent``; one this machine cannot
 measure (no runc, not root) is ``skipped`` with the reason in the notes; one
@@ -39,9 +41,11 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 from bench import (
     allocate_latency,
+    cluster_sim,
     enforcement_reaction,
     footprint,
     hook_overhead,
@@ -70,6 +74,7 @@ class Settings:
     hook_rounds: int
     kube_cache_admissions: int
     shutdown_trials: int
+    cluster_quick: bool  # the cluster simulation at its small size
     adapter_off_too: bool  # footprint a second time with the Kubernetes adapter off
 
 
@@ -84,6 +89,7 @@ FULL = Settings(
     hook_rounds=40,
     kube_cache_admissions=300,
     shutdown_trials=20,
+    cluster_quick=False,
     adapter_off_too=True,
 )
 QUICK = Settings(
@@ -97,6 +103,7 @@ QUICK = Settings(
     hook_rounds=8,
     kube_cache_admissions=100,
     shutdown_trials=4,
+    cluster_quick=True,
     adapter_off_too=False,
 )
 
@@ -197,9 +204,6 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         samples = kube_cache_latency.measure(settings.kube_cache_admissions, 5000)
         return kube_cache_latency.figures(samples, 5000)
 
-    def stop() -> list[Figure]:
-        return shutdown.figures(shutdown.measure(settings.shutdown_trials))
-
     return [
         Section(
             "1. Allocate latency vs a trivial gRPC call (same run, same socket kind)",
@@ -238,9 +242,19 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         Section(
             "8. SIGTERM to exit: kubelet streaming, and every MPS control daemon hung",
             ("shutdown_p99_ms",),
-            stop,
+            partial(_shutdown, settings),
+        ),
+        Section(
+            "9. The cluster side: scheduling with node totals only vs with gpushare-scheduler, "
+            "filter and bind cost, extender memory",
+            (),
+            partial(cluster_sim.run, settings.cluster_quick),
         ),
     ]
+
+
+def _shutdown(settings: Settings) -> list[Figure]:
+    return shutdown.figures(shutdown.measure(settings.shutdown_trials))
 
 
 def main(argv: list[str] | None = None) -> int:
