@@ -54,6 +54,15 @@ Implemented, with the real server's wire shapes and status codes:
 * ``limit``/``continue`` paging of lists: pages of ``limit`` items from one snapshot (the
   first page's resourceVersion); an opaque continue token; a token whose snapshot left
   the history gives 410 Expired.
+* Discovery, for kubectl: ``/version`` (v1.30.2), ``/api``, ``/apis``, ``/apis/<group>``
+  and the APIResourceLists of ``/api/v1`` and ``/apis/<group>/v1`` (legacy discovery: a
+  client asking for aggregated discovery gets it, as from a server without that). A GET
+  whose Accept header prefers ``application/json;as=Table;v=v1;g=meta.k8s.io`` (``kubectl
+  get`` without ``-o``) gets pods, nodes and events as the server-side printed Table
+  (kubectl's columns, ``-o wide`` ones included); watches are not converted.
+* ``anonymous = True``: a request without credentials is served, as by a server allowing
+  anonymous requests (kubectl sends no token over plain HTTP); a wrong token still gets
+  401.
 
 Not implemented: other resources and access reviews, server-side apply (415),
 ``remainingItemCount``, ``sendInitialEvents``,
@@ -371,6 +380,226 @@ def _time(value, micro: bool) -> str:
     return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
+# ---- discovery and Table output: what kubectl asks for besides the objects ----
+
+_VERSION = """{"major": "1", "minor": "30", "gitVersion": "v1.30.2", "gitCommit":
+  "39683505b630ff2121012f3c5b16215a1449d5ed", "gitTreeState": "clean", "buildDate":
+  "2024-06-11T20:21:00Z", "goVersion": "go1.22.4", "compiler": "gc", "platform": "linux/amd64"}"""
+_VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
+_GROUPS = {"events.k8s.io": "v1", "authorization.k8s.io": "v1"}
+
+
+def _api_resource(name, kind, namespaced, verbs=_VERBS, singular="", short=()) -> dict:
+    out = {"name": name, "singularName": singular, "namespaced": namespaced, "kind": kind}
+    return out | {"verbs": list(verbs)} | ({"shortNames": list(short)} if short else {})
+
+
+def _api_resources(path: str) -> list[dict] | None:
+    status, event = ("get", "patch", "update"), ("events", "Event", True)
+    return {
+        "/api/v1": [
+            _api_resource(*event, singular="event", short=["ev"]),
+            _api_resource("nodes", "Node", False, singular="node", short=["no"]),
+            _api_resource("nodes/status", "Node", False, status),
+            _api_resource("pods", "Pod", True, singular="pod", short=["po"])
+            | {"categories": ["all"]},
+            _api_resource("pods/binding", "Binding", True, ("create",)),
+            _api_resource("pods/status", "Pod", True, status),
+        ],
+        "/apis/events.k8s.io/v1": [_api_resource(*event, singular="event", short=["ev"])],
+        "/apis/authorization.k8s.io/v1": [
+            _api_resource(
+                "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, ("create",),
+                "selfsubjectaccessreview",
+            )
+        ],
+    }.get(path)  # fmt: skip
+
+
+def discovery(path: str) -> dict | None:
+    """The legacy discovery document at ``path`` (/version, /api, /apis, /apis/<group>,
+    /api/v1, /apis/<group>/v1) of what this server serves; None for any other path."""
+    path = path.rstrip("/")  # the real server takes a trailing slash there too
+    gv = {g: {"groupVersion": f"{g}/{v}", "version": v} for g, v in _GROUPS.items()}
+    groups = {g: {"name": g, "versions": [gv[g]], "preferredVersion": gv[g]} for g in gv}
+    if path == "/version":
+        return json.loads(_VERSION)
+    if path == "/api":
+        cidrs = [{"clientCIDR": "0.0.0.0/0", "serverAddress": "10.0.0.1:6443"}]
+        return {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": cidrs}
+    if path == "/apis":
+        return {"kind": "APIGroupList", "apiVersion": "v1", "groups": list(groups.values())}
+    if path.startswith("/apis/") and path[6:] in groups:
+        return {"kind": "APIGroup", "apiVersion": "v1"} | groups[path[6:]]
+    resources = _api_resources(path)
+    if resources is None:
+        return None
+    out = {"kind": "APIResourceList", "groupVersion": path.split("/", 2)[2]}
+    # The core group's list has no apiVersion on the wire, the named groups' have one.
+    return (
+        out | ({"apiVersion": "v1"} if path.startswith("/apis/") else {}) | {"resources": resources}
+    )
+
+
+def human_age(timestamp: str | None, now: datetime | None = None) -> str:
+    """The time since ``timestamp`` as kubectl prints an age (apimachinery's
+    duration.HumanDuration): 90s, 5m3s, 42m, 3h12m, 30h, 3d4h, 20d, 2y10d."""
+    if not timestamp:
+        return "<unknown>"
+    then = datetime.fromisoformat(timestamp.replace("Z", "+00:00"))
+    s = int(((now or datetime.now(UTC)) - then).total_seconds())
+    if s < -1:
+        return "<invalid>"
+    s = max(s, 0)
+    m, h, d = s // 60, s // 3600, s // 86400
+    steps = (
+        (s < 120, f"{s}s"),
+        (m < 10, f"{m}m{s % 60}s" if s % 60 else f"{m}m"),
+        (m < 180, f"{m}m"),
+        (h < 8, f"{h}h{m % 60}m" if m % 60 else f"{h}h"),
+        (h < 48, f"{h}h"),
+        (h < 24 * 8, f"{d}d{h % 24}h" if h % 24 else f"{d}d"),
+        (d < 365 * 2, f"{d}d"),
+        (d < 365 * 8, f"{d // 365}y{d % 365}d"),
+    )
+    return next((text for small, text in steps if small), f"{d // 365}y")
+
+
+def _col(name: str, description: str, priority: int = 0, kind="string", fmt="") -> dict:
+    return {"name": name, "type": kind, "format": fmt, "description": description} | {
+        "priority": priority
+    }
+
+
+_NAME_COL = _col("Name", "Name must be unique within a namespace.", fmt="name")
+_AGE_DOC = "CreationTimestamp is the server time when this object was created."
+
+
+def _node_cells(o: dict) -> list:
+    st, meta = o.get("status") or {}, o["metadata"]
+    ready = any(
+        c.get("type") == "Ready" and c.get("status") == "True" for c in st.get("conditions") or []
+    )
+    status = "Ready" if ready else "NotReady"
+    if (o.get("spec") or {}).get("unschedulable"):
+        status += ",SchedulingDisabled"
+    role = "node-role.kubernetes.io/"
+    roles = sorted(k[len(role) :] for k in meta.get("labels") or {} if k.startswith(role))
+    info, addresses = st.get("nodeInfo") or {}, st.get("addresses") or []
+    ip = {
+        t: ",".join(a["address"] for a in addresses if a.get("type") == t) or "<none>"
+        for t in ("InternalIP", "ExternalIP")
+    }
+    return [
+        meta["name"], status, ",".join(roles) or "<none>", human_age(meta.get("creationTimestamp")),
+        info.get("kubeletVersion", ""), ip["InternalIP"], ip["ExternalIP"],
+        info.get("osImage", "<unknown>"), info.get("kernelVersion", "<unknown>"),
+        info.get("containerRuntimeVersion", "<unknown>"),
+    ]  # fmt: skip
+
+
+def _pod_cells(o: dict) -> list:
+    st, meta, spec = o.get("status") or {}, o["metadata"], o.get("spec") or {}
+    statuses = st.get("containerStatuses") or []
+    reason = st.get("reason") or st.get("phase") or "Unknown"
+    for cs in statuses:  # a waiting or terminated container's reason wins, the last one
+        state = cs.get("state") or {}
+        reason = (state.get("waiting") or state.get("terminated") or {}).get("reason") or reason
+    if meta.get("deletionTimestamp"):
+        reason = "Terminating"
+    ready = sum(bool(cs.get("ready")) for cs in statuses)
+    return [
+        meta["name"], f"{ready}/{len(spec.get('containers') or [])}", reason,
+        sum(cs.get("restartCount", 0) for cs in statuses),
+        human_age(meta.get("creationTimestamp")), st.get("podIP") or "<none>",
+        spec.get("nodeName") or "<none>", st.get("nominatedNodeName") or "<none>", "<none>",
+    ]  # fmt: skip
+
+
+def _event_cells(o: dict) -> list:
+    """Both Event APIs (events.k8s.io/v1 names its fields differently)."""
+    involved = o.get("involvedObject") or o.get("regarding") or {}
+    source = o.get("source") or {}
+    source = ", ".join(filter(None, (source.get("component") or o.get("reportingController"),
+                                     source.get("host"))))  # fmt: skip
+    last = o.get("lastTimestamp") or o.get("deprecatedLastTimestamp") or o.get("eventTime")
+    first = o.get("firstTimestamp") or o.get("deprecatedFirstTimestamp") or o.get("eventTime")
+    return [
+        human_age(last), o.get("type", ""), o.get("reason", ""),
+        f"{str(involved.get('kind', '')).lower()}/{involved.get('name', '')}",
+        involved.get("fieldPath", ""), source, o.get("message") or o.get("note") or "",
+        human_age(first), o.get("count") or o.get("deprecatedCount") or 1,
+        o["metadata"]["name"],
+    ]  # fmt: skip
+
+
+# Kind -> (columnDefinitions, cells of one object), the real server's printers (trimmed).
+_TABLES = {
+    "Node": ([
+        _NAME_COL, _col("Status", "The status of the node"),
+        _col("Roles", "The roles of the node"), _col("Age", _AGE_DOC),
+        _col("Version", "Kubelet Version reported by the node."),
+        _col("Internal-IP", "List of internal IPs in the node.", 1),
+        _col("External-IP", "List of external IPs in the node.", 1),
+        _col("OS-Image", "OS Image reported by the node from /etc/os-release.", 1),
+        _col("Kernel-Version", "Kernel Version reported by the node.", 1),
+        _col("Container-Runtime", "Container runtime version reported by the node.", 1),
+    ], _node_cells),
+    "Pod": ([
+        _NAME_COL, _col("Ready", "The aggregate readiness state of this pod."),
+        _col("Status", "The aggregate status of the containers in this pod."),
+        _col("Restarts", "The number of times the containers have restarted.", 0, "integer"),
+        _col("Age", _AGE_DOC), _col("IP", "IP address allocated to the pod.", 1),
+        _col("Node", "Name of the Node the Pod is assigned to.", 1),
+        _col("Nominated Node", "Name of the node the pod is nominated to.", 1),
+        _col("Readiness Gates", "The readiness gates of the pod.", 1),
+    ], _pod_cells),
+    "Event": ([
+        _col("Last Seen", "The time the event was last seen."), _col("Type", "Event type."),
+        _col("Reason", "Why the event happened."), _col("Object", "The object it is about."),
+        _col("Subobject", "The part of the object it is about.", 1),
+        _col("Source", "The component reporting it.", 1), _col("Message", "What happened."),
+        _col("First Seen", "The time the event was first seen.", 1),
+        _col("Count", "How many times it happened.", 1, "integer"),
+        _col("Name", "The event's name.", 1, fmt="name"),
+    ], _event_cells),
+}  # fmt: skip
+
+
+def table_version(accept: str) -> str | None:
+    """meta.k8s.io/v1 or /v1beta1 when the Accept header prefers a Table (kubectl's
+    ``application/json;as=Table;v=v1;g=meta.k8s.io,...,application/json``), else None."""
+    for media in accept.split(","):
+        kind, *params = (p.strip() for p in media.split(";"))
+        args = dict(p.partition("=")[::2] for p in params)
+        if args.get("as") == "Table" and args.get("g") == "meta.k8s.io":
+            if args.get("v") in ("v1", "v1beta1"):
+                return "meta.k8s.io/" + args["v"]
+        elif kind in ("application/json", "*/*", "application/*") and not args:
+            return None
+    return None
+
+
+def as_table(obj: dict, api_version: str = "meta.k8s.io/v1") -> dict | None:
+    """A pod, node or event, or a list of them, as the server-side printed Table (rows
+    with cells and the object's metadata, includeObject=Metadata); None for anything else."""
+    kind = str(obj.get("kind", ""))
+    many = kind.endswith("List") and "items" in obj
+    columns, cells = _TABLES.get(kind[:-4] if many else kind, (None, None))
+    if cells is None:
+        return None
+    meta = {k: v for k, v in obj["metadata"].items() if k in ("resourceVersion", "continue")}
+    rows = [
+        {"cells": cells(o), "object": {"kind": "PartialObjectMetadata", "apiVersion":
+         "meta.k8s.io/v1", "metadata": copy.deepcopy(o["metadata"])}}
+        for o in (obj["items"] if many else [obj])
+    ]  # fmt: skip
+    return {"kind": "Table", "apiVersion": api_version, "metadata": meta} | {
+        "columnDefinitions": copy.deepcopy(columns),
+        "rows": rows,
+    }
+
+
 # ---- realistic objects for the test-side helpers ----
 
 
@@ -484,6 +713,8 @@ class TestApiServer:
         self.requests: list[tuple[str, str, dict]] = []  # (method, path, query) of each request
         # SelfSubjectAccessReviews: None allows everything, else only these (resource, verb).
         self.rbac_allowed: set[tuple[str, str]] | None = None
+        # Serve requests without credentials (kubectl sends no token over plain HTTP).
+        self.anonymous = False
         self._cond = threading.Condition()  # guards all below; watches wait on it
         self._objs: dict[tuple, dict] = {}  # (_Res, namespace, name) -> object, never mutated
         self._rv = 1000  # not 0: "0" means "any version" in the API
@@ -800,7 +1031,8 @@ class TestApiServer:
         self.requests.append((method, url.path, query))
         is_watch = query.get("watch") in ("true", "1")
         try:
-            if h.headers.get("Authorization") != f"Bearer {self.token}":
+            auth = h.headers.get("Authorization")
+            if auth != f"Bearer {self.token}" and (auth is not None or not self.anonymous):
                 raise ApiError(401, "Unauthorized")
             if delay := self._take_rule("delay", method, url.path, is_watch):
                 time.sleep(delay)
@@ -810,6 +1042,9 @@ class TestApiServer:
             if result is None:
                 return  # a watch wrote its own response
             code, obj = result
+            table = table_version(h.headers.get("Accept") or "")
+            if method == "GET" and code == 200 and table:
+                obj = as_table(obj, table) or obj  # what `kubectl get` prints
         except ApiError as e:
             code, obj = e.code, e.status
         except Exception as e:  # a bug in this simulator: make it visible to the client
@@ -828,6 +1063,8 @@ class TestApiServer:
             h.close_connection = True
 
     def _route(self, h, method, path, query, body, is_watch):
+        if method == "GET" and (document := discovery(path)) is not None:
+            return 200, document
         if path == ACCESS_REVIEWS:
             if method != "POST":
                 raise ApiError(

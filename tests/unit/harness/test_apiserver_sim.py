@@ -522,3 +522,126 @@ def test_bookmarks(server, v1):
             w.stop()
     assert seen == ["ADDED", "BOOKMARK"]
     assert w.resource_version == str(server.resource_version)
+
+
+# ---- what kubectl needs besides the objects (tests/kubectl runs the real kubectl) ----
+
+TABLE_ACCEPT = (  # what `kubectl get` sends without -o
+    "application/json;as=Table;v=v1;g=meta.k8s.io,"
+    "application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json"
+)
+
+
+def test_anonymous_requests_served_only_when_allowed(server):
+    """kubectl sends no token over plain HTTP: ``anonymous = True`` serves it; a wrong
+    token is refused either way."""
+    http = urllib3.PoolManager()
+    url = server.url + "/api/v1/nodes"
+    assert http.request("GET", url).status == 401
+    server.anonymous = True
+    assert http.request("GET", url).status == 200
+    assert http.request("GET", url, headers={"Authorization": "Bearer wrong"}).status == 401
+    good = {"Authorization": f"Bearer {server.token}"}
+    assert http.request("GET", url, headers=good).status == 200
+
+
+def test_discovery_read_by_the_official_client(server, tmp_path):
+    """/version, /api, /apis, /apis/<group> and the APIResourceLists: what kubectl reads
+    before any request for an object, deserialised into the client's typed models."""
+    api = make_api(server, tmp_path)
+    version = client.VersionApi(api).get_code()
+    assert (version.major, version.minor, version.git_version) == ("1", "30", "v1.30.2")
+    assert client.CoreApi(api).get_api_versions().versions == ["v1"]
+    groups = client.ApisApi(api).get_api_versions().groups
+    assert {g.name: g.preferred_version.group_version for g in groups} == {
+        "events.k8s.io": "events.k8s.io/v1",
+        "authorization.k8s.io": "authorization.k8s.io/v1",
+    }
+    assert client.EventsApi(api).get_api_group().name == "events.k8s.io"
+    core = {r.name: r for r in client.CoreV1Api(api).get_api_resources().resources}
+    assert set(core) == {"pods", "pods/status", "pods/binding", "nodes", "nodes/status", "events"}
+    assert (core["nodes"].kind, core["nodes"].namespaced, core["nodes"].short_names) == (
+        "Node",
+        False,
+        ["no"],
+    )
+    assert core["pods"].namespaced and "watch" in core["pods"].verbs
+    assert core["pods/binding"].verbs == ["create"]
+    events = client.EventsV1Api(api).get_api_resources()
+    assert events.group_version == "events.k8s.io/v1"
+    assert [r.name for r in events.resources] == ["events"]
+    reviews = client.AuthorizationV1Api(api).get_api_resources().resources
+    assert [(r.name, r.verbs) for r in reviews] == [("selfsubjectaccessreviews", ["create"])]
+    http = urllib3.PoolManager()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    assert "apiVersion" not in http.request("GET", server.url + "/api/v1", headers=auth).json()
+    assert http.request("GET", server.url + "/apis/apps/v1", headers=auth).status == 404
+    assert http.request("GET", server.url + "/apis/apps", headers=auth).status == 404
+    api.close()
+
+
+def test_table_output_for_kubectl_get(server):
+    """An Accept header preferring a meta.k8s.io Table gets one for pods, nodes and events
+    (lists and single objects); plain JSON otherwise, and for anything else."""
+    server.add_node("node-a", labels={"node-role.kubernetes.io/gpu": ""})
+    server.add_pod("default", "running", "node-a", phase="Running")
+    server.add_pod("default", "pending", "node-a", containers=[{"name": "a"}, {"name": "b"}])
+    http = urllib3.PoolManager()
+    auth = {"Authorization": f"Bearer {server.token}"}
+    table = auth | {"Accept": TABLE_ACCEPT}
+
+    nodes = http.request("GET", server.url + "/api/v1/nodes?limit=500", headers=table).json()
+    assert (nodes["kind"], nodes["apiVersion"]) == ("Table", "meta.k8s.io/v1")
+    assert nodes["metadata"]["resourceVersion"] == str(server.resource_version)
+    columns = [c["name"] for c in nodes["columnDefinitions"] if c["priority"] == 0]
+    assert columns == ["Name", "Status", "Roles", "Age", "Version"]
+    [row] = nodes["rows"]
+    assert row["cells"][:5] == ["node-a", "Ready", "gpu", row["cells"][3], "v1.30.2"]
+    assert row["cells"][5:7] == ["10.0.0.11", "<none>"]  # -o wide: internal, external IP
+    assert row["cells"][3].endswith("s")  # age in seconds
+    assert row["object"]["kind"] == "PartialObjectMetadata"
+    assert row["object"]["metadata"] == server.node("node-a")["metadata"]
+
+    pods = http.request("GET", server.url + "/api/v1/namespaces/default/pods", headers=table)
+    cells = {r["cells"][0]: r["cells"][1:4] for r in pods.json()["rows"]}
+    assert cells == {"pending": ["0/2", "ContainerCreating", 0], "running": ["1/1", "Running", 0]}
+    one = http.request("GET", server.url + "/api/v1/namespaces/default/pods/running", headers=table)
+    assert one.json()["kind"] == "Table" and len(one.json()["rows"]) == 1
+    beta = auth | {"Accept": "application/json;as=Table;v=v1beta1;g=meta.k8s.io"}
+    r = http.request("GET", server.url + "/api/v1/nodes", headers=beta)
+    assert r.json()["apiVersion"] == "meta.k8s.io/v1beta1"
+
+    event = {"metadata": {"name": "e1"}, "involvedObject": {"kind": "Pod", "name": "running"}}
+    event |= {"reason": "GPUShareRefused", "type": "Warning", "message": "no card", "count": 2}
+    event |= {"lastTimestamp": "2024-01-01T00:00:00Z", "source": {"component": "gpushare"}}
+    r = http.request("POST", server.url + "/api/v1/namespaces/default/events",
+                     headers=auth, json=event)  # fmt: skip
+    assert r.status == 201
+    events = http.request("GET", server.url + "/api/v1/events", headers=table).json()
+    [row] = events["rows"]
+    assert row["cells"][1:4] == ["Warning", "GPUShareRefused", "pod/running"]
+    assert row["cells"][5:7] == ["gpushare", "no card"] and row["cells"][8] == 2
+
+    plain = http.request("GET", server.url + "/api/v1/nodes/node-a", headers=auth).json()
+    assert plain == server.node("node-a")  # no Accept header: the object
+    json_first = auth | {"Accept": "application/json, */*"}
+    r = http.request("GET", server.url + "/api/v1/nodes", headers=json_first)
+    assert r.json()["kind"] == "NodeList"
+    r = http.request("GET", server.url + "/version", headers=table)
+    assert r.json()["gitVersion"] == "v1.30.2"  # not a Table: as it is
+    r = http.request("GET", server.url + "/api/v1/nodes/nope", headers=table)
+    assert r.status == 404 and r.json()["kind"] == "Status"
+
+
+@pytest.mark.parametrize(
+    "seconds, age",
+    [(-5, "<invalid>"), (0, "0s"), (119, "119s"), (125, "2m5s"), (600, "10m"),
+     (3 * 3600 + 60, "3h1m"), (30 * 3600, "30h"), (3 * 86400 + 4 * 3600, "3d4h"),
+     (20 * 86400, "20d"), (3 * 365 * 86400 + 86400, "3y1d"), (9 * 365 * 86400, "9y")],
+)  # fmt: skip
+def test_human_age_as_kubectl_prints_it(seconds, age):
+    from tests.harness.apiserver_sim import human_age
+
+    now = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
+    created = (now - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert human_age(created, now) == age
