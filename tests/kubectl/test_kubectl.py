@@ -4,8 +4,8 @@ A second client, not the Python one the daemon and the other tests use, holds th
 API server's dialect to what a real client expects, and shows that what the daemon
 writes is what kubectl shows. The real gpushare-node (simulated cards, the test kubelet,
 ``kubernetes`` on) runs against the test API server; pods are admitted, one is refused.
-Then ``kubectl`` (``scripts/setup-kubectl``: $GPUSHARE_KUBECTL, the one on PATH, or
-Debian's kubernetes-client 1.20) reads:
+Then ``kubectl`` (``scripts/setup-kubectl``: $GPUSHARE_KUBECTL, else Debian's
+kubernetes-client 1.20 unpacked into the real-parts cache, else the one on PATH) reads:
 
 * ``get node -o json``: the Node exactly as stored (labels: ours, the foreign one kept;
   the ``<label_prefix>gpus`` annotation byte for byte, via jsonpath too; the
