@@ -35,6 +35,11 @@ API server accepted the Binding but the watch lost the event.
 
 What it must not do: I/O (the watch threads and the server do it), or hold
 the lock while iterating a LIST (``replace`` builds first, then swaps).
+
+Why this module is longer than 400 lines: the node and pod caches, the per-card
+arithmetic of what is used and the assume cache share one lock and must change together
+(a bind is decided and assumed in one locked section, confirmed by the watch in
+another); splitting them would spread that locking over modules.
 """
 
 from __future__ import annotations

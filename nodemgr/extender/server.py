@@ -23,6 +23,10 @@ here: prometheus_client is the node daemon's metrics module's only). A body
 that is not the verb's type gets HTTP 400 with the reason.
 
 What it must not do: make an API request while holding the cache lock.
+
+Why this module is longer than 400 lines: it is the extender's whole HTTP surface
+(filter, prioritize, bind, healthz, metrics) with the translation of each verb's errors
+into the wire format's Error fields; the verbs share one request path.
 """
 
 from __future__ import annotations

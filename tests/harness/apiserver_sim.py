@@ -70,6 +70,11 @@ Not implemented: other resources and access reviews, server-side apply (415),
 deletion over HTTP (a DELETE removes at once; ``delete_pod(graceful=True)`` marks a pod
 terminating), strategic merge directives other than ``$patch``, shared storage of the two
 Event APIs, pod spec immutability, TLS.
+
+Why this module is longer than 400 lines: it stands in for the Kubernetes API server's
+REST and watch protocol as the official client and kubectl use it (discovery, lists with
+paging and selectors, watches, patches, bindings, access reviews, events, Table output);
+one server, one store.
 """
 
 from __future__ import annotations

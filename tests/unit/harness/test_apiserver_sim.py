@@ -21,6 +21,9 @@ relies on:
 * stop() breaks an open watch (urllib3 ProtocolError) and refuses connections,
   restart() serves the same data on the same port, drop_watches() ends watches cleanly
   (the client resumes from its last RV), bookmarks.
+
+Why this module is longer than 400 lines: it holds the API server stand-in to the real
+server's behaviour, request by request, as the stand-in itself is large.
 """
 
 import datetime
