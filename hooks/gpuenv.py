@@ -31,8 +31,16 @@ GPU_ENV_NAMES = (
 )
 
 _NO_GPU_VALUES = ("", "void", "none")
-# ASCII digits only (str.isdigit accepts other scripts' digits), bounded length.
-_PINNED_ENTRY = re.compile(r"([0-9]{1,3})\s*=\s*([0-9]{1,9})([MmGg])")
+# Exact ASCII forms: [0-9] is ASCII only (str.isdigit, int() and float() take other
+# scripts' digits, such as Arabic-Indic or fullwidth ones), and the only spaces taken
+# are ASCII space and tab (Python's \s and str.strip() also take NBSP and the like).
+# A C library reading these values (MPS: atoi/strtod) would read such a value
+# differently from us, so it is refused rather than guessed at.
+_SPACES = " \t"
+_PINNED_ENTRY = re.compile(r"([0-9]{1,3})[ \t]*=[ \t]*([0-9]{1,9})([MmGg])")
+_THREAD_PERCENTAGE = re.compile(r"[0-9]{1,3}(?:\.[0-9]{1,6})?")
+PINNED_LIMIT_FORM = "ASCII digits as 0=4096M or 0=4G (comma-separated per device)"
+THREAD_PERCENTAGE_FORM = "ASCII digits only, as 30 or 29.5"
 
 
 class EnvError(ValueError):
@@ -43,7 +51,9 @@ def env_from_list(entries: list[str]) -> dict[str, str]:
     """The GPU-relevant names of an OCI ``process.env`` list (``NAME=value`` strings).
 
     A name given twice with different values is an EnvError: which one a
-    program sees depends on its C library, so neither can be trusted.
+    program sees depends on its C library, so neither can be trusted. So is,
+    for a container that needs the daemon (it asks for GPUs), a quota value
+    not in its exact ASCII form (:func:`quota_env_form_problem`).
     """
     env: dict[str, str] = {}
     for entry in entries:
@@ -55,6 +65,10 @@ def env_from_list(entries: list[str]) -> dict[str, str]:
         if name in env and env[name] != value:
             raise EnvError(f"{name} is set twice, to {env[name]!r} and {value!r}")
         env[name] = value
+    if needs_daemon(env):
+        problem = quota_env_form_problem(env)
+        if problem is not None:
+            raise EnvError(problem)
     return env
 
 
@@ -85,10 +99,11 @@ def parse_pinned_limit(value: str) -> dict[str, int]:
     """
     limits: dict[str, int] = {}
     for item in value.split(","):
-        match = _PINNED_ENTRY.fullmatch(item.strip())
+        match = _PINNED_ENTRY.fullmatch(item.strip(_SPACES))
         if match is None:
             raise EnvError(
-                f"{PINNED_MEM_LIMIT}={value!r}: {item.strip()!r} is not like 0=4096M or 0=4G"
+                f"{PINNED_MEM_LIMIT}={value!r}: {item.strip(_SPACES)!r} is not like 0=4096M "
+                f"or 0=4G (allowed: {PINNED_LIMIT_FORM})"
             )
         ordinal, number, unit = match.groups()
         if ordinal in limits:
@@ -96,3 +111,34 @@ def parse_pinned_limit(value: str) -> dict[str, int]:
             raise EnvError(f"{PINNED_MEM_LIMIT}={value!r}: device {ordinal} is named twice")
         limits[ordinal] = int(number) * (1024 if unit in "Gg" else 1)
     return limits
+
+
+def parse_thread_percentage(value: str) -> float:
+    """``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` as a number, read only in its exact form.
+
+    ASCII digits, at most three, with an optional ASCII decimal part (``30``,
+    ``29.5``); no sign, exponent, space, underscore, nan or inf. EnvError
+    otherwise. Whether the number fits the allocation is for the caller.
+    """
+    if _THREAD_PERCENTAGE.fullmatch(value) is None:
+        raise EnvError(
+            f"{ACTIVE_THREAD_PERCENTAGE}={value[:40]!r} is not a percentage in its exact "
+            f"form (allowed: {THREAD_PERCENTAGE_FORM})"
+        )
+    return float(value)
+
+
+def quota_env_form_problem(env: dict[str, str]) -> str | None:
+    """Why a quota env value present in ``env`` is not in its exact ASCII form; or None.
+
+    Only the form: a missing value, or one that raises the quota, is for the
+    daemon to judge against the allocation.
+    """
+    try:
+        if PINNED_MEM_LIMIT in env:
+            parse_pinned_limit(env[PINNED_MEM_LIMIT])
+        if ACTIVE_THREAD_PERCENTAGE in env:
+            parse_thread_percentage(env[ACTIVE_THREAD_PERCENTAGE])
+    except EnvError as e:
+        return str(e)
+    return None

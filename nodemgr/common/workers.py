@@ -8,9 +8,14 @@ offers the same four calls (``Worker``), so the daemon wires them in one way:
 order, also when a later start fails).
 
 ``ThreadWorker`` is the base of the looping workers. Its thread must never
-die silently: an exception that escapes the loop is logged with its
-traceback and kept in ``failure``, and ``alive`` turns False, which the run
-loop reports (and then stops pinging systemd's watchdog).
+die silently: an exception that escapes the loop is logged at CRITICAL with
+its traceback and kept in ``failure``, and ``alive`` turns False. Started
+through :class:`Workers`, it is then run again after a backoff
+(``RESTART_BACKOFF_SECONDS``, one step per consecutive death; a run that
+lasted ``RESTART_RESET_SECONDS`` starts the steps over). Past the last step
+it stays dead: ``Workers.dead`` names it, the run loop stops pinging
+systemd's watchdog (so systemd restarts the whole daemon) and the status
+document and metrics say which worker is down (``Workers.health``).
 """
 
 from __future__ import annotations
@@ -19,7 +24,8 @@ import contextlib
 import logging
 import threading
 import time
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
+from typing import Protocol, TypedDict, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +33,20 @@ JOIN_TIMEOUT_SECONDS = 2.0  # how long a stop waits for a worker before moving o
 # How long all of a daemon's workers together may take to stop once asked: the
 # daemon must exit within a second of SIGTERM (systemd, kubelet upgrades).
 STOP_BUDGET_SECONDS = 0.6
+# The waits before each restart of a worker that died, one per consecutive death; the
+# last one spent, a worker that dies again stays dead. Together well under systemd's
+# WatchdogSec (60 s): a worker that comes back in time does not restart the daemon.
+RESTART_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0)
+# A run that lasted this long was healthy: its death starts the backoff over.
+RESTART_RESET_SECONDS = 60.0
+
+
+class WorkerHealth(TypedDict):
+    """One worker as the status document and the metrics show it."""
+
+    up: bool  # alive: started, not stopped, not dead or waiting to be restarted
+    restarts: int  # times it was run again after dying, since the daemon started
+    failure: str | None  # "<ExceptionType>: <message>" of its last death; None if none
 
 
 class Worker(Protocol):
@@ -82,7 +102,15 @@ class ThreadWorker:
         self.name = name
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None
+        self.failure: BaseException | None = None  # what ended run() last
+        self.restarts = 0  # times run() was started again after it died
+        self._down = False  # dead, or waiting out a backoff before its restart
+        self._restart_backoff: tuple[float, ...] = ()  # none unless supervised
+
+    def supervise(self, backoff_seconds: Sequence[float]) -> None:
+        """Run again after each death, waiting ``backoff_seconds[n]`` after the n-th in a
+        row; call before ``start``. Without it a death is final (the default)."""
+        self._restart_backoff = tuple(backoff_seconds)
 
     def start(self) -> None:
         if self._thread is not None:
@@ -106,7 +134,7 @@ class ThreadWorker:
             self._thread is not None
             and self._thread.is_alive()
             and not self._stop_requested.is_set()
-            and self.failure is None
+            and not self._down
         )
 
     @property
@@ -119,20 +147,59 @@ class ThreadWorker:
     def _wake(self) -> None:
         """Interrupt whatever ``run`` blocks on besides ``stop`` (default: nothing)."""
 
+    def health(self) -> WorkerHealth:
+        failure = self.failure
+        return {
+            "up": self.alive,
+            "restarts": self.restarts,
+            "failure": None if failure is None else f"{type(failure).__name__}: {failure}",
+        }
+
     def _body(self) -> None:
-        started = time.monotonic()
-        try:
-            self.run(self._stop_requested)
-        except BaseException as e:  # noqa: BLE001 - a worker must never die unseen
-            self.failure = e
+        deaths = 0  # in a row
+        while True:
+            started = time.monotonic()
+            try:
+                self.run(self._stop_requested)
+                if self._stop_requested.is_set():
+                    return
+                raise RuntimeError("run() returned without being asked to stop")
+            except BaseException as e:  # noqa: BLE001 - a worker must never die unseen
+                error = e
+            self.failure = error
+            self._down = True
+            ran = time.monotonic() - started
+            if ran >= RESTART_RESET_SECONDS:
+                deaths = 0
+            backoff = self._restart_backoff
+            if self._stop_requested.is_set() or deaths >= len(backoff):
+                log.critical(
+                    "%s died after %.1f s: %s: %s; this part of the daemon no longer runs",
+                    self.name,
+                    ran,
+                    type(error).__name__,
+                    error,
+                    exc_info=error,
+                )
+                return
+            delay = backoff[deaths]
+            deaths += 1
             log.critical(
-                "%s died after %.1f s: %s: %s; this part of the daemon no longer runs",
+                "%s died after %.1f s: %s: %s; restarting it in %g s (restart %d of %d)",
                 self.name,
-                time.monotonic() - started,
-                type(e).__name__,
-                e,
-                exc_info=True,
+                ran,
+                type(error).__name__,
+                error,
+                delay,
+                deaths,
+                len(backoff),
+                exc_info=error,
             )
+            if self._stop_requested.wait(delay):
+                return
+            self.restarts += 1
+            self._down = False
+            log.warning("%s restarted (restart %d)", self.name, self.restarts)
 
 
 class Workers:
@@ -147,14 +214,22 @@ class Workers:
     """
 
     def __init__(
-        self, stack: contextlib.ExitStack, stop_budget_seconds: float = STOP_BUDGET_SECONDS
+        self,
+        stack: contextlib.ExitStack,
+        stop_budget_seconds: float = STOP_BUDGET_SECONDS,
+        restart_backoff_seconds: Sequence[float] = RESTART_BACKOFF_SECONDS,
     ) -> None:
         self._stack = stack
         self._started: list[Worker] = []
         self._stop_budget_seconds = stop_budget_seconds
+        self._restart_backoff = tuple(restart_backoff_seconds)
         self._stop_deadline: float | None = None  # monotonic, once the stop was requested
 
     def start(self, worker: W) -> W:
+        """Start ``worker`` and register its stop; a ThreadWorker is restarted when it dies
+        (``restart_backoff_seconds``). Other workers (servers) are only reported when down."""
+        if isinstance(worker, ThreadWorker):
+            worker.supervise(self._restart_backoff)
         worker.start()
         self._stack.callback(self._stop_and_join, worker)
         self._started.append(worker)
@@ -172,6 +247,16 @@ class Workers:
     def dead(self) -> list[str]:
         """Names of started workers that are no longer alive (died, or stopped early)."""
         return [worker.name for worker in self._started if not worker.alive]
+
+    def health(self) -> dict[str, WorkerHealth]:
+        """Each started worker by name: up, restarts, last failure (the status document)."""
+        health: dict[str, WorkerHealth] = {}
+        for worker in self._started:
+            if isinstance(worker, ThreadWorker):
+                health[worker.name] = worker.health()
+            else:
+                health[worker.name] = {"up": worker.alive, "restarts": 0, "failure": None}
+        return health
 
     def _request_stop_all(self) -> None:
         self._stop_deadline = time.monotonic() + self._stop_budget_seconds

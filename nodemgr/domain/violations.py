@@ -5,12 +5,18 @@ every GPU process with its cgroups and quota env (None where /proc could not
 be read: the process is gone). Output is the list of violations; each names
 the processes that ``action: kill`` would stop, newest first, just enough to
 bring the container back within its quota.
+
+What could not be read fails closed: a process whose cgroups could not be
+read belongs to no container (on a shared card it is unallocated), one whose
+environ could not be read has no quota env (an env violation), and a quota
+value not in its exact ASCII form is an env violation naming the variable.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hooks.gpuenv import quota_env_form_problem
 from nodemgr.domain.containercheck import quota_env_problem
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
 
@@ -29,6 +35,10 @@ class GpuProcess:
     start_ticks: int
     cgroups: dict[str, str]
     env: dict[str, str]  # the GPU env names of /proc/PID/environ
+    # Why /proc/PID/cgroup could not be read (then ``cgroups`` is empty: no container).
+    cgroup_problem: str | None = None
+    # Why /proc/PID/environ could not be read (then its quota env counts as missing).
+    env_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -66,7 +76,7 @@ def find_violations(
         by_container.setdefault(registration.container_id, []).append(process)
         if allocation.whole:
             continue
-        problem = quota_env_problem(process.env, allocation)
+        problem = _env_problem(process, allocation)
         if problem:
             violations.append(
                 Violation(
@@ -91,6 +101,17 @@ def find_violations(
         if violation:
             violations.append(violation)
     return violations
+
+
+def _env_problem(process: GpuProcess, allocation: Allocation) -> str | None:
+    if process.env_problem is not None:
+        return f"its environ cannot be read ({process.env_problem}), so neither its quota env"
+    if allocation.memory_units or allocation.core_percent:
+        # The exact form first: float() and friends read other scripts' digits.
+        problem = quota_env_form_problem(process.env)
+        if problem is not None:
+            return problem
+    return quota_env_problem(process.env, allocation)
 
 
 RegistrationIndex = dict[str, dict[str, Registration]]  # hierarchy -> cgroup path -> container
@@ -147,7 +168,9 @@ def _over_memory(
 def _unallocated(
     process: GpuProcess, registration: Registration | None, allocation: Allocation | None
 ) -> Violation:
-    if registration is None:
+    if process.cgroup_problem is not None:
+        why = f"cannot be tied to any container: {process.cgroup_problem}"
+    elif registration is None:
         why = "belongs to no registered container"
     elif allocation is None:
         why = (

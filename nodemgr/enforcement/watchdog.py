@@ -12,6 +12,13 @@ The netlink process connector makes it react at once: an exec in a
 registered container brings the next scan forward, and exits drop cached
 /proc reads. Where the connector is unavailable the periodic scan alone runs.
 
+One hostile process must never stop enforcement for the others: each
+process is read and judged on its own (a process whose /proc files cannot
+be read is counted and logged once, and judged fail-closed: no container,
+no quota env), each violation is reported and acted on on its own, and
+each process event is handled on its own. What still escapes ``run`` is
+the worker supervision's (nodemgr.common.workers): logged, restarted.
+
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
 """
@@ -98,6 +105,9 @@ class Watchdog(ThreadWorker):
         self._stats_lock = threading.Lock()
         self._counts: Counter[str] = Counter()  # violation onsets by kind
         self._kills = 0
+        self._unreadable = 0  # processes whose /proc files could not be read, each once
+        # (pid, start ticks) of the unreadable processes already logged and counted.
+        self._unreadable_seen: set[tuple[int, int]] = set()
         # Told of each violation onset: (violation, card label, action); posts a pod Event.
         self._on_violation = on_violation
         self._events_source = events_source
@@ -135,7 +145,18 @@ class Watchdog(ThreadWorker):
         """The status document's ``enforcement`` section: action, onsets by kind, kills."""
         with self._stats_lock:
             violations = {kind: self._counts.get(kind, 0) for kind in (MEMORY, ENV, UNALLOCATED)}
-            return {"action": self._settings.action, "violations": violations, "kills": self._kills}
+            return {
+                "action": self._settings.action,
+                "violations": violations,
+                "kills": self._kills,
+                "unreadable_processes": self._unreadable,
+            }
+
+    @property
+    def unreadable(self) -> int:
+        """GPU processes met whose /proc files could not be read (each counted once)."""
+        with self._stats_lock:
+            return self._unreadable
 
     def _set_last_usage(self, usage: UsageView | None) -> None:
         with self._stats_lock:
@@ -169,9 +190,7 @@ class Watchdog(ThreadWorker):
                         events.close()
                         events = None
                         continue
-                    for pid in news.exits:
-                        self._forget(pid)
-                    if news.lost or any(self._in_registered_container(p) for p in news.execs):
+                    if self._news_wants_a_scan(news):
                         next_scan = min(next_scan, time.monotonic() + EXEC_RESCAN_SECONDS)
                 if time.monotonic() >= next_scan and not stop.is_set():
                     try:
@@ -184,6 +203,21 @@ class Watchdog(ThreadWorker):
             if events is not None:
                 events.close()
 
+    def _news_wants_a_scan(self, news: ProcessEventBatch) -> bool:
+        """Drop the cache of exited processes; True when an exec (or a loss) needs a scan."""
+        for pid in news.exits:
+            self._forget(pid)
+        if news.lost:
+            return True
+        for pid in news.execs:
+            try:
+                if self._in_registered_container(pid):
+                    return True
+            except Exception:  # one process must not stop enforcement: scan to be safe
+                log.exception("process %d: reading its exec failed; scanning", pid)
+                return True
+        return False
+
     def _wake(self) -> None:
         events = self._events
         if events is not None:
@@ -191,7 +225,10 @@ class Watchdog(ThreadWorker):
 
     def scan(self) -> list[Violation]:
         """One snapshot, its violations, and the action on each. Returns the violations."""
-        self._registry.prune()
+        try:
+            self._registry.prune()
+        except Exception:  # stale registrations are pruned next time; enforcement goes on
+            log.exception("pruning the registered containers failed")
         processes = self._gpu_processes()
         if processes is None:
             return []
@@ -209,10 +246,17 @@ class Watchdog(ThreadWorker):
         active = set()
         for violation in violations:
             active.add(violation.key)
+            # Each on its own: a report that fails spares neither this offender nor the others.
             if violation.key not in self._active:
-                self._report(violation)
+                try:
+                    self._report(violation)
+                except Exception:
+                    log.exception("reporting a %s violation failed", violation.kind)
             if self._settings.action == "kill":
-                self._kill(violation, starts)
+                try:
+                    self._kill(violation, starts)
+                except Exception:
+                    log.exception("acting on a %s violation failed", violation.kind)
         self._active = active
         return violations
 
@@ -249,61 +293,104 @@ class Watchdog(ThreadWorker):
         if self._usage_problem is not None:
             log.info("per-process GPU memory readable again; enforcement resumes")
             self._usage_problem = None
-        control_pids = None
+        control_pids: set[int] | None = None
         processes = []
         for entry in usage:
-            start_ticks = procfs.read_start_ticks(entry.pid)
-            if start_ticks is None:
-                continue  # exited (NVML may list a process for a moment after)
-            seen = self._read(entry.pid, start_ticks)
-            if seen is None:
+            try:
+                process = self._gpu_process(entry.pid, entry.gpu_uuid, entry.used_mib)
+            except Exception:  # a bug on one process must not stop the scan of the others
+                log.exception("process %d: cannot be judged; skipped in this scan", entry.pid)
                 continue
-            cgroups, env = seen
-            if control_pids is None:
+            if process is None:
+                continue
+            if control_pids is None:  # not per process: a failure here fails (retries) the scan
                 control_pids = self._mps_control_pids()
             if control_pids and self._descends_from(entry.pid, control_pids):
                 continue  # an MPS server: ours
-            processes.append(
-                GpuProcess(entry.pid, entry.gpu_uuid, entry.used_mib, start_ticks, cgroups, env)
-            )
+            processes.append(process)
         live = {(p.pid, p.start_ticks) for p in processes}
         for key in [k for k in self._cache if k not in live]:
             del self._cache[key]
+        listed = {entry.pid for entry in usage}
+        self._unreadable_seen = {k for k in self._unreadable_seen if k[0] in listed}
         return processes
 
-    def _read(self, pid: int, start_ticks: int) -> tuple[dict[str, str], dict[str, str]] | None:
+    def _gpu_process(self, pid: int, card_uuid: str, used_mib: int) -> GpuProcess | None:
+        """One GPU process as /proc shows it; None when it is gone.
+
+        A file that cannot be read (procfs.ProcfsError: not UTF-8, too large,
+        malformed) fails closed: cgroups unreadable, no container; environ
+        unreadable, no quota env. Such a process is counted and logged once.
+        """
+        try:
+            start_ticks = procfs.read_start_ticks(pid)
+        except procfs.ProcfsError as e:
+            # No start time, no safe kill (a reused PID could be hit): it cannot be judged.
+            self._unreadable_once(pid, -1, str(e), "not judged (no safe kill without it)")
+            return None
+        if start_ticks is None:
+            return None  # exited (NVML may list a process for a moment after)
         cgroups = self._cache.get((pid, start_ticks))
+        cgroup_problem = None
         if cgroups is None:
-            text = procfs.read_cgroups_text(pid)
-            if text is None:
-                return None
             try:
+                text = procfs.read_cgroups_text(pid)
+                if text is None:
+                    return None
                 cgroups = parse_cgroups(text)
-            except CgroupError as e:
-                log.warning("process %d: %s", pid, e)
-                return None
-            self._cache[(pid, start_ticks)] = cgroups
-        env = procfs.read_gpu_env(pid)
-        return None if env is None else (cgroups, env)
+            except (procfs.ProcfsError, CgroupError) as e:
+                cgroups, cgroup_problem = {}, str(e)
+                self._unreadable_once(pid, start_ticks, cgroup_problem, "judged as in no container")
+            else:
+                self._cache[(pid, start_ticks)] = cgroups
+        env_problem = None
+        try:
+            env = procfs.read_gpu_env(pid)
+        except procfs.ProcfsError as e:
+            env, env_problem = {}, str(e)
+            self._unreadable_once(pid, start_ticks, env_problem, "judged as without quota env")
+        if env is None:
+            return None
+        # An environ read empty as the process exits is not its env: it must still be there.
+        if procfs.read_start_ticks(pid) != start_ticks:
+            return None
+        return GpuProcess(
+            pid, card_uuid, used_mib, start_ticks, cgroups, env, cgroup_problem, env_problem
+        )
+
+    def _unreadable_once(self, pid: int, start_ticks: int, problem: str, judged: str) -> None:
+        """Count and log an unreadable process once (per PID and start time)."""
+        key = (pid, start_ticks)
+        if key in self._unreadable_seen:
+            return
+        self._unreadable_seen.add(key)
+        with self._stats_lock:
+            self._unreadable += 1
+        log.warning("process %d: %s; %s", pid, problem, judged)
 
     def _forget(self, pid: int) -> None:
         for key in [k for k in self._cache if k[0] == pid]:
             del self._cache[key]
 
     def _in_registered_container(self, pid: int) -> bool:
-        text = procfs.read_cgroups_text(pid)
-        if not text:
-            return False
+        """Whether an exec'd process is in a registered container (True when unknowable)."""
         try:
+            text = procfs.read_cgroups_text(pid)
+            if not text:
+                return False
             cgroups = parse_cgroups(text)
-        except CgroupError:
-            return False
+        except (procfs.ProcfsError, CgroupError):
+            return True  # cannot tell: the next scan judges it
         index = index_registrations(self._registry.registrations())
         return registration_of(index, cgroups) is not None
 
     def _descends_from(self, pid: int, ancestors: set[int]) -> bool:
+        """Whether ``pid`` descends from one of ``ancestors`` (False when unreadable)."""
         for _ in range(_MAX_ANCESTRY):
-            pid = procfs.read_parent(pid) or 0
+            try:
+                pid = procfs.read_parent(pid) or 0
+            except procfs.ProcfsError:
+                return False  # not provably ours: not exempt
             if pid <= 1:
                 return False
             if pid in ancestors:

@@ -10,7 +10,10 @@ change while running.
 Under systemd (``Type=notify``) it says READY=1 once every resource is
 registered with kubelet and every shared card's MPS is healthy, keeps
 STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
-iteration, and wraps a reload in RELOADING=1 / READY=1. The reload's outcome
+iteration (none while a background worker is down: the enforcement
+watchdog, the MPS supervisor, a server; STATUS= then names it, and systemd
+restarts the daemon once its WatchdogSec passes), and wraps a reload in
+RELOADING=1 / READY=1. The reload's outcome
 (applied, needs a restart, refused) stays in STATUS= for
 ``RELOAD_STATUS_SECONDS`` or until the summary changes, so that ``systemctl
 status`` after ``systemctl reload`` shows it (the next iteration's summary
@@ -79,6 +82,8 @@ class RunLoop:
     podresources: PodResourcesClient
     metrics: Metrics
     clock: Callable[[], float] = time.monotonic
+    # Names of the background workers that are down (nodemgr.common.workers.Workers.dead).
+    dead_workers: Callable[[], list[str]] = list
     _held: _HeldStatus | None = field(default=None, init=False, repr=False)
 
     @property
@@ -138,16 +143,18 @@ class RunLoop:
     ) -> int | None:
         """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped.
 
-        Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile."""
+        Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile
+        (unless a worker is down)."""
         notifier = self.notifier
         delay, waiting_logged, next_try = 0.2, False, 0.0
+        waiting: str | None = None  # STATUS= while waiting for kubelet
         while not stop.is_set():
             inode = _inode(kubelet_socket)
             if inode is None:
                 if not waiting_logged:
                     log.info("waiting for kubelet: %s does not exist yet", kubelet_socket)
                     waiting_logged = True
-                notifier.status(f"waiting for kubelet: {kubelet_socket} does not exist yet")
+                waiting = f"waiting for kubelet: {kubelet_socket} does not exist yet"
             elif time.monotonic() >= next_try:
                 try:
                     for server in servers:
@@ -163,11 +170,17 @@ class RunLoop:
                     return inode
                 except KubeletUnavailable as e:
                     log.warning("%s; retrying in %g s", e, delay)
-                    notifier.status(f"waiting for kubelet: {e}")
+                    waiting = f"waiting for kubelet: {e}"
                     next_try = time.monotonic() + delay
                     delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
-            if self.allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
-                notifier.watchdog()
+            dead = self._dead_workers()
+            if dead:
+                notifier.status(_down_status(dead, waiting or "waiting for kubelet"))
+            else:
+                if waiting is not None:
+                    notifier.status(waiting)
+                if self.allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
+                    notifier.watchdog()
             # Short steps: a new kubelet.sock is seen at once, and watchdog pings stay on time.
             stop.wait(self._period())
         return None
@@ -185,6 +198,11 @@ class RunLoop:
                 f"{allocator.card_label(uuid)}: {problem}"
                 for uuid, problem in sorted(problems.items())
             )
+        dead = self._dead_workers()
+        if dead:
+            # Not healthy: no READY, no WATCHDOG=1; systemd restarts us after WatchdogSec.
+            notifier.status(_down_status(dead, summary))
+            return
         if not facts.ready and not problems:
             facts.ready = True
             notifier.ready(summary)
@@ -196,6 +214,13 @@ class RunLoop:
         # A deadlocked allocator cannot answer Allocate: then no ping, and systemd restarts us.
         if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
             notifier.watchdog()
+
+    def _dead_workers(self) -> list[str]:
+        try:
+            return self.dead_workers()
+        except Exception:  # cannot tell: not healthy either
+            log.exception("cannot tell which workers are running")
+            return ["(unknown: the check failed)"]
 
     def _reload_outcome(self, summary: str) -> str | None:
         """The last reload's outcome while it is still shown instead of ``summary``."""
@@ -260,6 +285,11 @@ class RunLoop:
         """Seconds between run loop iterations: short enough for systemd's watchdog too."""
         interval = self.notifier.watchdog_interval_seconds
         return WATCH_PERIOD_SECONDS if interval is None else min(WATCH_PERIOD_SECONDS, interval / 4)
+
+
+def _down_status(dead: list[str], summary: str) -> str:
+    """STATUS= while workers are down: their names first (STATUS= may be cut short)."""
+    return f"NOT HEALTHY: {', '.join(dead)} not running; {summary}"
 
 
 def _inode(path: str) -> int | None:

@@ -64,6 +64,7 @@ def run(
     notifier.status("starting: reading GPUs, ledger and MPS")
     with contextlib.ExitStack() as stack:
         workers = Workers(stack)
+        facts.worker_health = workers.health  # the status document and metrics show it
         inventory = open_inventory(settings.gpus)
         stack.callback(inventory.close)
         cards = inventory.cards()
@@ -124,7 +125,7 @@ def run(
             )
         workers.stop_all_first()
         parts = (allocator, supervisor, watchdog, podresources, metrics)
-        loop = RunLoop(settings, config_path, notifier, facts, *parts)
+        loop = RunLoop(settings, config_path, notifier, facts, *parts, dead_workers=workers.dead)
         loop.run(stop, reload_requested or threading.Event())
         notifier.stopping()
         log.info("stopped; sockets removed")

@@ -4,9 +4,9 @@ the daemon's hot paths behave.
 Three sources, all read at scrape time by one collector:
 
 - the status document (``snapshot()``, the same one ``nodemgr status`` shows):
-  cards, allocations, MPS, enforcement, readiness. It is turned into gauges and
-  counters here; a value the document gives as None (unknown) is left out, never
-  exported as 0;
+  cards, allocations, MPS, enforcement, readiness, worker health. It is turned
+  into gauges and counters here; a value the document gives as None (unknown) is
+  left out, never exported as 0;
 - the Allocate latency histogram, fed by :meth:`Metrics.observe_allocate`, which
   the gRPC servicer calls through a plain callback (it knows nothing of Prometheus);
 - reconcile counters, fed by :meth:`Metrics.count_reconcile` and
@@ -245,10 +245,41 @@ def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
         )
         info.add_metric((str(daemon["version"]), str(doc["node"])), 1)
         yield info
+        yield from _workers(daemon)
     yield from _cards(doc["gpus"])
     yield from _allocations(doc["allocations"])
     if doc["enforcement"] is not None:
         yield from _enforcement(doc["enforcement"])
+
+
+def _workers(daemon: Mapping[str, Any]) -> Iterator[Metric]:
+    """Each background worker up or down, and the daemon's health (absent when not given)."""
+    if daemon.get("healthy") is not None:
+        yield GaugeMetricFamily(
+            "gpushare_daemon_healthy",
+            "1 while every background worker runs; 0 while one is down (systemd then gets "
+            "no watchdog ping and restarts the daemon).",
+            value=int(bool(daemon["healthy"])),
+        )
+    workers = daemon.get("workers")
+    if not workers:
+        return
+    up = _gauge(
+        "gpushare_worker_up",
+        "1 while the background worker runs (enforcement watchdog, MPS supervisor, servers); "
+        "0 while it is down: dead, or waiting to be restarted.",
+        ("worker",),
+    )
+    restarts = CounterMetricFamily(
+        "gpushare_worker_restarts",
+        "Times the background worker died and was started again since the daemon started.",
+        labels=("worker",),
+    )
+    for name, health in sorted(workers.items()):
+        up.add_metric((str(name),), int(bool(health["up"])))
+        restarts.add_metric((str(name),), health["restarts"])
+    yield up
+    yield restarts
 
 
 def _cards(cards: list[Mapping[str, Any]]) -> Iterator[Metric]:
@@ -399,6 +430,13 @@ def _enforcement(enforcement: Mapping[str, Any]) -> Iterator[Metric]:
         "Processes the watchdog killed since the daemon started.",
         value=enforcement["kills"],
     )
+    if enforcement.get("unreadable_processes") is not None:
+        yield CounterMetricFamily(
+            "gpushare_enforcement_unreadable_processes",
+            "GPU processes whose /proc files could not be read (not UTF-8, too large), each "
+            "counted once; they are judged as belonging to no container.",
+            value=enforcement["unreadable_processes"],
+        )
 
 
 def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:

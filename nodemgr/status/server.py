@@ -14,8 +14,9 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from hooks import protocol
 from nodemgr.allocation.allocator import Allocator
@@ -42,6 +43,8 @@ class DaemonFacts:
     ready: bool = False  # every resource registered with kubelet and MPS healthy
     registered: bool = False  # every resource registered with the current kubelet
     metrics_address: str | None = None  # host:port actually bound, None when off or failed
+    # Each background worker by name: {"up", "restarts", "failure"} (Workers.health).
+    worker_health: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
 
 
 class LiveStatus:
@@ -85,6 +88,7 @@ class LiveStatus:
             log.warning("status: cannot count violations: %s", e)
             violations = {}
         facts = self.facts
+        workers = {} if facts.worker_health is None else dict(facts.worker_health())
         return build_status(
             self.node,
             self._allocator.cards,
@@ -104,6 +108,9 @@ class LiveStatus:
                 "ready": facts.ready,
                 "registered": facts.registered,
                 "metrics_address": facts.metrics_address,
+                # False while any worker is down (systemd gets no WATCHDOG=1 then).
+                "healthy": all(w["up"] for w in workers.values()),
+                "workers": workers,
             },
         )
 

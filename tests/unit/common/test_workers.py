@@ -3,11 +3,15 @@ naming the worker, keeps the exception in ``failure`` and stops being ``alive`` 
 loop reports it); ``stop`` sets the stop event and wakes the worker; a second start is
 refused; ``running`` registers each stop on the ExitStack at once, so stops run in LIFO
 order, also when a later start fails; ``Workers.stop_all_first`` asks every worker to stop
-before any is joined; ``stop_and_join`` says in the log when a worker does not end."""
+before any is joined; ``stop_and_join`` says in the log when a worker does not end.
+Started through ``Workers``, a ThreadWorker that dies (or whose run returns unasked) is
+restarted with backoff, is down while it waits, and stays dead past its last backoff step;
+``Workers.health`` says so per worker."""
 
 import contextlib
 import logging
 import threading
+import time
 
 import pytest
 
@@ -260,3 +264,96 @@ def test_a_worker_stuck_past_the_stop_budget_is_left_behind_and_said(caplog):
         assert any("stuck-worker did not stop" in r.getMessage() for r in caplog.records)
     finally:
         release.set()
+
+
+# --- supervised restarts (issue 14, item 3) -----------------------------------------------------
+
+
+class FlakyThenLooping(ThreadWorker):
+    """Dies ``deaths`` times (a BaseException the loop's own handlers would miss), then loops."""
+
+    def __init__(self, name, deaths, error=KeyboardInterrupt):
+        super().__init__(name)
+        self.deaths = deaths
+        self.runs = 0
+        self.error = error
+        self.looping = threading.Event()
+
+    def run(self, stop):
+        self.runs += 1
+        if self.runs <= self.deaths:
+            raise self.error(f"death {self.runs}")
+        self.looping.set()
+        stop.wait(30)
+
+
+def test_a_worker_that_dies_is_restarted_with_backoff_and_logged(caplog):
+    """Started through Workers, a ThreadWorker whose run() raises is run again after each
+    backoff step; it is alive again and counts its restarts; each death is CRITICAL."""
+    with caplog.at_level(logging.WARNING, logger=workers.__name__), contextlib.ExitStack() as s:
+        group = Workers(s, restart_backoff_seconds=(0.01, 0.02, 0.04))
+        worker = group.start(FlakyThenLooping("watchdog", deaths=2))
+        group.stop_all_first()
+        assert worker.looping.wait(5)
+        assert worker.alive and worker.restarts == 2 and worker.runs == 3
+        assert isinstance(worker.failure, KeyboardInterrupt)  # the last death is kept
+        assert group.dead() == []
+        assert group.health()["watchdog"] == {
+            "up": True,
+            "restarts": 2,
+            "failure": "KeyboardInterrupt: death 2",
+        }
+    deaths = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert len(deaths) == 2 and all("restarting it in" in m for m in deaths)
+
+
+def test_a_worker_dead_beyond_its_restarts_stays_dead_and_is_named():
+    """After the last backoff step a worker that still dies is left dead: not alive,
+    named by ``dead`` and ``health``, and no further run is attempted."""
+    with contextlib.ExitStack() as stack:
+        group = Workers(stack, restart_backoff_seconds=(0.01, 0.01))
+        worker = group.start(FlakyThenLooping("publisher", deaths=99, error=ValueError))
+        group.stop_all_first()
+        assert worker.join(5), "still restarting after its last backoff step"
+        assert worker.runs == 3 and worker.restarts == 2
+        assert not worker.alive and group.dead() == ["publisher"]
+        assert group.health()["publisher"] == {
+            "up": False,
+            "restarts": 2,
+            "failure": "ValueError: death 3",
+        }
+
+
+def test_a_run_that_returns_before_its_stop_counts_as_a_death():
+    """run() must loop until stopped: returning early is a death too (and restarted)."""
+
+    class Quitter(ThreadWorker):
+        runs = 0
+
+        def run(self, stop):
+            self.runs += 1
+            if self.runs > 1:
+                stop.wait(30)
+
+    with contextlib.ExitStack() as stack:
+        group = Workers(stack, restart_backoff_seconds=(0.01,))
+        worker = group.start(Quitter("quitter"))
+        group.stop_all_first()
+        deadline = time.monotonic() + 5
+        while worker.restarts < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert worker.restarts == 1 and worker.alive
+        assert "returned" in group.health()["quitter"]["failure"]
+
+
+def test_a_stop_during_the_backoff_ends_the_worker_at_once():
+    with contextlib.ExitStack() as stack:
+        group = Workers(stack, restart_backoff_seconds=(30.0,))
+        worker = group.start(FlakyThenLooping("w", deaths=1))
+        deadline = time.monotonic() + 5
+        while worker.failure is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not worker.alive  # down while waiting to be restarted
+        worker.stop()
+        assert worker.join(2)
+        assert worker.runs == 1

@@ -3,7 +3,10 @@ processes (nested cgroups included) and only what exceeds quota + grace is a vio
 pids are the newest processes, just enough to get back within quota + grace; a process without
 or above its quota env is an ENV violation; GPU processes on shared cards outside a live
 allocation holding that card are UNALLOCATED; whole cards and whole allocations are not policed;
-violation keys stay the same across scans."""
+violation keys stay the same across scans; a quota value not in its exact ASCII form is an ENV
+violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED)."""
+
+import pytest
 
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
@@ -229,3 +232,38 @@ def test_unparseable_quota_env_is_an_env_violation_not_a_crash():
     processes = [proc(101, 100, env=bad_env), proc(102, 9000, path="/pod-b/c2")]
     violations = find(regs, allocations, processes)
     assert sorted((v.kind, v.container_id) for v in violations) == [(ENV, "c1"), (MEMORY, "c2")]
+
+
+# --- quota env read exactly (issue 14, item 8) and unreadable processes (item 3) -------------
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "٣٠"),  # Arabic-Indic 30: float() reads 30.0
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "３０"),  # fullwidth 30
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", " 30"),
+        ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "3_0"),
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=\u00a04096M"),  # NBSP after '='
+        ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "\u20030=4096M"),
+    ],
+)
+def test_a_quota_env_value_not_in_its_exact_ascii_form_is_an_env_violation(name, value):
+    env = {**QUOTA_ENV, name: value}
+    [violation] = find([registration()], [shared()], [proc(101, 100, env=env)])
+    assert violation.kind == ENV and violation.pids == (101,)
+    assert name in violation.detail and "ASCII" in violation.detail
+
+
+def test_a_process_whose_env_cannot_be_read_is_an_env_violation():
+    """Fail closed: an unreadable environ (over the cap, unreadable) hides the quota env."""
+    process = GpuProcess(101, GPU0, 100, 1010, {"": "/pod-a/c1"}, {}, env_problem="too large")
+    [violation] = find([registration()], [shared()], [process])
+    assert violation.kind == ENV and "too large" in violation.detail
+
+
+def test_a_process_whose_cgroup_cannot_be_read_is_unallocated_saying_why():
+    """Fail closed: no identity means no container, so GPU memory held is unallocated."""
+    process = GpuProcess(101, GPU0, 100, 1010, {}, dict(QUOTA_ENV), cgroup_problem="not UTF-8")
+    [violation] = find([registration()], [shared()], [process])
+    assert violation.kind == UNALLOCATED and "not UTF-8" in violation.detail

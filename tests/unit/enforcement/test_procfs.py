@@ -1,9 +1,13 @@
 """Pins nodemgr.enforcement.procfs on real processes: the reads see this process and its children, a
 zombie or a missing pid reads as gone (None), /proc/PID/stat is split after the last ')' so odd
 command names do not shift fields, only GPU env names are read (the first of a repeated name, as
-getenv sees it), and kill() stops a process only when its start time still matches."""
+getenv sees it), and kill() stops a process only when its start time still matches. Hostile
+contents (a real cgroup named with 0xff, an environ over 1 MiB, a GPU env value that is not
+UTF-8) raise procfs.ProcfsError or read as replaced text, never a decode error."""
 
+import contextlib
 import os
+import re
 import subprocess
 import sys
 import time
@@ -181,3 +185,97 @@ def test_read_gpu_env_takes_the_first_of_a_repeated_name(children):
     wait_until(lambda: child.poll() is not None or procfs.read_gpu_env(child.pid))
     assert child.poll() is None
     assert procfs.read_gpu_env(child.pid) == {"NVIDIA_VISIBLE_DEVICES": "GPU-first"}
+
+
+# --- hostile /proc contents (issue 14, item 3) ---------------------------------------------
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+# Where a test cgroup may be made: cgroup v2 at the root, or a v1 hierarchy / the v2 mount.
+CGROUP_PLACES = ("", "unified", "pids", "freezer", "systemd")
+
+
+def _cgroup_parent() -> str | None:
+    for place in CGROUP_PLACES:
+        path = os.path.join(CGROUP_ROOT, place)
+        if os.path.exists(os.path.join(path, "cgroup.procs")) and os.access(path, os.W_OK):
+            return path
+    return None
+
+
+def raised_by(function, *args):
+    """What ``function(*args)`` raised (fails the test when it returned instead)."""
+    try:
+        returned = function(*args)
+    except Exception as e:
+        return e
+    pytest.fail(f"returned {returned!r} instead of raising")
+
+
+@contextlib.contextmanager
+def process_in_cgroup_named(name: bytes, argv=("sleep", "1000")):
+    """A real child process moved into a real cgroup named ``name`` (bytes: any byte the
+    kernel allows, 0xff included); skips when cgroupfs here cannot make one."""
+    parent = _cgroup_parent()
+    if parent is None:
+        pytest.skip("no writable cgroup hierarchy here (needs root and cgroupfs)")
+    path = os.path.join(os.fsencode(parent), name + b"-%d" % os.getpid())
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        pytest.skip(f"the kernel refuses a cgroup named {name!r}: {e}")
+    child = subprocess.Popen(list(argv))
+    try:
+        with open(os.path.join(path, b"cgroup.procs"), "w") as f:
+            f.write(str(child.pid))
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+        deadline = time.monotonic() + 5
+        while True:
+            try:
+                os.rmdir(path)
+                break
+            except OSError:  # EBUSY until the kernel has moved the dead child out
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.02)
+
+
+def test_a_cgroup_named_with_0xff_is_a_procfs_error_not_a_decode_crash():
+    """A container may name a cgroup with any byte: /proc/PID/cgroup is then not UTF-8.
+    Reading it raises the module's own error (naming the file), nothing else."""
+    with process_in_cgroup_named(b"gs-\xff") as child:
+        with open(f"/proc/{child.pid}/cgroup", "rb") as f:
+            assert b"\xff" in f.read()  # really there, as the kernel shows it
+        raised = raised_by(procfs.read_cgroups_text, child.pid)
+        assert isinstance(raised, procfs.ProcfsError), repr(raised)
+        assert re.search(rf"/proc/{child.pid}/cgroup.*UTF-8", str(raised)), str(raised)
+        # The other reads of the same process still work.
+        assert procfs.read_parent(child.pid) == os.getpid()
+        assert procfs.read_start_ticks(child.pid) is not None
+
+
+def test_an_environ_over_the_cap_is_refused_not_read_whole(children):
+    """/proc/PID/environ is read up to ENVIRON_MAX_BYTES (1 MiB); a larger one is a
+    ProcfsError (the watchdog judges that process's quota env unreadable)."""
+    padding = {f"PAD{i}": "x" * 100_000 for i in range(12)}  # ~1.2 MB, under ARG_MAX
+    child = children(SLEEP, env={"PATH": "/usr/bin:/bin", **padding})
+    wait_for_environ(child.pid)
+    raised = raised_by(procfs.read_gpu_env, child.pid)
+    assert isinstance(raised, procfs.ProcfsError), repr(raised)
+    assert re.search(r"environ.*larger than 1048576 bytes", str(raised)), str(raised)
+    assert procfs.ENVIRON_MAX_BYTES == 1024 * 1024
+
+
+def test_an_environ_value_that_is_not_utf8_is_read_without_raising(children):
+    """A GPU env value with a byte that is not UTF-8 is read (replaced, so that the quota
+    parsers refuse it), never a decode error."""
+    script = (
+        "import os, sys\n"
+        "os.execve(sys.executable, [sys.executable, '-c', 'import time; time.sleep(60)'],"
+        " {b'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE': b'3\\xff0', b'PATH': b'/bin'})\n"
+    )
+    child = children([sys.executable, "-c", script])
+    wait_until(lambda: procfs.read_gpu_env(child.pid))
+    assert procfs.read_gpu_env(child.pid) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "3\ufffd0"}

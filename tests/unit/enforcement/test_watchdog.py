@@ -4,7 +4,10 @@ and only recorded (once per onset, in the ledger too) with action log; the
 cards' MPS servers (children of the control daemons) are exempt; a process
 on a card given out whole is not its business; a failing usage source
 pauses enforcement with one log line; and without the netlink connector the
-periodic scan still runs."""
+periodic scan still runs. One hostile process never stops it: a process in a cgroup
+named with 0xff is unallocated (fail closed) while the scan goes on, its exec does not
+end the thread, an unreadable environ is an env violation counted once, a failing report
+spares no offender, and a run that still dies is restarted."""
 
 from __future__ import annotations
 
@@ -226,3 +229,162 @@ def test_stop_wakes_a_blocked_process_event_read(parts):
     assert source.reads.wait(5)
     dog.stop()
     assert dog.join(2)
+
+
+# --- one hostile process never stops enforcement (issue 14, item 3) ------------------------
+
+
+def test_a_gpu_process_in_a_cgroup_named_0xff_is_unallocated_and_the_scan_goes_on(parts, stray):
+    """A process whose /proc/PID/cgroup is not UTF-8 cannot be tied to any container: it
+    is judged unallocated (fail closed) and killed; the other processes of the same scan
+    are still judged; the unreadable one is counted and logged once."""
+    from tests.unit.enforcement.test_procfs import process_in_cgroup_named
+
+    with process_in_cgroup_named(b"gs-\xff") as hostile:
+        usage = Usage()
+        usage.processes = [ProcessUsage(hostile.pid, GPU0, 300), ProcessUsage(stray.pid, GPU0, 1)]
+        dog = watchdog(parts, usage)
+        violations = dog.scan()
+        assert sorted(v.pids for v in violations) == sorted([(hostile.pid,), (stray.pid,)])
+        assert {v.kind for v in violations} == {"unallocated"}
+        [detail] = [v.detail for v in violations if v.pids == (hostile.pid,)]
+        assert "cgroup" in detail and "UTF-8" in detail
+        assert gone(hostile) and gone(stray)
+        assert dog.summary()["unreadable_processes"] == 1
+
+
+def test_an_exec_in_a_cgroup_named_0xff_does_not_kill_the_watchdog_thread(parts, stray):
+    """The process events name each exec; one in a cgroup named with 0xff used to raise
+    outside any handler and end the watchdog's thread for good."""
+    from nodemgr.enforcement.procevents import Events
+    from tests.unit.enforcement.test_procfs import process_in_cgroup_named
+
+    with process_in_cgroup_named(b"gs-\xff") as hostile:
+
+        class Execs:
+            def read(self, timeout_seconds):
+                time.sleep(min(timeout_seconds, 0.05))
+                return Events(execs=[hostile.pid])
+
+            def wake(self):
+                pass
+
+            def close(self):
+                pass
+
+        usage = Usage()
+        usage.processes = [ProcessUsage(stray.pid, GPU0, 300)]
+        dog = watchdog(parts, usage, events_source=Execs)
+        dog.start()
+        try:
+            assert gone(stray, 3)  # enforcement goes on
+            time.sleep(0.3)
+            assert dog.alive, f"the watchdog died: {dog.failure!r}"
+            assert dog.failure is None
+        finally:
+            dog.stop()
+            assert dog.join(2)
+
+
+class Fatal(BaseException):
+    """Not an Exception: escapes ``except Exception`` (as MemoryError-like surprises do)."""
+
+
+def test_a_watchdog_whose_scan_raises_past_its_handler_is_restarted(parts, stray, caplog):
+    """A scan that raises what the loop does not catch ends run(); the worker is started
+    again (with backoff) and goes on enforcing: the stray is killed after the restart."""
+    import contextlib
+
+    from nodemgr.common.workers import Workers
+
+    usage = Usage()
+    usage.processes = [ProcessUsage(stray.pid, GPU0, 300)]
+    dog = watchdog(parts, usage, events_source=None)
+    real_scan, calls = dog.scan, []
+
+    def scan():
+        calls.append(1)
+        if len(calls) == 1:
+            raise Fatal("scan blew up")
+        return real_scan()
+
+    dog.scan = scan
+    with caplog.at_level(logging.WARNING), contextlib.ExitStack() as stack:
+        group = Workers(stack, restart_backoff_seconds=(0.05, 0.05))
+        group.start(dog)
+        group.stop_all_first()
+        assert gone(stray, 3), "not enforcing after the failure"
+        assert dog.alive and dog.restarts == 1 and isinstance(dog.failure, Fatal)
+        assert group.dead() == []
+    assert any(
+        "watchdog died" in r.getMessage() and "restarting" in r.getMessage() for r in caplog.records
+    )
+
+
+def test_an_unreadable_environ_in_a_container_is_an_env_violation_counted_once(
+    parts, monkeypatch, caplog
+):
+    """Fail closed on environ too: a registered container's GPU process whose environ
+    cannot be read (over 1 MiB, say) has no quota env to trust: an env violation. It is
+    counted and logged once, not once per scan."""
+    from nodemgr.domain.model import CgroupKey, Registration
+    from nodemgr.enforcement import procfs
+
+    ledger, allocator, registry = parts
+    allocator.allocate(ResourceKind.MEMORY, [f"{GPU0}-_-0"])
+    [allocation] = allocator.allocations()
+    process = subprocess.Popen(["sleep", "1000"])
+    try:
+        registration = Registration("c1", allocation.id, CgroupKey("", "/pod/c1"), 1, 0, None, 0.0)
+        monkeypatch.setattr(registry, "registrations", lambda: [registration])
+        monkeypatch.setattr(registry, "prune", lambda: None)
+        monkeypatch.setattr(procfs, "read_cgroups_text", lambda pid: "0::/pod/c1\n")
+
+        def too_large(pid):
+            raise procfs.ProcfsError(f"/proc/{pid}/environ is larger than 1048576 bytes")
+
+        monkeypatch.setattr(procfs, "read_gpu_env", too_large)
+        usage = Usage()
+        usage.processes = [ProcessUsage(process.pid, GPU0, 100)]
+        dog = watchdog(parts, usage, action="log")
+        with caplog.at_level(logging.WARNING):
+            for _ in range(3):
+                [violation] = dog.scan()
+                assert violation.kind == "env" and "larger than 1048576" in violation.detail
+        assert dog.summary()["unreadable_processes"] == 1
+        assert (
+            sum(
+                "larger than 1048576" in r.getMessage()
+                and "judged as without quota env" in r.getMessage()
+                for r in caplog.records
+            )
+            == 1
+        )
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_one_failing_violation_report_does_not_spare_the_others(parts, monkeypatch):
+    """Acting on each violation is on its own: a report that raises (a bug, a ledger
+    surprise) still leaves that offender and the others killed."""
+    first = subprocess.Popen(["sleep", "1000"])
+    second = subprocess.Popen(["sleep", "1000"])
+    try:
+        usage = Usage()
+        usage.processes = [ProcessUsage(first.pid, GPU0, 10), ProcessUsage(second.pid, GPU0, 10)]
+        dog = watchdog(parts, usage)
+        reported = []
+
+        def report(violation):
+            reported.append(violation)
+            if len(reported) == 1:
+                raise RuntimeError("a bug")
+
+        monkeypatch.setattr(dog, "_report", report)
+        assert len(dog.scan()) == 2
+        assert len(reported) == 2 and gone(first) and gone(second)
+    finally:
+        for p in (first, second):
+            p.kill()
+            p.wait()

@@ -1,6 +1,8 @@
 """Pins hooks.gpuenv: only GPU env names are read from an OCI env list, a name set twice to
 different values is refused, which envs ask for GPUs (including the legacy CUDA image rule of
-the NVIDIA toolkit), and how CUDA_MPS_PINNED_DEVICE_MEM_LIMIT is read."""
+the NVIDIA toolkit), and how CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and
+CUDA_MPS_ACTIVE_THREAD_PERCENTAGE are read: ASCII digits and spaces only, exact forms, and a
+GPU container whose quota value is not in that form is refused by the hook."""
 
 import pytest
 
@@ -139,3 +141,68 @@ def test_malformed_pinned_limit_is_refused_naming_the_variable(value):
 def test_non_ascii_or_overlong_amount_is_an_env_error(value):
     with pytest.raises(EnvError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
         parse_pinned_limit(value)
+
+
+# --- exact ASCII forms (issue 14, item 8) ------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "0=\u00a04096M",  # NBSP: Python's \s and str.strip() take it for a space
+        "0\u00a0=4096M",
+        "\u00a00=4096M",
+        "0=4096M\u2003",
+        "0=4096M,\u30001=1G",
+        "٠=4096M",
+        "0=４０９６M",
+    ],
+)
+def test_pinned_limit_takes_only_ascii_digits_and_spaces(value):
+    with pytest.raises(EnvError, match="CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"):
+        parse_pinned_limit(value)
+
+
+@pytest.mark.parametrize(
+    "value, expected", [("30", 30.0), ("100", 100.0), ("0", 0.0), ("29.5", 29.5), ("07", 7.0)]
+)
+def test_parse_thread_percentage(value, expected):
+    from hooks.gpuenv import parse_thread_percentage
+
+    assert parse_thread_percentage(value) == expected
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["٣٠", "３０", "30\u00a0", " 30", "30 ", "3_0", "+30", "-5", "3e1", "nan", "inf", "", "30.",
+     ".5", "1" * 20, "30%", "²"],
+)  # fmt: skip
+def test_thread_percentage_takes_only_ascii_digits(value):
+    from hooks.gpuenv import parse_thread_percentage
+
+    with pytest.raises(EnvError, match="CUDA_MPS_ACTIVE_THREAD_PERCENTAGE.*ASCII digits"):
+        parse_thread_percentage(value)
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=٣٠",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=３０",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=\u00a04096M",
+    ],
+)
+def test_the_hook_refuses_a_gpu_container_whose_quota_env_is_not_ascii(entry):
+    """env_from_list is what the runtime hook reads the OCI env with: a GPU container with
+    a quota value that is not in its exact ASCII form is refused there (fail closed)."""
+    name = entry.partition("=")[0]
+    with pytest.raises(EnvError, match=name):
+        env_from_list(["NVIDIA_VISIBLE_DEVICES=GPU-a", "GPUSHARE_ALLOCATION_ID=ga-1", entry])
+
+
+def test_a_container_without_gpus_is_not_refused_for_its_quota_env():
+    """The hook lets non-GPU containers through without asking the daemon: their quota env
+    means nothing (no GPU to share), so it is not judged."""
+    assert env_from_list(["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=٣٠"]) == {
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "٣٠"
+    }

@@ -4,12 +4,15 @@ READY=1 once and then only STATUS when it changed; a card problem holds READY ba
 shows in STATUS; no WATCHDOG=1 while the allocation state is unresponsive; a SIGHUP reload
 applies the reloadable keys to the parts that use them, names what needs a restart, and
 refuses a bad file keeping the running settings; a reconcile never runs on a failed read
-of kubelet's record; waiting for kubelet is reported and keeps the watchdog fed."""
+of kubelet's record; waiting for kubelet is reported and keeps the watchdog fed; while a
+background worker is dead there is no WATCHDOG=1 (not even while waiting for kubelet) and
+STATUS names it."""
 
 import os
 import shutil
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -383,3 +386,64 @@ def test_a_reload_outcome_stays_in_status_until_the_summary_changes_or_time_pass
     allocate(daemon.allocator)  # the summary changes: it is news, shown at once
     daemon.loop._tell_systemd(3)
     assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in daemon.told()
+
+
+# --- a dead worker makes the daemon unhealthy (issue 14, item 3) ----------------------------
+
+
+def _dead_watchdog_workers(stack):
+    """Real Workers holding a 'watchdog' ThreadWorker that died beyond its restarts."""
+    from nodemgr.common.workers import ThreadWorker, Workers
+
+    class Dies(ThreadWorker):
+        def run(self, stop):
+            raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+
+    group = Workers(stack, restart_backoff_seconds=())
+    worker = group.start(Dies("watchdog"))
+    group.stop_all_first()
+    assert worker.join(5)
+    return group
+
+
+def test_no_watchdog_ping_while_a_worker_is_dead_and_status_names_it(daemon):
+    """A worker dead beyond its restarts (the enforcement watchdog here): systemd gets no
+    WATCHDOG=1 (so it restarts the daemon) and STATUS names the dead worker; once no worker
+    is dead, the pings resume."""
+    import contextlib
+
+    with contextlib.ExitStack() as stack:
+        group = _dead_watchdog_workers(stack)
+        daemon.loop.dead_workers = group.dead
+        daemon.loop._tell_systemd(3)
+        daemon.loop._tell_systemd(3)
+        told = daemon.told()
+        assert not [m for m in told if "WATCHDOG" in m]
+        statuses = [m["STATUS"] for m in told if "STATUS" in m]
+        assert statuses and all("watchdog" in s and "not running" in s for s in statuses)
+        assert not daemon.loop.facts.ready  # not READY=1 either: it is not healthy
+
+    daemon.loop.dead_workers = list
+    daemon.loop._tell_systemd(3)
+    assert {"WATCHDOG": "1"} in daemon.told()
+
+
+def test_no_watchdog_ping_while_waiting_for_kubelet_with_a_dead_worker(make_daemon):
+    """Waiting for kubelet pings systemd too: not while a worker is dead."""
+    import contextlib
+
+    daemon = make_daemon(watchdog_usec="400000")
+    stop = threading.Event()
+    with contextlib.ExitStack() as stack:
+        daemon.loop.dead_workers = _dead_watchdog_workers(stack).dead
+        runner = threading.Thread(target=daemon.loop.run, args=(stop, threading.Event()))
+        runner.start()
+        try:
+            seen, deadline = [], time.monotonic() + 0.6  # a few periods of 0.1 s
+            while time.monotonic() < deadline:
+                seen.extend(daemon.systemd.messages(wait=0.05))
+        finally:
+            stop.set()
+            runner.join(10)
+    assert seen and not [m for m in seen if "WATCHDOG" in m]
+    assert any("watchdog" in m.get("STATUS", "") for m in seen)

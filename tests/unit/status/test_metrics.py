@@ -10,6 +10,8 @@ rest of the scrape intact and counted; a clear bind error; stop() freeing the
 port; the gRPC servicer reporting each Allocate's latency and result; and the
 Grafana dashboard referring only to metric and label names the exporter really
 exposes (so the dashboard cannot drift from the code).
+Worker health: gpushare_worker_up and restarts per worker, gpushare_daemon_healthy, and
+the watchdog's unreadable processes.
 
 Why this module is longer than 400 lines: it pins every metric family and label the
 Grafana dashboard and operators depend on (a public interface).
@@ -593,3 +595,32 @@ def test_the_drift_check_catches_renamed_metrics_and_labels():
         "quota: card is neither PromQL nor an exposed label",
         "mps: label uuid is not exposed",
     ]
+
+
+# --- worker health (issue 14, item 3) -----------------------------------------------------------
+
+
+def test_each_worker_is_up_or_down_with_its_restarts(exporter):
+    """gpushare_worker_up{worker} is 0 for a worker that is down (an alert on it names the
+    part of the daemon that stopped), with its restarts; gpushare_daemon_healthy says the
+    same for the whole daemon; unreadable processes the watchdog met are counted."""
+    exporter.doc["daemon"]["healthy"] = False
+    exporter.doc["daemon"]["workers"] = {
+        "watchdog": {"up": False, "restarts": 5, "failure": "UnicodeDecodeError: ..."},
+        "mps-supervisor": {"up": True, "restarts": 0, "failure": None},
+    }
+    exporter.doc["enforcement"]["unreadable_processes"] = 3
+    s = exporter.scrape()
+    assert value(s, "gpushare_worker_up", worker="watchdog") == 0
+    assert value(s, "gpushare_worker_up", worker="mps-supervisor") == 1
+    assert value(s, "gpushare_worker_restarts_total", worker="watchdog") == 5
+    assert value(s, "gpushare_worker_restarts_total", worker="mps-supervisor") == 0
+    assert value(s, "gpushare_daemon_healthy") == 0
+    assert value(s, "gpushare_enforcement_unreadable_processes_total") == 3
+
+
+def test_a_document_without_worker_health_still_scrapes(exporter):
+    """Older or partial documents (no workers, no healthy) leave those series out."""
+    s = exporter.scrape()
+    assert absent(s, "gpushare_worker_up") and absent(s, "gpushare_daemon_healthy")
+    assert value(s, "gpushare_daemon_ready") == 1

@@ -3,7 +3,8 @@ is answered with the live document (cards, allocations, the containers registere
 each, the daemon's own facts); an unknown command or an unreadable request is answered
 with an error, never a hang; a bug while building the document is answered as an
 internal error; ``query`` returns the document and raises on an error answer; the card
-list is kept in the ledger for when the daemon is down."""
+list is kept in the ledger for when the daemon is down; the daemon section names each worker,
+up or down, and is not ``healthy`` while one is down."""
 
 import json
 import os
@@ -178,3 +179,18 @@ def test_the_socket_is_root_only_and_removed_at_stop(node):
     assert os.stat(node.server.socket_path).st_mode & 0o777 == 0o600
     node.server.stop()
     assert not os.path.exists(node.server.socket_path)
+
+
+def test_the_daemon_section_names_each_worker_and_whether_all_are_up(node):
+    """The daemon section says, per worker, whether it is up, its restarts and its last
+    failure, and ``healthy`` is false while any is down (nodemgr status --json)."""
+    health = {
+        "watchdog": {"up": False, "restarts": 5, "failure": "UnicodeDecodeError: bad byte"},
+        "hook-server": {"up": True, "restarts": 0, "failure": None},
+    }
+    node.facts.worker_health = lambda: health
+    daemon = query(node.server.socket_path)["daemon"]
+    assert daemon["workers"] == health
+    assert daemon["healthy"] is False
+    health["watchdog"]["up"] = True
+    assert query(node.server.socket_path)["daemon"]["healthy"] is True
