@@ -17,7 +17,13 @@ Document (JSON keys are a public contract: extend, never rename)::
                       "memory_used_mib"|null, "core_percent", "namespace", "pod",
                       "container", "state": "confirmed"|"pending", "containers",
                       "violations", "created_at"}],
-     "enforcement": {"action", "violations": {kind: count}, "kills"}|null}
+     "enforcement": {"action", "violations": {kind: count}, "kills",
+                     "unreadable_processes"}|null}
+
+``daemon`` (from the status socket) carries ``pid``, ``version``, ``started_at``,
+``uptime_seconds``, ``ready``, ``registered``, ``metrics_address``, ``healthy``
+(false while a background worker is down) and ``workers`` ({name: {"up",
+"restarts", "failure"}}).
 
 None (null) always means "not known", never zero. No I/O, no clock: the
 caller passes everything in.

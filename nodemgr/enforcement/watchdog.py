@@ -21,6 +21,11 @@ the worker supervision's (nodemgr.common.workers): logged, restarted.
 
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
+
+Why this module is longer than 400 lines: the scan, its per-process fail-closed
+handling, the process-event loop and the snapshots other threads read all share the
+watchdog's caches and its stats lock; the pure judgements already live in
+nodemgr.domain.violations and the /proc reading in procfs.
 """
 
 from __future__ import annotations

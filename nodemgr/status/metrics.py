@@ -20,6 +20,10 @@ What it must not do: import anything of the daemon beyond errors (the daemon
 wires it), use prometheus_client's global registry (tests make many Metrics in
 one process), or let a failing snapshot break the scrape of everything else.
 This is the only module that imports prometheus_client.
+
+Why this module is longer than 400 lines: every metric family is built here from the one
+status document, in one collector, so the names Grafana and operators rely on are all in
+one place; the HTTP server is in http.py.
 """
 
 from __future__ import annotations
