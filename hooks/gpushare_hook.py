@@ -1,7 +1,11 @@
 """``gpushare-hook --socket PATH STAGE``: the OCI runtime hook.
 
 The runtime passes the container's state JSON on stdin (``id``, ``pid``,
-``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``.
+``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``. Both are
+read with a size cap: a state over ``MAX_STATE_BYTES``, or a config.json over
+``MAX_CONFIG_BYTES`` or that is not a regular file, is refused without being read
+whole (exit 2), whether or not the container asks for GPUs: what it asks for
+cannot be known without reading it.
 
 - ``createRuntime``: a container that asks for no GPU (and claims no
   gpushare allocation) exits 0 at once. Any other is sent to the daemon, which
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import sys
 
 from hooks import gpuenv
@@ -29,10 +34,16 @@ from hooks import gpuenv
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
 MAX_STATE_BYTES = 256 * 1024
+# A pod's spec is at most ~1.5 MiB in etcd; env from ConfigMaps adds up to 1 MiB each.
+# Parsing this much takes ~0.1 s; a 300 MB config.json is refused unread.
+MAX_CONFIG_BYTES = 16 * 1024 * 1024
+# A line per cgroup hierarchy, each path at most PATH_MAX.
+MAX_CGROUP_BYTES = 128 * 1024
 USAGE = "usage: gpushare-hook [--socket PATH] {createRuntime,poststop}"
 
 DEFAULT_SOCKET = "/run/gpushare/hook.sock"
-# The daemon answers from memory and one SQLite write; this bounds a hung one.
+# The daemon answers from memory, one question to kubelet and one SQLite write; this
+# bounds the whole call (a hung daemon, or one at its connection cap for that long).
 TIMEOUT_SECONDS = 2.0
 
 # Pod identity as the CRI runtimes write it into the OCI annotations.
@@ -157,13 +168,36 @@ def _read_state(data: bytes) -> dict:
 def _read_config(bundle: str) -> dict:
     path = os.path.join(bundle, "config.json")
     try:
-        with open(path, "rb") as f:
-            config = json.load(f)
-    except (OSError, ValueError) as e:
+        # O_NONBLOCK: a FIFO put there must not hang the container's creation.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError as e:
+        raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
+    with open(fd, "rb") as f:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise Refusal(f"the container's {path} is not a regular file", code=2)
+        if info.st_size > MAX_CONFIG_BYTES:
+            raise Refusal(_too_big(path, info.st_size), code=2)
+        try:
+            data = f.read(MAX_CONFIG_BYTES + 1)
+        except OSError as e:
+            raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
+    if len(data) > MAX_CONFIG_BYTES:  # it grew after fstat
+        raise Refusal(_too_big(path, len(data)), code=2)
+    try:
+        config = json.loads(data)
+    except (ValueError, UnicodeDecodeError) as e:
         raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
     if not isinstance(config, dict):
         raise Refusal(f"{path} is not a JSON object", code=2)
     return config
+
+
+def _too_big(path: str, size: int) -> str:
+    return (
+        f"the container's {path} is over {MAX_CONFIG_BYTES} bytes ({size} or more): "
+        "refused unread (gpushare-hook reads at most that much)"
+    )
 
 
 def _read_cgroup(state: dict) -> str:
@@ -174,13 +208,24 @@ def _read_cgroup(state: dict) -> str:
             "createRuntime stage)",
             code=2,
         )
+    path = f"/proc/{pid}/cgroup"
     try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8") as f:
-            return f.read()
+        with open(path, "rb") as f:
+            data = f.read(MAX_CGROUP_BYTES + 1)
     except OSError as e:
         raise Refusal(
-            f"container {state['id']}: cannot read /proc/{pid}/cgroup ({e.strerror}); the "
+            f"container {state['id']}: cannot read {path} ({e.strerror}); the "
             "hook must run in the runtime's PID namespace",
+            code=2,
+        ) from None
+    if len(data) > MAX_CGROUP_BYTES:
+        raise Refusal(f"container {state['id']}: {path} is over {MAX_CGROUP_BYTES} bytes", 2)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise Refusal(
+            f"container {state['id']}: {path} is not UTF-8 (byte {data[e.start]:#04x} at "
+            f"offset {e.start}: a cgroup named with it); it cannot be a container's cgroup",
             code=2,
         ) from None
 

@@ -12,12 +12,17 @@ Requests::
 
 Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 ``message`` is the one line the runtime shows the user.
+
+Timeouts are deadlines for the whole exchange, never per read: a peer sending
+a byte at a time cannot stretch them. A daemon at its connection cap closes a
+new connection unread; ``call`` then connects again while its time lasts.
 """
 
 from __future__ import annotations
 
 import json
 import socket
+import time
 
 MAX_MESSAGE_BYTES = 256 * 1024  # env, cgroup and identity of one container fit easily
 CREATE = "createRuntime"  # the stages, as in gpushare_hook
@@ -26,6 +31,10 @@ POSTSTOP = "poststop"
 
 class ProtocolError(Exception):
     """The peer sent something that is not one protocol message."""
+
+
+class ClosedError(ProtocolError):
+    """The peer closed the connection before sending anything."""
 
 
 def encode(message: dict) -> bytes:
@@ -44,10 +53,21 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     return message
 
 
-def read_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
-    """One newline-terminated message from ``sock`` (its timeout applies)."""
+def read_message(
+    sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES, deadline: float | None = None
+) -> dict:
+    """One newline-terminated message from ``sock``.
+
+    ``deadline`` (a ``time.monotonic()`` value) bounds the whole read: TimeoutError
+    once it passed; without one, the socket's own timeout applies to each read.
+    """
     chunks, size = [], 0
     while True:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no whole message in time")
+            sock.settimeout(left)
         chunk = sock.recv(65536)
         if not chunk:
             break
@@ -58,17 +78,44 @@ def read_message(sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES) -> dic
         if size > max_bytes:
             raise ProtocolError(f"message over {max_bytes} bytes")
     if not chunks:
-        raise ProtocolError("connection closed before a message")
+        raise ClosedError("connection closed before a message")
     return decode(b"".join(chunks), max_bytes)
 
 
+# Pauses between tries when the daemon closed a connection unread (at its cap).
+_RETRY_FIRST_SECONDS = 0.01
+_RETRY_MAX_SECONDS = 0.2
+
+
 def call(socket_path: str, message: dict, timeout_seconds: float) -> dict:
-    """Send one request and return the answer; OSError or ProtocolError on failure."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout_seconds)
-        sock.connect(socket_path)
-        sock.sendall(encode(message))
-        answer = read_message(sock)
+    """Send one request and return the answer; OSError or ProtocolError on failure.
+
+    ``timeout_seconds`` bounds the whole call. A connection the daemon closes or
+    resets without answering (it is at its connection cap) is tried again, after a
+    short pause, while time is left; a daemon that is not there is not waited for.
+    """
+    deadline = time.monotonic() + timeout_seconds
+    pause = _RETRY_FIRST_SECONDS
+    while True:
+        try:
+            answer = _call_once(socket_path, message, deadline)
+            break
+        except (ClosedError, ConnectionResetError, BrokenPipeError):
+            if time.monotonic() + pause >= deadline:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, _RETRY_MAX_SECONDS)
     if not isinstance(answer.get("allowed"), bool) or not isinstance(answer.get("message"), str):
         raise ProtocolError(f"answer without allowed/message: {answer!r}")
     return answer
+
+
+def _call_once(socket_path: str, message: dict, deadline: float) -> dict:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("no answer in time")
+        sock.settimeout(left)
+        sock.connect(socket_path)
+        sock.sendall(encode(message))
+        return read_message(sock, deadline=deadline)

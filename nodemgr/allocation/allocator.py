@@ -96,6 +96,11 @@ class Allocator:
         self._lock = threading.Lock()
         # Moves on every change of what is served (allocations, card health).
         self.changes = ChangeCounter()
+        # Moves only when a card's state changes: its health (a problem set or
+        # cleared), given out whole or no longer, holding shared work or no longer.
+        # The device lists depend on nothing else, so ListAndWatch streams and the
+        # MPS supervisor wait on this one and sleep through ordinary admissions.
+        self.card_changes = ChangeCounter()
         # The container whose second shared resource may come next (admission.py).
         self._open: OpenAdmission | None = None
         # None: MPS off, shared containers get env quotas only.
@@ -138,7 +143,7 @@ class Allocator:
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
         """The full device list of one resource, with linkage health."""
         with self._lock:
-            generation = self.changes.generation
+            generation = self.card_changes.generation
             cached = self._device_lists.get(kind)
             if cached is not None and cached[0] == generation:
                 return cached[1]
@@ -153,7 +158,7 @@ class Allocator:
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
-            if self.changes.generation == generation:
+            if self.card_changes.generation == generation:
                 self._device_lists[kind] = (generation, listing)
         return listing
 
@@ -298,6 +303,7 @@ class Allocator:
                 del self._card_problems[card_uuid]
             else:
                 self._card_problems[card_uuid] = problem
+            self.card_changes.bump()
             self.changes.bump()
 
     def set_grace_seconds(self, grace_seconds: float) -> None:
@@ -394,6 +400,7 @@ class Allocator:
     def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
         """Commit to the ledger first; only then change what is served."""
         self._ledger.commit(put=puts, delete=deletes)
+        card_state = (self._usage.shared_cards(), self._usage.whole_cards())
         for allocation_id in deletes + [a.id for a in puts]:
             old = self._allocations.pop(allocation_id, None)
             if old is not None:
@@ -401,7 +408,14 @@ class Allocator:
         for allocation in puts:
             self._allocations[allocation.id] = allocation
             self._usage.add(allocation)
+        if (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
+            self.card_changes.bump()
         self.changes.bump()
+
+    @property
+    def device_changes(self) -> ChangeCounter:
+        """ResourceManager: moves when a device list may differ (card state only)."""
+        return self.card_changes
 
     # -- reconcile with kubelet ---------------------------------------------
 

@@ -45,8 +45,9 @@ class ResourceManager(Protocol):
         ...
 
     @property
-    def changes(self) -> ChangeCounter:
-        """Moves whenever a device list may have changed (health, whole cards)."""
+    def device_changes(self) -> ChangeCounter:
+        """Moves whenever a device list may have changed (a card's health, a card given
+        out whole or taking shared work); not on ordinary admissions."""
         ...
 
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:

@@ -8,6 +8,12 @@ race with other threads creating files). A stale file left by a killed
 daemon is replaced, and ``stop`` removes it. It follows the worker lifecycle
 of :mod:`nodemgr.common.workers`. ``handle(sock)`` reads the request and writes the answer;
 it must catch its own errors (an exception here only closes the connection).
+
+A client must not hold the server: every connection has a total deadline (one thread
+cuts it with ``shutdown``, which ends any recv or send the handler is blocked in, so a
+client trickling a byte at a time is cut however the handler reads), and at most
+``max_connections`` are served at once; one over the cap is closed at once, unread
+(a hook client tries again), counted, and logged once per burst.
 """
 
 from __future__ import annotations
@@ -17,21 +23,123 @@ import os
 import socket
 import socketserver
 import threading
+import time
 from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 # How often the serving thread looks for a stop (the most a stop waits for it).
 POLL_SECONDS = 0.1
+# Defaults: a request and its answer take milliseconds; these bound hostile clients.
+MAX_CONNECTIONS = 32
+DEADLINE_SECONDS = 30.0
+
+
+class _Deadlines:
+    """Cuts each registered connection at its deadline: one thread for all of them."""
+
+    def __init__(self, name: str):
+        self._name = name
+        self._cond = threading.Condition()
+        self._due: dict[socket.socket, float] = {}
+        self._stopped = False
+        self.cut = 0  # connections cut at their deadline
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, sock: socket.socket, deadline: float) -> None:
+        with self._cond:
+            self._due[sock] = deadline
+            self._cond.notify()
+
+    def remove(self, sock: socket.socket) -> None:
+        """Before the socket is closed: it is never touched after this returns."""
+        with self._cond:
+            self._due.pop(sock, None)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+
+    def join(self, timeout_seconds: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout_seconds)
+
+    def _run(self) -> None:
+        with self._cond:
+            while not self._stopped:
+                now = time.monotonic()
+                for sock in [s for s, due in self._due.items() if due <= now]:
+                    del self._due[sock]
+                    self.cut += 1
+                    try:
+                        sock.shutdown(socket.SHUT_RDWR)  # the handler's recv/send ends now
+                    except OSError:
+                        pass  # the client closed it already
+                next_due = min(self._due.values(), default=None)
+                self._cond.wait(None if next_due is None else max(next_due - now, 0.001))
+
+
+class _Server(socketserver.ThreadingUnixStreamServer):
+    """Serves a connection in its own thread while under the cap; closes it otherwise."""
+
+    daemon_threads = True
+
+    def __init__(self, path: str, handler: type, owner: UnixServer):
+        super().__init__(path, handler, bind_and_activate=False)
+        self._owner = owner
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        owner = self._owner
+        if not owner._enter():
+            self.shutdown_request(request)
+            return
+        owner._deadlines.add(request, time.monotonic() + owner.deadline_seconds)
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self.shutdown_request(request)
+            owner._leave()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._owner._leave()
+
+    def shutdown_request(self, request: Any) -> None:
+        self._owner._deadlines.remove(request)  # before the close: the fd may be reused
+        super().shutdown_request(request)
 
 
 class UnixServer:
-    def __init__(self, socket_path: str, handle: Callable[[socket.socket], None], name: str):
+    def __init__(
+        self,
+        socket_path: str,
+        handle: Callable[[socket.socket], None],
+        name: str,
+        max_connections: int = MAX_CONNECTIONS,
+        deadline_seconds: float = DEADLINE_SECONDS,
+    ):
+        """``max_connections`` served at once; each connection is cut ``deadline_seconds``
+        after it was accepted, whatever its handler is doing."""
         self.socket_path = socket_path
         self._handle = handle
         self.name = name
-        self._server: socketserver.ThreadingUnixStreamServer | None = None
+        self.max_connections = max_connections
+        self.deadline_seconds = deadline_seconds
+        self._deadlines = _Deadlines(f"{name}-deadlines")  # replaced at each start
+        self._count_lock = threading.Lock()
+        self._active = 0
+        self._refused = 0  # connections closed over the cap, in all
+        self._burst = 0  # of those, since a connection was last served
+        self._server: _Server | None = None
         self._thread: threading.Thread | None = None
         self._stopping: threading.Thread | None = None  # runs the server's shutdown
 
@@ -45,9 +153,8 @@ class UnixServer:
             def handle(self) -> None:
                 handle(self.request)
 
-        server = socketserver.ThreadingUnixStreamServer(
-            self.socket_path, Handler, bind_and_activate=False
-        )
+        self._deadlines = _Deadlines(f"{self.name}-deadlines")
+        server = _Server(self.socket_path, Handler, self)
         try:
             server.server_bind()
             os.chmod(self.socket_path, SOCKET_MODE)  # before listen: no one connects until then
@@ -55,8 +162,8 @@ class UnixServer:
         except BaseException:
             server.server_close()
             raise
-        server.daemon_threads = True
         self._server = server
+        self._deadlines.start()
         self._thread = threading.Thread(
             target=server.serve_forever, args=(POLL_SECONDS,), name=self.name, daemon=True
         )
@@ -76,6 +183,7 @@ class UnixServer:
             target=server.shutdown, name=f"{self.name}-stop", daemon=True
         )
         self._stopping.start()
+        self._deadlines.stop()
 
     def join(self, timeout_seconds: float) -> bool:
         """Wait for the serving thread to end, then close the listening socket."""
@@ -87,6 +195,7 @@ class UnixServer:
                 return False
         if self._stopping is not None:
             self._stopping.join()  # shutdown() returns as soon as the serving thread ended
+        self._deadlines.join(timeout_seconds)
         self._server.server_close()
         self._server = None
         return True
@@ -99,3 +208,47 @@ class UnixServer:
             and self._thread is not None
             and self._thread.is_alive()
         )
+
+    @property
+    def refused_connections(self) -> int:
+        """Connections closed unread because ``max_connections`` were being served."""
+        with self._count_lock:
+            return self._refused
+
+    @property
+    def cut_connections(self) -> int:
+        """Connections cut at their deadline."""
+        return self._deadlines.cut
+
+    def _enter(self) -> bool:
+        """Whether a new connection may be served (then it counts as served until
+        ``_leave``); False over the cap, which is counted and logged once per burst."""
+        with self._count_lock:
+            served = self._active < self.max_connections
+            if served:
+                self._active += 1
+                ended, self._burst = self._burst, 0
+            else:
+                self._refused += 1
+                self._burst += 1
+                ended = 0
+            burst_began = not served and self._burst == 1
+        if burst_began:
+            log.warning(
+                "%s: %d connections open, its connection cap: closing new ones at once, "
+                "unread, until one ends (a client holding connections open?)",
+                self.name,
+                self.max_connections,
+            )
+        if ended:
+            log.info(
+                "%s: closed %d connections over the cap of %d; serving again",
+                self.name,
+                ended,
+                self.max_connections,
+            )
+        return served
+
+    def _leave(self) -> None:
+        with self._count_lock:
+            self._active -= 1

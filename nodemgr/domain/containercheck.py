@@ -33,20 +33,67 @@ def parse_cgroups(text: str) -> dict[str, str]:
     return cgroups
 
 
-def container_cgroup(text: str) -> CgroupKey:
+# How container runtimes name a container's own cgroup, as its last path component:
+# ``<id>`` (runc's default /<id>, kubelet's cgroupfs driver with containerd, docker),
+# ``<prefix><id>`` (cgroupfs: crio-<id>, libpod-<id>) or ``<prefix><id>.scope``
+# (systemd: cri-containerd-, crio-, docker-, libpod-, runc-<id>.scope).
+RUNTIME_PREFIXES = ("cri-containerd-", "crio-", "docker-", "libpod-", "runc-", "crun-")
+# A sub-group the OCI runtime may put the container's processes in under its scope
+# (crun/runc with the run.oci.systemd.subgroup annotation, as podman sets it).
+RUNTIME_SUBGROUPS = ("container",)
+# A container ID named like a systemd unit is not a container's cgroup name.
+_UNIT_SUFFIXES = (
+    ".service", ".slice", ".scope", ".socket", ".mount", ".target", ".swap", ".device",
+    ".path", ".timer", ".automount",
+)  # fmt: skip
+
+
+def is_container_cgroup(path: str, container_id: str) -> bool:
+    """Whether ``path`` is the cgroup a runtime made for this container (named by its ID).
+
+    A container cgroup's last component names the container's ID (the runtime's, never
+    the container's own choice) in one of the runtimes' forms above; any other cgroup
+    (the runtime's service, a slice, the pod's cgroup, another container's) is not.
+    """
+    if not container_id or container_id in (".", "..") or container_id.endswith(_UNIT_SUFFIXES):
+        return False
+    parts = path.strip("/").split("/")
+    if len(parts) > 1 and parts[-1] in RUNTIME_SUBGROUPS:
+        parts.pop()
+    name = parts[-1]
+    if name == container_id:
+        return True
+    scope = name.removesuffix(".scope")
+    return any(scope == prefix + container_id for prefix in RUNTIME_PREFIXES)
+
+
+def container_cgroup(text: str, container_id: str) -> CgroupKey:
     """The cgroup that holds a container, from its init process's /proc/PID/cgroup.
 
-    The unified (v2) hierarchy when the container has its own cgroup there,
-    else the v1 memory hierarchy (where GPU memory belongs), else pids.
+    The unified (v2) hierarchy when the container has its own cgroup there, else the
+    v1 memory hierarchy (where GPU memory belongs), else pids. Only the container's own
+    cgroup counts (:func:`is_container_cgroup`): a host cgroup, say the runtime's
+    service, would make every process in it count as the container's (and be killed as
+    such). On a hybrid host the v2 path can be one inherited from the runtime's unit
+    while v1 holds the container's own; v1 is used then.
     """
     cgroups = parse_cgroups(text)
-    for hierarchy in ("", "memory", "pids"):
-        path = cgroups.get(hierarchy)
-        if path is not None and path != "/":
+    paths = [(h, cgroups.get(h)) for h in ("", "memory", "pids")]
+    own = [(h, p) for h, p in paths if p is not None and p != "/"]
+    for hierarchy, path in own:
+        if is_container_cgroup(path, container_id):
             return CgroupKey(hierarchy, path)
+    if not own:
+        raise CgroupError(
+            "the container has no cgroup of its own (every hierarchy is /): "
+            "its processes could not be told from the host's"
+        )
+    shown = ", ".join(f"{h or 'unified'} {p}" for h, p in own)
     raise CgroupError(
-        "the container has no cgroup of its own (every hierarchy is /): "
-        "its processes could not be told from the host's"
+        f"its cgroup ({shown}) is not a container cgroup: only a cgroup that a container "
+        f"runtime made for container {container_id} is accepted (its last part "
+        f"{container_id}, crio-{container_id}, cri-containerd-{container_id}.scope and the "
+        "like), never a host service, slice, pod or another container's cgroup"
     )
 
 
@@ -129,9 +176,9 @@ def quota_env_problem(env: dict[str, str], allocation: Allocation) -> str | None
                 f"{gpuenv.ACTIVE_THREAD_PERCENTAGE} was removed (share {allocation.core_percent}%)"
             )
         try:
-            percent = float(value)
-        except ValueError:
-            return f"{gpuenv.ACTIVE_THREAD_PERCENTAGE}={value!r} is not a number"
+            percent = gpuenv.parse_thread_percentage(value)  # exact ASCII form only
+        except gpuenv.EnvError as e:
+            return str(e)
         if not 0 < percent <= allocation.core_percent:
             return (
                 f"{gpuenv.ACTIVE_THREAD_PERCENTAGE}={value} is outside the share of "

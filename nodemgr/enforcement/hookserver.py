@@ -4,12 +4,19 @@ Translates the protocol of :mod:`hooks.protocol` into calls on the
 :class:`~nodemgr.enforcement.registry.ContainerRegistry` and back; it decides nothing.
 A malformed request gets a refusal naming what is wrong. The socket is
 root-only (0600): only the container runtime talks to it.
+
+No client holds it: the request must arrive whole within ``READ_TIMEOUT_SECONDS``
+(in all, not per read), each connection is cut ``DEADLINE_SECONDS`` after it was
+accepted, and at most ``MAX_CONNECTIONS`` are served at once (the excess is closed
+unread; the hook tries again within its own timeout), see
+:mod:`nodemgr.common.unixserver`.
 """
 
 from __future__ import annotations
 
 import logging
 import socket
+import time
 
 from hooks import protocol
 from hooks.gpuenv import GPU_ENV_NAMES
@@ -19,7 +26,12 @@ from nodemgr.enforcement.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_SECONDS = 2.0  # a client that sends nothing is dropped
+READ_TIMEOUT_SECONDS = 2.0  # the whole request, in all: a trickling client is dropped
+# Reading, kubelet's answer (its client's timeout is shorter) and one ledger write.
+DEADLINE_SECONDS = 5.0
+# Container creations at once; a burst over it waits in the hook's retries, not here.
+MAX_CONNECTIONS = 64
+ANSWER_TIMEOUT_SECONDS = 1.0  # the answer is one short line; the hook is waiting for it
 
 
 class BadRequest(Exception):
@@ -27,8 +39,20 @@ class BadRequest(Exception):
 
 
 class HookServer(UnixServer):
-    def __init__(self, registry: ContainerRegistry, socket_path: str):
-        super().__init__(socket_path, self._handle, "hook-server")
+    def __init__(
+        self,
+        registry: ContainerRegistry,
+        socket_path: str,
+        max_connections: int | None = None,
+        deadline_seconds: float | None = None,
+    ):
+        super().__init__(
+            socket_path,
+            self._handle,
+            "hook-server",
+            max_connections=MAX_CONNECTIONS if max_connections is None else max_connections,
+            deadline_seconds=DEADLINE_SECONDS if deadline_seconds is None else deadline_seconds,
+        )
         self._registry = registry
 
     def start(self) -> None:
@@ -36,15 +60,16 @@ class HookServer(UnixServer):
         log.info("runtime hook socket ready at %s", self.socket_path)
 
     def _handle(self, sock: socket.socket) -> None:
-        sock.settimeout(READ_TIMEOUT_SECONDS)
         try:
-            answer = _answer(self._registry, protocol.read_message(sock))
+            request = protocol.read_message(sock, deadline=time.monotonic() + READ_TIMEOUT_SECONDS)
+            answer = _answer(self._registry, request)
         except (protocol.ProtocolError, OSError) as e:
             answer = _refusal(f"unreadable hook request ({e})")
         except Exception as e:  # a bug must still answer (and refuse), not hang the hook
             log.exception("runtime hook request failed")
             answer = _refusal(f"internal error in gpushare-node ({e}); see its log")
         try:
+            sock.settimeout(ANSWER_TIMEOUT_SECONDS)
             sock.sendall(protocol.encode(answer))
         except OSError:
             pass  # the hook gave up waiting; it refuses on its own

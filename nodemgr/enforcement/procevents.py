@@ -14,6 +14,7 @@ import os
 import select
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyroute2.netlink.connector.cn_proc import (
     CN_IDX_PROC,
@@ -23,6 +24,9 @@ from pyroute2.netlink.connector.cn_proc import (
     ProcEventSocket,
     proc_event_control,
 )
+
+_DATAGRAM_BYTES = 1 << 16  # a netlink datagram is far smaller
+_MAX_MESSAGES_PER_READ = 4096  # a fork storm is read in bounded batches
 
 
 class ProcEventsUnavailable(Exception):
@@ -75,11 +79,23 @@ class ProcEvents:
             return events
         if not ready:
             return events
-        try:
-            messages = self._socket.get()
-        except OSError:  # ENOBUFS: the kernel dropped events
-            events.lost = True
-            return events
+        # Every datagram waiting is read here, straight from the descriptor, and parsed
+        # with pyroute2's marshal: pyroute2's own get() drains the socket into a buffer
+        # of its own and returns one message, so select() never saw the rest (exec and
+        # exit events were lost).
+        fd = self._socket.fileno()
+        messages: list[Any] = []  # pyroute2 nlmsg objects
+        while len(messages) < _MAX_MESSAGES_PER_READ:
+            try:
+                data = os.read(fd, _DATAGRAM_BYTES)
+            except BlockingIOError:
+                break
+            except OSError:  # ENOBUFS: the kernel dropped events; the caller rescans
+                events.lost = True
+                break
+            messages += self._socket.marshal.parse(data)
+            if not select.select([fd], [], [], 0)[0]:
+                break
         for message in messages:
             kind = message.get("event")
             if kind == "PROC_EVENT_EXEC":

@@ -6,6 +6,15 @@ creation: it checks the container's GPU env against its live allocation
 container's cgroup in the ledger, so the watchdog can tell whose GPU process
 is whose, also after a daemon restart. ``release`` is the poststop side.
 
+The ledger learns that a pod is gone only at the next reconcile with kubelet;
+until then its allocation would still be live. So, given ``kubelet_record``
+(kubelet's PodResources List), ``admit`` asks kubelet at the moment of the
+call whether it still gives the allocation's devices to a container, refuses
+the allocation if not (and asks for a reconcile, which releases it), and
+refuses every GPU container while kubelet cannot answer: kubelet creates every
+pod's containers, so while it is down no pod container is being made anyway,
+and an allocation nobody can vouch for grants nothing (fail closed).
+
 What it must not do: parse the wire protocol (the hook server does) or act
 on running processes (the watchdog does).
 """
@@ -15,7 +24,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 
 from hooks import gpuenv
 from nodemgr.allocation.allocator import Allocator
@@ -26,11 +35,14 @@ from nodemgr.domain.containercheck import (
     container_cgroup,
     identity_conflict,
 )
-from nodemgr.domain.model import ContainerRef, Registration
+from nodemgr.domain.model import Allocation, ContainerRef, Registration
 from nodemgr.enforcement import procfs
-from nodemgr.errors import LedgerError
+from nodemgr.errors import GpushareError, LedgerError
 
 log = logging.getLogger(__name__)
+
+# kubelet's PodResources record: container -> resource name -> device IDs.
+KubeletRecord = Mapping[ContainerRef, Mapping[str, Sequence[str]]]
 
 
 class ContainerRegistry:
@@ -40,11 +52,15 @@ class ContainerRegistry:
         allocator: Allocator,
         mps_pipe_directory: str | None,
         clock: Callable[[], float] = time.time,
+        kubelet_record: Callable[[], KubeletRecord] | None = None,
     ):
+        """``kubelet_record``: kubelet's PodResources List (raises a GpushareError when
+        kubelet does not answer); None trusts the ledger alone (tests, no kubelet)."""
         self._ledger = ledger
         self._allocator = allocator
         self._mps_pipe_directory = mps_pipe_directory
         self._clock = clock
+        self._kubelet_record = kubelet_record
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
@@ -68,6 +84,8 @@ class ContainerRegistry:
         )
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
+        if problem is None and allocation is not None:
+            problem = self._kubelet_problem(allocation)  # outside the lock: a local RPC
         with self._lock:
             if problem is None and allocation is not None:
                 others = [
@@ -80,10 +98,15 @@ class ContainerRegistry:
                 problem = identity_conflict(identity, allocation, others)
             if problem is None:
                 try:
-                    cgroup = container_cgroup(cgroup_text)
+                    cgroup = container_cgroup(cgroup_text, container_id)
                 except CgroupError as e:
                     problem = str(e)
-            start_ticks = procfs.read_start_ticks(pid) if problem is None else None
+            start_ticks = None
+            if problem is None:
+                try:
+                    start_ticks = procfs.read_start_ticks(pid)
+                except procfs.ProcfsError as e:  # fail closed: unreadable is not admitted
+                    problem = f"its init process {pid} cannot be read ({e})"
             if problem is None and start_ticks is None:
                 problem = f"its init process {pid} is gone"
             if problem is not None:
@@ -116,6 +139,30 @@ class ContainerRegistry:
             cgroup,
         )
         return True, f"{who} registered on allocation {allocation.id}"
+
+    def _kubelet_problem(self, allocation: Allocation) -> str | None:
+        """Why kubelet's record, read now, does not vouch for the allocation; or None."""
+        if self._kubelet_record is None:
+            return None
+        try:
+            record = self._kubelet_record()
+        except GpushareError as e:
+            return (
+                f"cannot ask kubelet whether allocation {allocation.id} is still held ({e}); "
+                "GPU containers start again once kubelet answers"
+            )
+        names = self._allocator.resource_names
+        held = {(names.get(kind), device_id) for kind, device_id in allocation.device_pairs()}
+        for resources in record.values():
+            for resource_name, device_ids in resources.items():
+                if any((resource_name, device_id) in held for device_id in device_ids):
+                    return None
+        self._allocator.reconcile_requested.set()  # the run loop releases it now
+        return (
+            f"kubelet no longer reports allocation {allocation.id} "
+            f"({', '.join(allocation.cards)}) for any container: its pod is gone "
+            "(or was refused), so the allocation grants nothing"
+        )
 
     def release(self, container_id: str, why: str = "stopped") -> bool:
         """Forget a container; False if it was not registered."""

@@ -24,7 +24,15 @@ class PodResourcesClient:
         self.socket_path = socket_path
         self._timeout_seconds = timeout_seconds
         # The channel reconnects by path, so it survives kubelet recreating the socket.
-        self._channel = grpc.insecure_channel(f"unix://{socket_path}")
+        # Reconnect within a second of kubelet coming back (gRPC's default backoff grows
+        # to 120 s, which would keep refusing GPU containers long after kubelet is up).
+        self._channel = grpc.insecure_channel(
+            f"unix://{socket_path}",
+            options=[
+                ("grpc.max_reconnect_backoff_ms", 1000),
+                ("grpc.initial_reconnect_backoff_ms", 100),
+            ],
+        )
         self._stub = pr_grpc.PodResourcesListerStub(self._channel)
 
     def list(self) -> KubeletRecord:

@@ -67,7 +67,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def ListAndWatch(self, request, context) -> Iterator[dp.ListAndWatchResponse]:
         log.info("kubelet is watching %s", self._name)
         sent = None
-        changes = self._resources.changes
+        changes = self._resources.device_changes
         generation = changes.generation
         while not self._stopping.is_set() and context.is_active():
             devices = self._resources.devices(self._kind)
@@ -197,7 +197,7 @@ class PluginServer:
 
     def stop(self, grace_seconds: float = 1.0) -> None:
         self._stopping.set()
-        self._resources.changes.wake_all()
+        self._resources.device_changes.wake_all()
         if self._server is not None:
             self._server.stop(grace_seconds).wait()
             self._server = None

@@ -91,7 +91,11 @@ def run(
             workers.start(supervisor)
         # Before serving too: a container admitted now is checked at its creation.
         pipe_dir = CONTAINER_PIPE_DIRECTORY if layout is not None else None
-        registry = ContainerRegistry(ledger, allocator, pipe_dir)
+        # The hook asks kubelet at each GPU container's creation whether its allocation
+        # is still held (a freed id is refused at once); 1 s: under the hook's own 2 s.
+        hook_kubelet = PodResourcesClient(settings.kubelet.pod_resources_socket, 1.0)
+        stack.callback(hook_kubelet.close)
+        registry = ContainerRegistry(ledger, allocator, pipe_dir, kubelet_record=hook_kubelet.list)
         workers.start(HookServer(registry, settings.hook_socket))
         watchdog = workers.start(
             Watchdog(

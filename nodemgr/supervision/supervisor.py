@@ -91,7 +91,9 @@ class MpsSupervisor(ThreadWorker):
         self.tend_all()
 
     def run(self, stop: threading.Event) -> None:
-        changes = self._allocator.changes
+        # Woken by card state changes only (a card given out whole must leave MPS
+        # before its container starts), else at the health check interval.
+        changes = self._allocator.card_changes
         generation = changes.generation
         while not stop.is_set():
             # Wake on the interval, or at once when allocations change (a card
@@ -103,7 +105,7 @@ class MpsSupervisor(ThreadWorker):
                 self.tend_all()
 
     def _wake(self) -> None:
-        self._allocator.changes.wake_all()
+        self._allocator.card_changes.wake_all()
 
     def tend_all(self) -> None:
         whole = self._allocator.whole_cards()

@@ -6,17 +6,21 @@ registered, and poststop unregisters it; a daemon that is down refuses GPU
 containers only; the watchdog kills (or, with action: log, only reports) GPU
 processes over their container's summed memory quota or without their quota
 env, newest first, within 2 s; a GPU process on a shared card outside any
-container is stopped too."""
+container is stopped too. A container made with an allocation's env after its pod is gone
+is refused before any reconcile (the hook asks kubelet), and a container put in a host
+cgroup is refused (only container cgroups are registered)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import time
 
 import pytest
 
 from tests.harness import runc_env
-from tests.harness.daemon_proc import GPU0, GPU1, MEMORY
+from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY
 
 pytestmark = pytest.mark.e2e
 
@@ -202,3 +206,67 @@ def test_registrations_survive_a_daemon_restart(cluster):
     assert wait_gone(pid, 2.5) is None
     cluster.set_usage([(pid, GPU0, 9000)])
     assert wait_gone(pid, KILL_DEADLINE_SECONDS + 1) is not None
+
+
+def test_a_container_made_after_its_pod_is_gone_is_refused(cluster):
+    """The pod was deleted; kubelet no longer reports its devices, but the daemon's next
+    reconcile is an hour away (the issue saw up to 10 s): the allocation's env must not
+    start another container in that window."""
+    cluster.node.stop()
+    cluster.node.rewrite_config(
+        lambda c: c["kubelet"].__setitem__("reconcile_interval_seconds", 3600)
+    )
+    cluster.node.start()
+    cluster.node.wait_for(
+        lambda: cluster.node.log().count("runtime hook socket ready") == 2, timeout=30
+    )
+    for resource in (MEMORY, CORE):
+        cluster.kubelet.wait_for_devices(
+            resource, lambda ds: bool(ds) and all(d.healthy for d in ds), timeout=30
+        )
+    env, mounts = cluster.admit("leaving")
+    first = cluster.start_container("first", env, mounts)
+    assert first.returncode == 0, first.stdout  # kubelet reports the pod: allowed
+    cluster.kubelet.remove_pod("default", "leaving")
+    done = cluster.start_container("late", env, mounts)
+    assert done.returncode != 0
+    assert f"kubelet no longer reports allocation {env['GPUSHARE_ALLOCATION_ID']}" in done.stdout
+    assert "late" not in cluster.registered()
+    state = cluster.runtime.state("late")
+    assert state is None or state["status"] == "stopped"
+
+
+HOST_CGROUP = "/system.slice/gpushare-e2e-host.service"
+
+
+def test_a_container_in_a_host_cgroup_is_refused(cluster):
+    """runc told (linux.cgroupsPath) to put the container in a host service's cgroup: the
+    hook refuses it; registered, every process of that service would count as the
+    container's (and be killed as such)."""
+    hierarchies = [os.path.join("/sys/fs/cgroup", h) for h in os.listdir("/sys/fs/cgroup")] + [
+        "/sys/fs/cgroup"
+    ]
+    existed = {h for h in hierarchies if os.path.isdir(h + "/system.slice")}
+    env, mounts = cluster.admit("hostcg")
+    bundle = cluster.runtime.bundle("hostcg", env, mounts)
+    config_path = os.path.join(bundle, "config.json")
+    with open(config_path) as f:
+        config = json.load(f)
+    config["linux"]["cgroupsPath"] = HOST_CGROUP
+    with open(config_path, "w") as f:
+        json.dump(config, f)
+    try:
+        done = cluster.runtime.run("hostcg", bundle)
+        assert done.returncode != 0
+        assert "not a container cgroup" in done.stdout and HOST_CGROUP in done.stdout
+        assert "hostcg" not in cluster.registered()
+    finally:
+        cluster.runtime.delete("hostcg")
+        for hierarchy in hierarchies:
+            for path in (hierarchy + HOST_CGROUP, hierarchy + "/system.slice"):
+                if path.endswith("system.slice") and hierarchy in existed:
+                    continue
+                try:
+                    os.rmdir(path)
+                except OSError:
+                    pass

@@ -459,3 +459,21 @@ def test_second_resource_follows_the_first_even_with_an_older_half_admitted_pod(
     assert results[MEM].allocation_id == results[CORE].allocation_id
     half_allocation = next(a for a in allocator.allocations() if a.owner.pod == "half")
     assert half_allocation.core_percent == 0  # untouched
+
+
+def test_card_changes_move_only_when_a_cards_state_changes(allocator):
+    """ListAndWatch streams and the MPS supervisor wait on card_changes: it moves when a card
+    starts or stops holding shared work, is given out whole or freed, or its health changes,
+    and not on an ordinary admission to a card that already holds shared work."""
+    cards = allocator.card_changes
+    start = cards.generation
+    first = admit(allocator, [(MEM, 2)])[MEM]
+    assert cards.generation == start + 1  # the card now holds shared work
+    listed = allocator.devices(WHOLE)
+    before = cards.generation
+    admit(allocator, [(MEM, 1)])  # binpack: the same card
+    assert cards.generation == before  # nothing a device list shows has changed
+    assert allocator.devices(WHOLE) is listed  # and the list is not rebuilt
+    allocator.set_card_problem(GPU1, "MPS control daemon not running")
+    assert cards.generation == before + 1
+    assert first.allocation_id in {a.id for a in allocator.allocations()}

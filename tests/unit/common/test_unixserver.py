@@ -2,7 +2,9 @@
 the process umask; a stale file left by a killed daemon is replaced; a missing directory
 is made; each connection reaches ``handle``; ``stop`` removes the file and is safe twice;
 ``alive``/``join`` follow the lifecycle; and the process umask is never touched (another
-thread creating files while a server starts gets the modes it expects)."""
+thread creating files while a server starts gets the modes it expects). Each connection has
+a total deadline (a client trickling bytes is cut at it, whatever the handler's per-call
+timeouts); connections over the cap are closed at once, counted, and logged once per burst."""
 
 import os
 import shutil
@@ -10,6 +12,7 @@ import socket
 import stat
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -51,8 +54,10 @@ def socket_dir():
 def make_server(socket_dir):
     made = []
 
-    def make(path=None, handle=echo):
-        server = UnixServer(path or os.path.join(socket_dir, "s.sock"), handle, "test-server")
+    def make(path=None, handle=echo, **limits):
+        server = UnixServer(
+            path or os.path.join(socket_dir, "s.sock"), handle, "test-server", **limits
+        )
         made.append(server)
         return server
 
@@ -184,3 +189,100 @@ def test_start_never_changes_the_process_umask(make_server, socket_dir, monkeypa
     assert umask_now() == before
     assert seen == {before}
     assert modes == {0o666 & ~before}
+
+
+def closed_within(sock: socket.socket, seconds: float) -> float | None:
+    """Seconds until the server closed ``sock`` (EOF or reset), or None."""
+    start = time.monotonic()
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(1024):
+            pass
+    except TimeoutError:
+        return None
+    except OSError:
+        pass
+    return time.monotonic() - start
+
+
+def test_connections_over_the_cap_are_closed_at_once_counted_and_logged_once(make_server, caplog):
+    """Two handlers busy and a cap of 2: five more connections are each closed at once
+    (none waits for a handler), counted, and one warning names the burst; once a handler
+    is free again, connections are served, and the burst's count is logged when it ends."""
+    release = threading.Event()
+
+    def busy(sock):
+        if sock.recv(1024) == b"wait":
+            release.wait(10)
+        sock.sendall(b"done")
+
+    caplog.set_level("INFO")
+    server = make_server(handle=busy, max_connections=2, deadline_seconds=30)
+    server.start()
+    held = []
+    for _ in range(2):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(server.socket_path)
+        sock.sendall(b"wait")
+        held.append(sock)
+    time.sleep(0.2)  # both reach their handler
+    try:
+        for _ in range(5):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as extra:
+                extra.connect(server.socket_path)
+                took = closed_within(extra, 2.0)
+                assert took is not None and took < 0.5, took
+        assert server.refused_connections == 5
+        warnings = [r for r in caplog.records if "connection cap" in r.getMessage()]
+        assert len(warnings) == 1 and warnings[0].levelname == "WARNING"
+        assert "test-server" in warnings[0].getMessage()
+    finally:
+        release.set()
+    for sock in held:
+        sock.settimeout(5)
+        assert sock.recv(1024) == b"done"
+        sock.close()
+    time.sleep(0.2)
+    assert ask(server.socket_path, b"again") == b"done"
+    ended = [r for r in caplog.records if "closed 5 connections over" in r.getMessage()]
+    assert len(ended) == 1
+
+
+def test_a_trickling_client_is_cut_at_the_total_deadline(make_server):
+    """A handler that reads with a generous per-call timeout and a client that sends a
+    byte every 0.1 s, forever: the connection is cut at its total deadline all the same,
+    and the handler's thread ends."""
+    ended = threading.Event()
+
+    def patient(sock):
+        sock.settimeout(5)  # per recv: a trickle never trips it
+        try:
+            while sock.recv(1024):
+                pass
+        except OSError:
+            pass
+        finally:
+            ended.set()
+
+    server = make_server(handle=patient, deadline_seconds=0.5)
+    server.start()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(server.socket_path)
+        started = time.monotonic()
+        cut = None
+        while time.monotonic() - started < 5:
+            try:
+                sock.send(b"x")
+            except OSError:
+                cut = time.monotonic() - started
+                break
+            time.sleep(0.1)
+    assert cut is not None and cut < 1.5, cut
+    assert ended.wait(2)
+
+
+def test_a_quick_client_is_not_affected_by_the_deadline(make_server):
+    server = make_server(deadline_seconds=0.5)
+    server.start()
+    for i in range(20):
+        assert ask(server.socket_path, b"%d" % i) == b"echo:%d" % i

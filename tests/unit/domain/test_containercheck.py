@@ -1,7 +1,9 @@
 """Pins nodemgr.domain.containercheck: which cgroup holds a container (v2 first, then v1 memory,
-never "/"), and that a container's GPU env must name a live allocation and exactly its cards,
-may lower but never raise or remove its quota env, may name only device 0, and must use the
-MPS pipe directory when MPS is on; whole cards carry no quota; an allocation's pod identity
+never "/", and only a cgroup a runtime made for that container ID: runc's default, kubelet's
+cgroupfs and systemd drivers, docker, podman; never a host service, slice, pod or another
+container's cgroup), and that a container's GPU env must name a live allocation and exactly
+its cards, may lower but never raise or remove its quota env, may name only device 0, and must
+use the MPS pipe directory when MPS is on; whole cards carry no quota; an allocation's pod identity
 is not shared with another pod."""
 
 import pytest
@@ -71,27 +73,100 @@ def test_malformed_cgroup_line_is_refused(text):
     with pytest.raises(CgroupError, match="not a /proc/PID/cgroup line"):
         parse_cgroups(text)
     with pytest.raises(CgroupError):
-        container_cgroup(text)
+        container_cgroup(text, "c1")
 
 
 def test_unified_hierarchy_is_preferred():
     text = "11:memory:/v1/c1\n0::/kubepods.slice/cri-containerd-c1.scope\n"
-    assert container_cgroup(text) == CgroupKey("", "/kubepods.slice/cri-containerd-c1.scope")
+    assert container_cgroup(text, "c1") == CgroupKey("", "/kubepods.slice/cri-containerd-c1.scope")
 
 
 def test_v1_memory_is_used_when_the_unified_path_is_root():
-    assert container_cgroup(V1 + "0::/\n") == CgroupKey("memory", "/kubepods/pod1/c1")
+    assert container_cgroup(V1 + "0::/\n", "c1") == CgroupKey("memory", "/kubepods/pod1/c1")
 
 
 def test_v1_pids_is_the_last_resort():
-    assert container_cgroup("12:pids:/c1\n11:memory:/\n0::/\n") == CgroupKey("pids", "/c1")
+    assert container_cgroup("12:pids:/c1\n11:memory:/\n0::/\n", "c1") == CgroupKey("pids", "/c1")
 
 
 def test_no_cgroup_of_its_own_is_refused():
     with pytest.raises(CgroupError, match="no cgroup of its own"):
-        container_cgroup("12:pids:/\n11:memory:/\n0::/\n")
+        container_cgroup("12:pids:/\n11:memory:/\n0::/\n", "c1")
     with pytest.raises(CgroupError, match="no cgroup of its own"):
-        container_cgroup("")
+        container_cgroup("", "c1")
+
+
+CONTAINER_ID = "4f2c9a0d5e6b"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        # runc's default (cgroupfs, no cgroupsPath): /<id>
+        f"/{CONTAINER_ID}",
+        # kubelet's cgroupfs driver: containerd /<pod>/<id>, CRI-O /<pod>/crio-<id>
+        f"/kubepods/burstable/pod1234/{CONTAINER_ID}",
+        f"/kubepods/besteffort/pod1234/crio-{CONTAINER_ID}",
+        # kubelet's systemd driver
+        f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1234.slice/"
+        f"cri-containerd-{CONTAINER_ID}.scope",
+        f"/kubepods.slice/kubepods-pod1234.slice/crio-{CONTAINER_ID}.scope",
+        # docker, podman (cgroupfs and systemd), runc --systemd-cgroup without a path
+        f"/docker/{CONTAINER_ID}",
+        f"/system.slice/docker-{CONTAINER_ID}.scope",
+        f"/libpod_parent/libpod-{CONTAINER_ID}",
+        f"/machine.slice/libpod-{CONTAINER_ID}.scope",
+        f"/system.slice/runc-{CONTAINER_ID}.scope",
+        # crun/runc's systemd sub-group (podman's run.oci.systemd.subgroup)
+        f"/machine.slice/libpod-{CONTAINER_ID}.scope/container",
+    ],
+)
+def test_container_cgroups_of_every_runtime_are_accepted(path):
+    assert container_cgroup(f"0::{path}\n", CONTAINER_ID) == CgroupKey("", path)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/system.slice/containerd.service",
+        "/system.slice/crio.service",
+        "/user.slice/user-0.slice/session-1.scope",
+        "/kubepods/burstable/pod1234",  # the pod's cgroup: every container of the pod
+        "/kubepods.slice",
+        "/init.scope",
+        "/other-container",  # another container's
+        f"/system.slice/docker-{CONTAINER_ID}x.scope",  # an id that only starts like it
+        f"/x{CONTAINER_ID}",
+        f"/{CONTAINER_ID}.scope",  # .scope without a runtime's prefix
+        f"/{CONTAINER_ID}/container/container",
+        "/container",
+    ],
+)
+def test_a_cgroup_that_is_not_the_containers_own_is_refused(path):
+    with pytest.raises(CgroupError, match="not a container cgroup") as refused:
+        container_cgroup(f"0::{path}\n", CONTAINER_ID)
+    assert path in str(refused.value) and CONTAINER_ID in str(refused.value)
+
+
+@pytest.mark.parametrize("container_id", ["containerd.service", "system.slice", "..", ""])
+def test_a_container_id_named_like_a_host_unit_does_not_make_its_cgroup_a_containers(
+    container_id,
+):
+    with pytest.raises(CgroupError):
+        container_cgroup(f"0::/system.slice/{container_id}\n", container_id)
+
+
+def test_a_unified_path_left_in_the_runtimes_service_falls_back_to_v1_memory():
+    """Hybrid hierarchy: the v2 path is inherited from the runtime's unit (a host cgroup);
+    the v1 memory cgroup is the container's own: that one is used."""
+    text = (
+        f"11:memory:/kubepods/pod1/{CONTAINER_ID}\n"
+        f"1:name=systemd:/kubepods/pod1/{CONTAINER_ID}\n"
+        "0::/system.slice/containerd.service\n"
+    )
+    assert container_cgroup(text, CONTAINER_ID) == CgroupKey(
+        "memory", f"/kubepods/pod1/{CONTAINER_ID}"
+    )
 
 
 # --- check_container: which allocation, which cards -------------------------------------------
@@ -238,11 +313,21 @@ def test_lowered_or_equal_thread_percentage_is_allowed(value):
     assert check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=value), allocation) is None
 
 
-@pytest.mark.parametrize("value", ["31", "100", "0", "-5", "nan", "inf"])
+@pytest.mark.parametrize("value", ["31", "100", "0"])
 def test_thread_percentage_outside_the_share_is_refused(value):
+    """A percentage in its exact form but above the share (or 0) is refused."""
     allocation = shared()
     problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=value), allocation)
     assert "is outside the share of 30%" in problem
+
+
+@pytest.mark.parametrize("value", ["-5", "nan", "inf", "1e1", " 30", "٣٠", "３０"])
+def test_thread_percentage_not_in_its_exact_form_is_refused(value):
+    """Signs, nan, inf, exponents, spaces and non-ASCII digits are refused for their form,
+    whatever number they might stand for."""
+    allocation = shared()
+    problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=value), allocation)
+    assert "is not a percentage in its exact form" in problem
 
 
 def test_removed_thread_percentage_is_refused():
@@ -254,7 +339,7 @@ def test_removed_thread_percentage_is_refused():
 def test_non_numeric_thread_percentage_is_refused():
     allocation = shared()
     problem = check(env_of(allocation, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="thirty"), allocation)
-    assert "'thirty' is not a number" in problem
+    assert "'thirty' is not a percentage in its exact form" in problem
 
 
 # --- check_container: MPS pipe directory --------------------------------------------------------

@@ -2,7 +2,10 @@
 a malformed request is refused with a message naming what is wrong and registers nothing; a
 container whose env matches a live allocation is registered durably (a new Ledger loads it) and
 poststop forgets it; a mismatching env, a vanished init process or a second pod identity on one
-allocation is refused; the socket is root-only (0600)."""
+allocation is refused; the socket is root-only (0600). Trickling clients hold the socket
+neither forever (a total deadline per connection) nor in numbers (a connection cap: the
+excess is closed at once, counted and logged once), and a real call still answers; a host
+cgroup is refused."""
 
 import os
 import shutil
@@ -11,6 +14,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import pytest
 
@@ -19,6 +24,7 @@ from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import CgroupKey, ContainerRef
+from nodemgr.enforcement import hookserver
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
@@ -26,7 +32,6 @@ from tests.harness.cards import GPU0, MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 PIPE = MPS_PIPE
-CGROUP = "0::/test-container\n"
 POD_A = {"namespace": "default", "pod": "a", "container": "main"}
 POD_B = {"namespace": "default", "pod": "b", "container": "main"}
 
@@ -80,7 +85,10 @@ def child():
     process.wait()
 
 
-def create(container_id, pid, env, identity=None, cgroup=CGROUP):
+def create(container_id, pid, env, identity=None, cgroup=None):
+    """A createRuntime request; the cgroup is the container's own (runc's default path)."""
+    if cgroup is None:
+        cgroup = f"0::/{container_id}\n"
     return {
         "stage": "createRuntime",
         "container_id": container_id,
@@ -168,7 +176,7 @@ def test_matching_container_is_registered_durably(node, child):
     [registration] = node.registry.registrations()
     assert registration.container_id == "c1"
     assert registration.allocation_id == allocation.id
-    assert registration.cgroup == CgroupKey("", "/test-container")
+    assert registration.cgroup == CgroupKey("", "/c1")
     assert registration.init_pid == child.pid
     assert registration.init_start_ticks > 0
     assert registration.identity == ContainerRef("default", "a", "main")
@@ -292,3 +300,84 @@ def test_env_that_cannot_be_parsed_still_gets_an_answer(node, child):
     answer = node.call(create("c1", child.pid, env))
     assert_refused(answer, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT")
     assert node.registered() == {}
+
+
+def test_a_host_cgroup_is_refused(node, child):
+    allocation = node.allocate()
+    cgroup = "0::/system.slice/containerd.service\n"
+    answer = node.call(create("c1", child.pid, env_of(allocation), POD_A, cgroup))
+    assert_refused(answer, "not a container cgroup")
+    assert "/system.slice/containerd.service" in answer["message"]
+    assert node.registered() == {}
+
+
+# --- trickling clients (issue 14, item 9) ----------------------------------------------------
+
+TRICKLERS = 50
+CAP = 16
+DEADLINE = 1.0
+
+
+def _closed_by_peer(sock):
+    """Whether the server closed this connection (EOF or reset), without blocking."""
+    try:
+        return sock.recv(4096, socket.MSG_DONTWAIT) == b"" or True  # an answer: done too
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def test_trickling_clients_are_cut_capped_and_a_real_call_still_answers(
+    tmp_path, child, monkeypatch, caplog
+):
+    """50 clients that each send a byte every 0.2 s and never a whole request: at most the
+    cap is served (threads stay bounded), the excess is closed at once, counted and logged
+    once; each served one is cut at its total deadline; a real call then answers promptly."""
+    monkeypatch.setattr(hookserver, "MAX_CONNECTIONS", CAP, raising=False)
+    monkeypatch.setattr(hookserver, "DEADLINE_SECONDS", DEADLINE, raising=False)
+    monkeypatch.setattr(hookserver, "READ_TIMEOUT_SECONDS", DEADLINE)
+    caplog.set_level("INFO")
+    baseline = threading.active_count()
+    node = Node(tmp_path)
+    try:
+        allocation = node.allocate()
+        clients = []
+        for _ in range(TRICKLERS):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(node.socket_path)
+            clients.append(sock)
+        open_ = set(range(TRICKLERS))
+        most_threads, started = 0, time.monotonic()
+        cut_at = {}
+        while open_ and time.monotonic() - started < DEADLINE + 3:
+            for i in list(open_):
+                try:
+                    clients[i].send(b"{")
+                except OSError:
+                    open_.discard(i)
+                    cut_at[i] = time.monotonic() - started
+                    continue
+                if _closed_by_peer(clients[i]):
+                    open_.discard(i)
+                    cut_at[i] = time.monotonic() - started
+            most_threads = max(most_threads, threading.active_count() - baseline)
+            time.sleep(0.2)
+        for sock in clients:
+            sock.close()
+        assert most_threads <= CAP + 3, most_threads  # + the server's own threads
+        assert not open_, f"{len(open_)} trickling connections are still held"
+        at_once = [t for t in cut_at.values() if t < DEADLINE / 2]
+        assert len(at_once) >= TRICKLERS - CAP
+        assert max(cut_at.values()) < DEADLINE + 1.0
+        assert node.server.refused_connections >= TRICKLERS - CAP
+        over_cap = [r for r in caplog.records if "connection cap" in r.getMessage()]
+        assert len([r for r in over_cap if r.levelname == "WARNING"]) == 1
+        started = time.monotonic()
+        answer = node.call(create("c1", child.pid, env_of(allocation), POD_A))
+        assert answer["allowed"] is True, answer
+        assert time.monotonic() - started < 0.5
+    finally:
+        for sock in clients:
+            sock.close()
+        node.close()

@@ -5,7 +5,10 @@ registered durably and a restarted daemon knows it; a released or unknown alloca
 bad cgroup or a vanished init process is refused with one line naming the container;
 only one pod identity ever holds an allocation, also under concurrent admissions; a
 ledger that cannot record refuses the container; ``release`` and ``prune`` forget
-containers (pruning those whose init process is gone or whose PID was reused)."""
+containers (pruning those whose init process is gone or whose PID was reused). Only a
+container cgroup is registered (a host cgroup such as the runtime's own service is refused).
+With kubelet's record to ask, an allocation kubelet no longer reports (its pod is gone) is
+refused at once, and so is every GPU container while kubelet cannot be asked (fail closed)."""
 
 import dataclasses
 import subprocess
@@ -21,6 +24,7 @@ from nodemgr.domain.model import CgroupKey, ContainerRef
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
+from nodemgr.kubelet.registration import KubeletUnavailable
 from tests.harness.cards import MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
@@ -155,7 +159,8 @@ def test_one_identity_per_allocation_also_when_admissions_race(node, child):
     def admit(i):
         identity = ContainerRef("default", f"pod-{i % 4}", "main")
         barrier.wait(5)
-        results[i] = (identity, node.registry.admit(f"c{i}", child.pid, env, identity, CGROUP))
+        cgroup = f"0::/kubepods/pod-a/c{i}\n"
+        results[i] = (identity, node.registry.admit(f"c{i}", child.pid, env, identity, cgroup))
 
     threads = [threading.Thread(target=admit, args=(i,)) for i in range(8)]
     for thread in threads:
@@ -215,8 +220,10 @@ def test_prune_drops_containers_whose_init_process_is_gone(node, child):
     allocation = node.allocate()
     doomed = start_child()
     try:
-        assert node.registry.admit("live", child.pid, env_of(allocation), POD_A, CGROUP)[0]
-        assert node.registry.admit("dead", doomed.pid, env_of(allocation), POD_A, CGROUP)[0]
+        live_cgroup = "0::/kubepods/pod-a/live\n"
+        assert node.registry.admit("live", child.pid, env_of(allocation), POD_A, live_cgroup)[0]
+        dead_cgroup = "0::/kubepods/pod-a/dead\n"
+        assert node.registry.admit("dead", doomed.pid, env_of(allocation), POD_A, dead_cgroup)[0]
     finally:
         doomed.kill()
         doomed.wait()
@@ -237,3 +244,115 @@ def test_prune_drops_a_container_whose_pid_was_reused(node, child):
     restarted = node.new_registry()
     restarted.prune()
     assert restarted.registrations() == []
+
+
+# --- only container cgroups (issue 14, item 10) --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "cgroup",
+    [
+        "0::/system.slice/containerd.service\n",
+        "0::/kubepods/pod-a\n",  # the pod's cgroup: every container of the pod
+        "0::/kubepods/pod-a/another-container\n",
+        "12:memory:/user.slice\n0::/\n",
+    ],
+)
+def test_a_host_cgroup_is_refused(node, child, cgroup):
+    """A cgroup that is not this container's own (the runtime's service, the pod, another
+    container): refused, naming it; registering it would make every process in it (the
+    runtime itself) count as this container's."""
+    allocation = node.allocate()
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), POD_A, cgroup)
+    assert allowed is False
+    assert message.startswith("gpushare-node refused container c1 (default/a/main): ")
+    assert "not a container cgroup" in message
+    assert node.registry.registrations() == [] and node.stored() == {}
+
+
+# --- kubelet's record at the moment of the hook call (issue 14, item 6) --------------------
+
+
+class FakeKubelet:
+    """kubelet's PodResources List as the registry is given it: a callable."""
+
+    def __init__(self):
+        self.record = {}
+        self.calls = 0
+        self.down = False
+
+    def list(self):
+        self.calls += 1
+        if self.down:
+            raise KubeletUnavailable("kubelet PodResources API at /x.sock did not answer")
+        return self.record
+
+    def report(self, node, allocation, ref):
+        names = node.allocator.resource_names
+        self.record[ref] = {names[kind]: list(ids) for kind, ids in allocation.devices.items()}
+
+
+@pytest.fixture
+def kubelet():
+    return FakeKubelet()
+
+
+@pytest.fixture
+def asking(node, kubelet):
+    node.registry = ContainerRegistry(
+        node.ledger, node.allocator, MPS_PIPE, clock=lambda: 2000.0, kubelet_record=kubelet.list
+    )
+    return node
+
+
+def test_an_allocation_kubelet_still_reports_is_admitted(asking, kubelet, child):
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is True, message
+    assert kubelet.calls == 1
+
+
+def test_an_allocation_whose_pod_is_gone_is_refused_before_any_reconcile(asking, kubelet, child):
+    """The pod was deleted (kubelet no longer reports its devices) but no reconcile ran yet:
+    the allocation is still in the ledger, its id must grant nothing all the same; a
+    reconcile is asked for so that it is released at once."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    assert asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+    kubelet.record.clear()  # the pod is gone
+    asking.allocator.reconcile_requested.clear()
+    cgroup = "0::/kubepods/pod-a/c2\n"
+    allowed, message = asking.registry.admit("c2", child.pid, env_of(allocation), POD_A, cgroup)
+    assert allowed is False
+    assert message.startswith("gpushare-node refused container c2 (default/a/main): ")
+    assert f"kubelet no longer reports allocation {allocation.id}" in message
+    assert asking.allocator.allocation(allocation.id) is not None  # not yet reconciled
+    assert asking.allocator.reconcile_requested.is_set()
+    assert [r.container_id for r in asking.registry.registrations()] == ["c1"]
+
+
+def test_an_allocation_kubelet_never_reported_is_refused(asking, kubelet, child):
+    """Allocated, but the pod was refused or deleted before kubelet recorded it."""
+    allocation = asking.allocate()
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False and "kubelet no longer reports" in message
+
+
+def test_gpu_containers_are_refused_while_kubelet_cannot_be_asked(asking, kubelet, child):
+    """Fail closed: kubelet creates every pod's containers, so while it cannot answer no pod
+    container is being made anyway; what asks then is refused, naming kubelet."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    kubelet.down = True
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False
+    assert "cannot ask kubelet whether allocation" in message and "did not answer" in message
+    assert asking.registry.registrations() == []
+
+
+def test_containers_asking_for_no_gpu_do_not_ask_kubelet(asking, kubelet, child):
+    allowed, _ = asking.registry.admit(
+        "c1", child.pid, {"NVIDIA_VISIBLE_DEVICES": "void"}, POD_A, CGROUP
+    )
+    assert allowed is True and kubelet.calls == 0

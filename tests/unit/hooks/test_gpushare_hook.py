@@ -2,7 +2,10 @@
 ask for no GPU start without the daemon; GPU containers are refused when the daemon is down or
 silent (fail closed, one line naming the socket and how to check the daemon) or when it says no;
 unreadable input exits 2; the request carries only GPU env names, the pod identity from the
-containerd or CRI-O annotations and the init process's cgroup text; poststop always exits 0."""
+containerd or CRI-O annotations and the init process's cgroup text; poststop always exits 0.
+The bundle's config.json is read with a size cap: one over it (or not a regular file) is
+refused at once, without being read whole; a /proc/PID/cgroup that is not UTF-8 is refused
+with a clear message."""
 
 import json
 import os
@@ -241,6 +244,89 @@ def test_bundle_config_not_json_exits_2():
         f.write("{truncated")
     result = run_hook(missing_socket(), "createRuntime", state(path))
     assert result.returncode == 2 and "config.json" in result.stderr.decode()
+
+
+def test_config_just_over_the_cap_is_refused():
+    """A valid config.json one byte over the cap (a container asking for no GPU, which
+    would otherwise start): refused, exit 2, naming the cap."""
+    from hooks import gpushare_hook
+
+    path = short_dir()
+    cap = gpushare_hook.MAX_CONFIG_BYTES
+    head = json.dumps({"process": {"env": ["HOME=/root"]}, "pad": ""})[:-2]
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write(head + "x" * (cap + 1 - len(head) - 2) + '"}')
+    assert os.path.getsize(os.path.join(path, "config.json")) == cap + 1
+    result = run_hook(missing_socket(), "createRuntime", state(path))
+    assert result.returncode == 2, result.stderr
+    assert f"over {cap} bytes" in result.stderr.decode()
+
+
+def test_a_300_mb_config_is_refused_without_reading_it_whole():
+    """A 300 MB config.json (sparse: it costs no disk): refused at once; reading and
+    parsing it whole would take the hook's time and memory at every container creation."""
+    path = short_dir()
+    config = os.path.join(path, "config.json")
+    with open(config, "wb") as f:
+        f.write(b'{"process": {"env": []}, "pad": "')
+        f.truncate(300 * 1024 * 1024)
+    started = time.monotonic()
+    result = run_hook(missing_socket(), "createRuntime", state(path))
+    took = time.monotonic() - started
+    assert result.returncode == 2
+    assert "over" in result.stderr.decode() and "bytes" in result.stderr.decode()
+    assert took < 2.0, took
+
+
+def test_a_config_that_is_not_a_regular_file_is_refused_without_blocking():
+    """config.json a FIFO nobody writes: opening it for reading would block forever."""
+    path = short_dir()
+    os.mkfifo(os.path.join(path, "config.json"))
+    result = run_hook(missing_socket(), "createRuntime", state(path))
+    assert result.returncode == 2
+    assert "not a regular file" in result.stderr.decode()
+
+
+@pytest.fixture
+def child_in_a_0xff_cgroup():
+    """A process in a cgroup whose name has byte 0xff (root and a writable cgroup v1 pids
+    or v2 hierarchy needed)."""
+    roots = [b"/sys/fs/cgroup/pids", b"/sys/fs/cgroup"]
+    root = next((r for r in roots if os.access(r + b"/cgroup.procs", os.W_OK)), None)
+    if os.geteuid() != 0 or root is None:
+        pytest.skip("needs root and a writable cgroup hierarchy")
+    path = root + b"/gs-hook-\xff-" + str(os.getpid()).encode()
+    try:
+        os.mkdir(path)
+    except OSError as e:
+        pytest.skip(f"cannot make a cgroup here: {e}")
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(path + b"/cgroup.procs", "w") as f:
+            f.write(str(child.pid))
+        yield child.pid
+    finally:
+        child.kill()
+        child.wait()
+        for _ in range(50):
+            try:
+                os.rmdir(path)
+                break
+            except OSError:
+                time.sleep(0.05)
+
+
+def test_a_cgroup_that_is_not_utf8_is_refused_with_a_clear_message(daemon, child_in_a_0xff_cgroup):
+    """/proc/PID/cgroup naming a cgroup with byte 0xff: refused (exit 2) saying so, not a
+    traceback; the daemon is not asked."""
+    fake = daemon({"allowed": True, "message": "ok"})
+    result = run_hook(
+        fake.path, "createRuntime", state(bundle(GPU_ENV), pid=child_in_a_0xff_cgroup)
+    )
+    assert result.returncode == 2, result.stderr
+    assert "is not UTF-8" in result.stderr.decode()
+    assert "Traceback" not in result.stderr.decode()
+    assert fake.requests == []
 
 
 def test_gpu_container_without_pid_exits_2(daemon):

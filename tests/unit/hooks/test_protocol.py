@@ -8,6 +8,7 @@ import os
 import socket
 import tempfile
 import threading
+import time
 
 import pytest
 
@@ -163,3 +164,76 @@ def test_call_without_a_daemon_raises_oserror(tmp_path):
     """No socket: OSError (the hook turns it into its own refusal or pass)."""
     with pytest.raises(OSError):
         protocol.call(str(tmp_path / "none.sock"), REQUEST, timeout_seconds=1)
+
+
+def test_call_timeout_is_a_total_deadline():
+    """A daemon that trickles its answer a byte every 0.2 s (each recv returns in time):
+    ``call`` gives up at its total timeout, not at the end of the trickle."""
+    answer = protocol.encode({"allowed": True, "message": "x" * 40})
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    directory = tempfile.mkdtemp(dir="/tmp", prefix="gs-proto-")
+    slow_path = os.path.join(directory, "slow.sock")
+    listener.bind(slow_path)
+    listener.listen(1)
+    stop = threading.Event()
+
+    def trickle():
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(5)
+            protocol.read_message(conn)
+            for byte in answer:
+                if stop.wait(0.2):
+                    return
+                try:
+                    conn.sendall(bytes([byte]))
+                except OSError:
+                    return
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    started = time.monotonic()
+    try:
+        with pytest.raises((OSError, ProtocolError)):
+            protocol.call(slow_path, REQUEST, timeout_seconds=1.0)
+        assert time.monotonic() - started < 1.5
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+        os.unlink(slow_path)
+        os.rmdir(directory)
+
+
+def test_call_tries_again_when_the_daemon_closes_at_once():
+    """A daemon at its connection cap closes new connections unread: ``call`` connects
+    again (within its timeout) and gets the answer once a place is free."""
+    directory = tempfile.mkdtemp(dir="/tmp", prefix="gs-proto-")
+    path = os.path.join(directory, "hook.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(8)
+    seen = []
+
+    def serve_third():
+        for i in range(3):
+            conn, _ = listener.accept()
+            with conn:
+                seen.append(i)
+                if i < 2:
+                    continue  # over the cap: closed at once, nothing read
+                conn.settimeout(5)
+                protocol.read_message(conn)
+                conn.sendall(protocol.encode({"allowed": True, "message": "ok"}))
+
+    thread = threading.Thread(target=serve_third, daemon=True)
+    thread.start()
+    try:
+        answer = protocol.call(path, REQUEST, timeout_seconds=2.0)
+        assert answer == {"allowed": True, "message": "ok"}
+        assert seen == [0, 1, 2]
+    finally:
+        thread.join(5)
+        listener.close()
+        os.unlink(path)
+        os.rmdir(directory)

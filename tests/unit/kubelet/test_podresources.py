@@ -30,7 +30,7 @@ class Resources:
     resource_names = {MEM: MEM_NAME}
 
     def __init__(self):
-        self.changes = ChangeCounter()
+        self.device_changes = ChangeCounter()
 
     def devices(self, kind):
         return [DeviceInfo(f"GPU-a-_-{j}", True, j % 2) for j in range(4)]

@@ -33,7 +33,7 @@ class Resources:
     resource_names = {MEM: MEM_NAME}
 
     def __init__(self):
-        self.changes = ChangeCounter()
+        self.device_changes = ChangeCounter()
 
     def devices(self, kind):
         return [DeviceInfo("GPU-a-_-0", True, None), DeviceInfo("GPU-a-_-1", True, None)]

@@ -39,7 +39,7 @@ class FakeResources:
 
     def __init__(self):
         self.resource_names = {MEM: MEM_NAME, CORE: "aliyun.com/gpu-core.percentage"}
-        self.changes = ChangeCounter()
+        self.device_changes = ChangeCounter()
         self.device_list = [
             DeviceInfo("GPU-a-_-0", True, 0),
             DeviceInfo("GPU-a-_-1", False, None),
@@ -155,10 +155,10 @@ def test_list_and_watch_sends_again_only_when_the_list_changed(stub, resources):
     stream = stub.ListAndWatch(dp.Empty(), timeout=10)
     next(stream)
     assert resources.device_reads.get(timeout=5) is MEM  # the read behind the first message
-    resources.changes.bump()  # something changed, but not this list
+    resources.device_changes.bump()  # something changed, but not this list
     assert resources.device_reads.get(timeout=5) is MEM  # re-read after the bump
     resources.device_list = [DeviceInfo("GPU-a-_-0", False, 0)]
-    resources.changes.bump()
+    resources.device_changes.bump()
     second = next(stream)
     stream.cancel()
     assert [(d.ID, d.health) for d in second.devices] == [("GPU-a-_-0", "Unhealthy")]
