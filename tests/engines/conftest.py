@@ -29,6 +29,7 @@ import pytest
 from tests.harness import runc_env
 from tests.harness.cri.containerd import Containerd
 from tests.harness.paths import REPO
+from tests.harness.setup_script import run_setup
 
 SETUP = os.path.join(REPO, "scripts", "setup-engines")
 SETUP_TIMEOUT_SECONDS = 600
@@ -56,17 +57,9 @@ def find() -> Engines | str:
     """The engines and images, or why they cannot be had here (one line)."""
     if os.geteuid() != 0:
         return "the engine tests need root (real cgroups, namespaces, mounts)"
-    try:
-        done = subprocess.run(
-            [SETUP], capture_output=True, text=True, timeout=SETUP_TIMEOUT_SECONDS
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scripts/setup-engines did not run: {e}"
-    if done.returncode != 0:
-        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-    values = dict(
-        line.split("=", 1) for line in done.stdout.splitlines() if line.startswith("GPUSHARE_")
-    )
+    values = run_setup(SETUP, SETUP_TIMEOUT_SECONDS)
+    if isinstance(values, str):
+        return values
     try:
         found = Engines(
             values["GPUSHARE_ENGINES_ROOTFS"],

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import functools
 import os
-import subprocess
 from dataclasses import dataclass
 
 import pytest
 
 from tests.harness.paths import REPO
+from tests.harness.setup_script import run_setup
 
 SETUP = os.path.join(REPO, "scripts", "setup-real-parts")
 SETUP_TIMEOUT_SECONDS = 600
@@ -40,17 +40,9 @@ class RealParts:
 @functools.cache
 def find() -> RealParts | str:
     """The real parts, or why they cannot be had here (one line)."""
-    try:
-        done = subprocess.run(
-            [SETUP], capture_output=True, text=True, timeout=SETUP_TIMEOUT_SECONDS
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scripts/setup-real-parts did not run: {e}"
-    if done.returncode != 0:
-        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-    values = dict(
-        line.split("=", 1) for line in done.stdout.splitlines() if line.startswith("GPUSHARE_")
-    )
+    values = run_setup(SETUP, SETUP_TIMEOUT_SECONDS)
+    if isinstance(values, str):
+        return values
     try:
         parts = RealParts(
             values["GPUSHARE_REAL_PARTS_VERSION"],
