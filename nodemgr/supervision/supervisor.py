@@ -96,8 +96,6 @@ class MpsSupervisor(ThreadWorker):
         changes = self._allocator.card_changes
         generation = changes.generation
         while not stop.is_set():
-            # Wake on the interval, or at once when allocations change (a card
-            # given out whole must leave MPS before its container starts).
             generation = changes.wait_for_change(
                 generation, self._settings.health_check_interval_seconds
             )
