@@ -413,7 +413,7 @@ def test_invalid_thread_percentage_answers_the_kept_value(daemon, value):
 
 
 @pytest.mark.parametrize(
-    "value, shown",
+    ("value", "shown"),
     [("4096M", "4G"), ("15360M", "15G"), ("1536M", "1G"), ("2047M", "1G"), ("512M", "512M")]
     + [("1024M", "1G"), ("2G", "2G"), ("1048576M", "1024G")],
 )
@@ -426,7 +426,7 @@ def test_pinned_limit_reads_back_in_whole_gib(daemon, value, shown):
 
 
 @pytest.mark.parametrize(
-    "value, shown",
+    ("value", "shown"),
     [("4096", "4G"), ("4g", "4G"), ("4K", "4M"), ("4.5G", "4M"), ("abc", ""), ("0M", "")],
 )
 def test_pinned_limit_values_are_not_checked(daemon, value, shown):

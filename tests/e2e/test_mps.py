@@ -152,7 +152,7 @@ def misbehaving_binary(body: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "body, expected",
+    ("body", "expected"),
     [
         ("sleep 60", "MPS control daemon not answering"),
         ("cat >/dev/null; echo '@@@ garbage @@@'", "MPS control daemon answers unexpectedly"),

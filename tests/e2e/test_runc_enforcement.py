@@ -67,7 +67,7 @@ def test_legacy_cuda_image_without_visible_devices_is_refused(cluster):
 
 
 @pytest.mark.parametrize(
-    "override, message",
+    ("override", "message"),
     [
         ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=15000M"}, "raises the quota of 4096 MiB"),
         ({"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": None}, "was removed"),

@@ -114,7 +114,7 @@ def test_stop_removes_the_socket_and_is_safe_twice(make_server):
     server.start()
     server.stop()
     assert not os.path.exists(server.socket_path)
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError):
         ask(server.socket_path)
     server.stop()
 

@@ -162,11 +162,15 @@ def test_running_registers_stops_in_lifo_order():
 def test_a_failed_start_stops_what_already_runs():
     """A start that raises leaves the workers started before it stopped, and only those."""
     events = []
-    with pytest.raises(OSError, match="c cannot bind"):
+
+    def start_three():
         with contextlib.ExitStack() as stack:
             running(stack, Recording("a", events))
             running(stack, Recording("b", events))
             running(stack, Recording("c", events, fail_start=True))
+
+    with pytest.raises(OSError, match="c cannot bind"):
+        start_three()
     assert [e for e in events if e[0] == "stop"] == [("stop", "b"), ("stop", "a")]
 
 
@@ -208,15 +212,19 @@ def test_stop_all_first_asks_every_worker_before_any_join():
 def test_one_failing_stop_request_does_not_spare_the_others(caplog):
     """A worker whose stop raises while all are asked: logged, the rest are still asked."""
     events = []
+
+    def start_three_and_stop():
+        with contextlib.ExitStack() as stack:
+            group = Workers(stack)
+            group.start(Recording("a", events))
+            group.start(Recording("b", events, fail_stop=True))
+            group.start(Recording("c", events))
+            group.stop_all_first()
+            events.clear()
+
     with caplog.at_level(logging.ERROR, logger=workers.__name__):
         with pytest.raises(RuntimeError):  # its own stop_and_join later raises again
-            with contextlib.ExitStack() as stack:
-                group = Workers(stack)
-                group.start(Recording("a", events))
-                group.start(Recording("b", events, fail_stop=True))
-                group.start(Recording("c", events))
-                group.stop_all_first()
-                events.clear()
+            start_three_and_stop()
     assert events[:3] == [("stop", "c"), ("stop", "b"), ("stop", "a")]
     assert any("asking b to stop failed" in r.getMessage() for r in caplog.records)
 

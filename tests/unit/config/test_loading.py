@@ -495,7 +495,7 @@ def test_mps_section_loads_with_defaults_and_values():
 
 
 @pytest.mark.parametrize(
-    "mps, key, problem",
+    ("mps", "key", "problem"),
     [
         ({"enabled": "yes"}, "mps.enabled", "must be true or false"),
         ({"control_binary": "bin/mps"}, "mps.control_binary", "absolute path"),
@@ -551,7 +551,7 @@ def test_enforcement_values_load():
 
 
 @pytest.mark.parametrize(
-    "enforcement, key, problem",
+    ("enforcement", "key", "problem"),
     [
         ({"action": "stop"}, "enforcement.action", 'must be one of kill, log (got "stop")'),
         ({"action": True}, "enforcement.action", "must be one of kill, log"),

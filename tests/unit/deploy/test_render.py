@@ -383,9 +383,11 @@ def test_the_model_check_fails_on_a_typo_a_wrong_type_and_a_missing_field():
         "unknown kind": {**service, "apiVersion": "v2"},
     }
     for case, doc in cases.items():
-        with pytest.raises(InvalidManifest):
+        try:
             to_model(doc)
-            pytest.fail(f"{case}: accepted")
+        except InvalidManifest:
+            continue
+        pytest.fail(f"{case}: accepted")
 
 
 def _dig(doc: dict[str, Any], keys: tuple[str, ...]) -> Any:

@@ -78,7 +78,7 @@ def test_share_only_request_binpacks_on_share():
 
 
 def test_unknown_policy_is_a_programming_error():
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="unknown placement policy 'random'"):
         choose_card([card(0, 15, 15)], SharedRequest(1), "random", DESCRIBE)
 
 

@@ -238,7 +238,7 @@ def test_unparseable_quota_env_is_an_env_violation_not_a_crash():
 
 
 @pytest.mark.parametrize(
-    "name, value",
+    ("name", "value"),
     [
         ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "٣٠"),  # Arabic-Indic 30: float() reads 30.0
         ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "３０"),  # fullwidth 30

@@ -113,7 +113,7 @@ def valid_fields(allocation, pid):
 
 
 @pytest.mark.parametrize(
-    "change, fragment",
+    ("change", "fragment"),
     [
         ({"container_id": None}, "container_id must be a non-empty string"),
         ({"container_id": ""}, "container_id must be a non-empty string"),
@@ -145,7 +145,7 @@ def test_bad_request_is_refused_naming_the_problem(node, child, change, fragment
 
 
 @pytest.mark.parametrize(
-    "raw, fragment",
+    ("raw", "fragment"),
     [(b"hello daemon\n", "not JSON"), (b"[1, 2]\n", "not a JSON object")],
 )
 def test_raw_garbage_is_refused_as_unreadable(node, raw, fragment):

@@ -130,7 +130,7 @@ def test_scheduler_config_sends_all_three_resources_to_gpushare_scheduler(values
 
 
 @pytest.mark.parametrize(
-    "template, values, message",
+    ("template", "values", "message"),
     [
         ("scheduler-deployment", {}, "image is required"),
         ("scheduler-deployment", {"image": "a b"}, "one image reference"),

@@ -16,6 +16,7 @@ import threading
 import time
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from nodemgr.errors import KubeConflict, KubeNotFound
 from nodemgr.kubernetes import scheduling
@@ -107,7 +108,7 @@ def test_nodes_are_watched_too(api, session):
         stop.set()
         watch.abort()
         watch.thread.join(5)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="resource must be one of"):
         ListWatch(session, "events", recorder, stop)
 
 
@@ -139,7 +140,7 @@ def test_the_simulator_checks_bindings_as_the_api_server_does(api, session):
         ({"metadata": {"name": "job"}, "target": {"kind": "Pod", "name": "n"}}, 422),
         ({"metadata": {"name": "job"}, "target": {}}, 422),
     ):
-        with pytest.raises(Exception) as failure:
+        with pytest.raises(ApiException) as failure:
             core.create_namespaced_pod_binding("job", "default", body, _preload_content=False)
         assert failure.value.status == status
     api.delete_pod("default", "job")

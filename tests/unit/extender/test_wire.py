@@ -47,7 +47,7 @@ def test_keys_match_case_insensitively_as_go_decodes():
 
 
 @pytest.mark.parametrize(
-    "body, message",
+    ("body", "message"),
     [
         (b"{not json", "ExtenderArgs: the body is not JSON"),
         (b"[]", "ExtenderArgs: a JSON object expected, got a list"),
@@ -74,7 +74,7 @@ def test_bad_extender_args_name_the_field(body, message):
 
 
 @pytest.mark.parametrize(
-    "fields, message",
+    ("fields", "message"),
     [
         ({"PodNamespace": "ns", "Node": "n"}, "ExtenderBindingArgs.PodName: required"),
         ({"PodName": "p", "PodNamespace": "ns"}, "ExtenderBindingArgs.Node: required"),

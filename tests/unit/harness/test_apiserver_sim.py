@@ -354,8 +354,8 @@ def test_fail_next_and_delay_next(server, v1):
 
     # A PATCH that outlives its timeout raises, and the server still applies it.
     server.delay_next("PATCH", r"/pods/p1$", 1.0)
+    body = {"metadata": {"annotations": {"late": "yes"}}}
     with pytest.raises(urllib3.exceptions.ReadTimeoutError):
-        body = {"metadata": {"annotations": {"late": "yes"}}}
         v1.patch_namespaced_pod("p1", "default", body, _request_timeout=0.5)
     deadline = time.monotonic() + 5
     while "annotations" not in server.pod("default", "p1")["metadata"]:
@@ -441,9 +441,13 @@ def test_stop_breaks_watches_and_restart_keeps_data(server, v1):
     url = server.url
     threading.Timer(0.3, server.stop).start()
     seen = []
-    with pytest.raises(urllib3.exceptions.ProtocolError):
+
+    def follow():
         for ev in watch.Watch().stream(v1.list_pod_for_all_namespaces, timeout_seconds=30):
             seen.append(ev["type"])
+
+    with pytest.raises(urllib3.exceptions.ProtocolError):
+        follow()
     assert seen == ["ADDED"]
     with pytest.raises(urllib3.exceptions.MaxRetryError):  # connection refused
         v1.list_pod_for_all_namespaces(_request_timeout=1)
@@ -637,7 +641,7 @@ def test_table_output_for_kubectl_get(server):
 
 
 @pytest.mark.parametrize(
-    "seconds, age",
+    ("seconds", "age"),
     [(-5, "<invalid>"), (0, "0s"), (119, "119s"), (125, "2m5s"), (600, "10m"),
      (3 * 3600 + 60, "3h1m"), (30 * 3600, "30h"), (3 * 86400 + 4 * 3600, "3d4h"),
      (20 * 86400, "20d"), (3 * 365 * 86400 + 86400, "3y1d"), (9 * 365 * 86400, "9y")],

@@ -96,7 +96,7 @@ def test_visible_devices_beats_the_legacy_rule():
 
 
 @pytest.mark.parametrize(
-    "env, expected",
+    ("env", "expected"),
     [
         ({}, False),
         ({"NVIDIA_VISIBLE_DEVICES": "void"}, False),
@@ -115,7 +115,7 @@ def test_needs_daemon(env, expected):
 
 
 @pytest.mark.parametrize(
-    "value, expected",
+    ("value", "expected"),
     [
         ("0=4096M", {"0": 4096}),
         ("0=4G", {"0": 4096}),
@@ -164,7 +164,7 @@ def test_pinned_limit_takes_only_ascii_digits_and_spaces(value):
 
 
 @pytest.mark.parametrize(
-    "value, expected", [("30", 30.0), ("100", 100.0), ("0", 0.0), ("29.5", 29.5), ("07", 7.0)]
+    ("value", "expected"), [("30", 30.0), ("100", 100.0), ("0", 0.0), ("29.5", 29.5), ("07", 7.0)]
 )
 def test_parse_thread_percentage(value, expected):
     from hooks.gpuenv import parse_thread_percentage

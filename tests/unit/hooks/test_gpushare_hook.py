@@ -185,7 +185,7 @@ def test_gpu_container_is_refused_when_the_daemon_is_down(env):
 
 
 @pytest.mark.parametrize(
-    "stdin, fragment",
+    ("stdin", "fragment"),
     [
         (b"{not json", "the OCI state on stdin is not JSON"),
         (b"", "the OCI state on stdin is not JSON"),

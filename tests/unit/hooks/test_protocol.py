@@ -39,7 +39,7 @@ def test_decode_round_trips():
 
 
 @pytest.mark.parametrize(
-    "data, fragment",
+    ("data", "fragment"),
     [
         (b"not json\n", "not JSON"),
         (b"\xff\xfe\n", "not JSON"),
@@ -162,7 +162,7 @@ def test_call_refuses_an_answer_without_allowed_and_message(serve, answer):
 
 def test_call_without_a_daemon_raises_oserror(tmp_path):
     """No socket: OSError (the hook turns it into its own refusal or pass)."""
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError):
         protocol.call(str(tmp_path / "none.sock"), REQUEST, timeout_seconds=1)
 
 

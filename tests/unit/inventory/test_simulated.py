@@ -46,7 +46,7 @@ def test_usage_file_is_read_again_on_every_call(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "content, problem",
+    ("content", "problem"),
     [
         ("{not json", "usage.json"),
         ({"procs": []}, 'expected {"processes"'),

@@ -79,7 +79,7 @@ def test_no_cards_pass():
 
 
 @pytest.mark.parametrize(
-    "memory_mib, unit, numa_node",
+    ("memory_mib", "unit", "numa_node"),
     [
         (1, 1, None),  # one device: index 0
         (9, 1, 0),  # the last one-digit index; NUMA node 0 is empty on the wire

@@ -211,7 +211,7 @@ def test_allocate_returns_envs_and_mounts(stub, resources, observed):
 
 
 @pytest.mark.parametrize(
-    "error, code",
+    ("error", "code"),
     [
         (NoFitError("no single GPU on node-a has 16 GiB free"), grpc.StatusCode.RESOURCE_EXHAUSTED),
         (

@@ -122,7 +122,7 @@ def test_pinned_limit_set_answering_text_is_an_error(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "shown, mib", [("4G", 4096), ("15G", 15360), ("1G", 1024), ("512M", 512), ("", None)]
+    ("shown", "mib"), [("4G", 4096), ("15G", 15360), ("1G", 1024), ("512M", 512), ("", None)]
 )
 def test_pinned_limit_is_read_in_mib_as_shown(tmp_path, shown, mib):
     binary = answering(tmp_path, {"get_default_device_pinned_mem_limit": shown + "\n"})

@@ -148,7 +148,7 @@ def test_query_raises_on_an_error_answer(node, monkeypatch):
 
 def test_query_without_a_daemon_raises_oserror(tmp_path):
     """No socket: OSError (nodemgr status then reads the ledger instead)."""
-    with pytest.raises(OSError):
+    with pytest.raises(FileNotFoundError):
         query(str(tmp_path / "status.sock"), timeout_seconds=1)
 
 

@@ -11,7 +11,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN
 
 
 @pytest.mark.parametrize(
-    "state, status, found",
+    ("state", "status", "found"),
     [
         ("ok", PASS, "kubelet listens at /k/device-plugins/kubelet.sock"),
         ("no_dir", FAIL, "no directory /k/device-plugins"),

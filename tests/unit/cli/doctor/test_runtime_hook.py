@@ -122,7 +122,7 @@ def test_oci_hook_file_parsing():
     )
     other = {"version": "1.0.0", "hook": {"path": "/usr/bin/nvidia-ctk"}, "stages": ["prestart"]}
     assert runtime_hook.oci_hook_entries("o.json", other, lambda path: True) == []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no stages list"):
         runtime_hook.oci_hook_entries("b.json", {"hook": {"path": HOOK_BIN}}, lambda path: True)
 
 

@@ -42,7 +42,7 @@ def test_cgroup_verdicts():
 
 
 @pytest.mark.parametrize(
-    "layout, status, found",
+    ("layout", "status", "found"),
     [
         ("v2", PASS, "cgroup v2"),
         ("hybrid", PASS, "hybrid"),
