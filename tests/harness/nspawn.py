@@ -50,6 +50,7 @@ import time
 import pytest
 
 from tests.harness.paths import REPO
+from tests.harness.setup_script import run_setup
 
 SETUP = os.path.join(REPO, "scripts", "setup-systemd-rootfs")
 SETUP_TIMEOUT_SECONDS = 600
@@ -83,18 +84,9 @@ def find_rootfs() -> tuple[str | None, str]:
     """(path of the root file system, "") or (None, why it cannot be had here)."""
     if os.geteuid() != 0:
         return None, "not root (systemd-nspawn and the root file system need root)"
-    try:
-        done = subprocess.run(
-            [SETUP], capture_output=True, text=True, timeout=SETUP_TIMEOUT_SECONDS
-        )
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return None, f"scripts/setup-systemd-rootfs did not run: {e}"
-    if done.returncode != 0:
-        lines = done.stderr.strip().splitlines()
-        return None, lines[-1] if lines else f"exit status {done.returncode}"
-    values = dict(
-        line.split("=", 1) for line in done.stdout.splitlines() if line.startswith("GPUSHARE_")
-    )
+    values = run_setup(SETUP, SETUP_TIMEOUT_SECONDS)
+    if isinstance(values, str):
+        return None, values
     rootfs = values.get("GPUSHARE_SYSTEMD_ROOTFS", "")
     if not os.path.isfile(os.path.join(rootfs, "lib", "systemd", "systemd")):
         return None, f"scripts/setup-systemd-rootfs printed no usable rootfs ({rootfs!r})"

@@ -35,6 +35,7 @@ from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 from tests.harness.paths import REPO
+from tests.harness.setup_script import run_setup
 
 pytestmark = pytest.mark.e2e
 
@@ -47,13 +48,7 @@ GPU_COUNT = "aliyun.com/gpu-count"
 @functools.cache
 def find() -> dict[str, str] | str:
     """GPUSHARE_KUBECTL and GPUSHARE_KUBECTL_VERSION, or why there is no kubectl."""
-    try:
-        done = subprocess.run([SETUP], capture_output=True, text=True, timeout=600)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return f"scripts/setup-kubectl did not run: {e}"
-    if done.returncode != 0:
-        return (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-    return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+    return run_setup(SETUP, 600)
 
 
 class Kubectl:
