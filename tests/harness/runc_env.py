@@ -16,6 +16,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import psutil
 import pytest
@@ -105,7 +106,11 @@ class Runtime:
         mounts: list[tuple[str, str]] = (),
         args: tuple[str, ...] = ("sleep", "1000"),
         hooks: bool = True,
+        annotations: dict[str, str] | None = None,
+        edit: Callable[[dict], None] | None = None,
     ) -> str:
+        """An OCI bundle; ``annotations`` go into config.json (as a CRI runtime writes
+        a pod's identity there) and ``edit`` may change the config last."""
         bundle = os.path.join(self.root, "bundles", name)
         os.makedirs(bundle, exist_ok=True)
         subprocess.run(["runc", "spec", "--bundle", bundle], check=True)
@@ -128,6 +133,10 @@ class Runtime:
             )
         if hooks and self.hook_socket is not None:
             config["hooks"] = shipped_hooks(self.hook_socket)
+        if annotations:
+            config.setdefault("annotations", {}).update(annotations)
+        if edit is not None:
+            edit(config)
         with open(path, "w") as f:
             json.dump(config, f)
         return bundle
@@ -231,8 +240,11 @@ class EnforcementNode:
         }
         return dict(container.envs), sorted(mounts)
 
-    def start_container(self, name: str, env, mounts=()) -> subprocess.CompletedProcess:
-        return self.runtime.run(name, self.runtime.bundle(name, env, mounts))
+    def start_container(
+        self, name: str, env, mounts=(), **bundle_options
+    ) -> subprocess.CompletedProcess:
+        """``runc run -d`` of a new bundle; ``bundle_options`` as for ``Runtime.bundle``."""
+        return self.runtime.run(name, self.runtime.bundle(name, env, mounts, **bundle_options))
 
     def registered(self) -> set[str]:
         return {c for a in self.node.allocations() for c in a["containers"]}
