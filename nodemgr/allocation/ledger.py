@@ -6,6 +6,13 @@ the whole change or none of it. The file is never rewritten or deleted by
 the daemon: a corrupt ledger stops start-up with a message saying how to
 recover (move it aside; kubelet's record is adopted at the next reconcile).
 
+A ledger file deleted or replaced while the daemon runs (``rm -rf`` of
+state_dir, an old copy restored over it) is noticed at the next write and at
+every ``check_file`` (the run loop calls it each tick): the daemon's open
+connection still reads the lost file, so the whole ledger is copied from it
+into a new file at the same path (a replacement is first kept aside as
+``ledger.sqlite.replaced-<time>``), and that is logged at CRITICAL.
+
 What it must not do: decide anything; it stores what the allocator and the
 enforcement say.
 """
@@ -17,6 +24,7 @@ import logging
 import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterable
 
 from nodemgr.domain.deviceids import ResourceKind
@@ -88,18 +96,19 @@ class Ledger:
 
     def __init__(self, state_dir: str, *, read_only: bool = False):
         self.path = os.path.join(state_dir, LEDGER_FILE)
+        self._state_dir = state_dir
+        self._read_only = read_only
         self._lock = threading.Lock()
+        self._file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we write
         try:
             if read_only:
                 uri = f"file:{self.path}?mode=ro"
                 self._db = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                self._db.execute("PRAGMA foreign_keys=ON")
+                self._db.execute("PRAGMA busy_timeout=5000")
             else:
                 os.makedirs(state_dir, mode=0o700, exist_ok=True)
-                self._db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=FULL")
-            self._db.execute("PRAGMA foreign_keys=ON")
-            self._db.execute("PRAGMA busy_timeout=5000")
+                self._db = self._connect()
             self._check_integrity()
             if not read_only:
                 self._db.executescript(_SCHEMA)
@@ -111,6 +120,78 @@ class Ledger:
                 f"cannot open the ledger {self.path}: cannot create its directory "
                 f"{state_dir}: {e.strerror or e}; check state_dir in the config"
             ) from e
+
+    def _connect(self) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.execute("PRAGMA synchronous=FULL")
+        db.execute("PRAGMA foreign_keys=ON")
+        db.execute("PRAGMA busy_timeout=5000")
+        self._file_id = _file_id(self.path)
+        return db
+
+    def check_file(self) -> str | None:
+        """Why the ledger file had to be rewritten just now (deleted or replaced under
+        the running daemon); None when it is still the file this daemon writes."""
+        if self._read_only:
+            return None
+        with self._lock:
+            return self._check_file_locked()
+
+    def _check_file_locked(self) -> str | None:
+        found = _file_id(self.path)
+        if found is not None and found == self._file_id:
+            return None
+        what = "deleted" if found is None else "replaced by another file"
+        problem = f"the ledger {self.path} was {what} while gpushare-node ran"
+        try:
+            aside = self._rewrite_from_open_copy(replaced=found is not None)
+        except (OSError, sqlite3.Error) as e:
+            log.critical(
+                "%s; rewriting it from the daemon's open copy failed (%s): writes go on into "
+                "the lost file and are gone at the next start; make %s writable",
+                problem,
+                e,
+                self._state_dir,
+            )
+            return problem
+        counts = self._db.execute(
+            "SELECT (SELECT count(*) FROM allocations), (SELECT count(*) FROM containers)"
+        ).fetchone()
+        log.critical(
+            "%s; rewrote it from the daemon's open copy (%d allocations, %d registered "
+            "containers)%s; do not remove state_dir while gpushare-node runs",
+            problem,
+            counts[0],
+            counts[1],
+            f"; the replacement is kept at {aside}" if aside else "",
+        )
+        return problem
+
+    def _rewrite_from_open_copy(self, replaced: bool) -> str | None:
+        """Copy the open (lost) ledger into a new file at ``self.path`` and switch to it.
+        Returns where a replacement file was set aside, if one was."""
+        os.makedirs(self._state_dir, mode=0o700, exist_ok=True)
+        aside = None
+        if replaced:
+            aside = f"{self.path}.replaced-{int(time.time())}"
+            os.replace(self.path, aside)
+            for suffix in ("-wal", "-shm"):  # they belong to the replacement, not to us
+                with contextlib.suppress(FileNotFoundError):
+                    os.replace(self.path + suffix, aside + suffix)
+        tmp = f"{self.path}.rewrite-{os.getpid()}"
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        copy = sqlite3.connect(tmp)
+        try:
+            self._db.backup(copy)
+        finally:
+            copy.close()
+        os.replace(tmp, self.path)
+        old, self._db = self._db, self._connect()
+        with contextlib.suppress(sqlite3.Error):
+            old.close()
+        return aside
 
     def _check_integrity(self) -> None:
         result = self._db.execute("PRAGMA quick_check").fetchone()
@@ -301,6 +382,7 @@ class Ledger:
     def _transaction(self):
         """One write transaction under the lock: committed whole, or rolled back."""
         with self._lock:
+            self._check_file_locked()  # a lost file is rewritten before the change goes in
             try:
                 self._db.execute("BEGIN IMMEDIATE")
                 try:
@@ -337,6 +419,14 @@ class Ledger:
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+
+def _file_id(path: str) -> tuple[int, int] | None:
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
 
 
 def _cause(error: sqlite3.Error) -> str:

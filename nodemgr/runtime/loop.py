@@ -84,6 +84,8 @@ class RunLoop:
     clock: Callable[[], float] = time.monotonic
     # Names of the background workers that are down (nodemgr.common.workers.Workers.dead).
     dead_workers: Callable[[], list[str]] = list
+    # Ledger.check_file: a ledger file deleted or replaced under us is rewritten at once.
+    check_ledger_file: Callable[[], str | None] = lambda: None
     _held: _HeldStatus | None = field(default=None, init=False, repr=False)
 
     @property
@@ -123,6 +125,7 @@ class RunLoop:
                         "recreated): serving and registering again"
                     )
                     break
+                self._check_ledger_file()
                 if reload_requested.is_set():
                     reload_requested.clear()
                     self._reload()
@@ -214,6 +217,12 @@ class RunLoop:
         # A deadlocked allocator cannot answer Allocate: then no ping, and systemd restarts us.
         if allocator.responsive(WATCHDOG_LOCK_TIMEOUT_SECONDS):
             notifier.watchdog()
+
+    def _check_ledger_file(self) -> None:
+        try:
+            self.check_ledger_file()  # logs what it found and did
+        except Exception:  # the next write checks again; serving goes on
+            log.exception("checking the ledger file failed")
 
     def _dead_workers(self) -> list[str]:
         try:

@@ -129,7 +129,15 @@ def run(
             )
         workers.stop_all_first()
         parts = (allocator, supervisor, watchdog, podresources, metrics)
-        loop = RunLoop(settings, config_path, notifier, facts, *parts, dead_workers=workers.dead)
+        loop = RunLoop(
+            settings,
+            config_path,
+            notifier,
+            facts,
+            *parts,
+            dead_workers=workers.dead,
+            check_ledger_file=ledger.check_file,
+        )
         loop.run(stop, reload_requested or threading.Event())
         notifier.stopping()
         log.info("stopped; sockets removed")

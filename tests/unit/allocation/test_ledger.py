@@ -231,3 +231,53 @@ def test_a_full_disk_is_refused_with_its_cause_and_the_ledger_recovers(tmp_path)
     ledger._db.execute("PRAGMA max_page_count = 1073741823")
     ledger.commit(put=[allocation("ga-big", units=5000, percent=0)])
     assert sorted(a.id for a in ledger.load()) == ["ga-big", "ga-kept"]
+
+
+def _reg(container_id: str, allocation_id: str) -> Registration:
+    return Registration(
+        container_id=container_id,
+        allocation_id=allocation_id,
+        cgroup=CgroupKey("", f"/kubepods/{container_id}"),
+        init_pid=1234,
+        init_start_ticks=99,
+        identity=ContainerRef("default", "pod-a", "main"),
+        registered_at=5.0,
+    )
+
+
+def test_a_ledger_file_deleted_while_running_is_rewritten_at_the_next_write(tmp_path, caplog):
+    """A state_dir removed under the running daemon used to go unnoticed (writes went into
+    the deleted file, and the next start had nothing): the next write notices, rewrites
+    the whole ledger from the daemon's open copy, says so loudly, and then commits."""
+    state_dir = tmp_path / "state"
+    ledger = Ledger(str(state_dir))
+    ledger.commit(put=[allocation("ga-one", units=0, percent=10)])
+    ledger.put_registration(_reg("c1", "ga-one"))
+    for name in os.listdir(state_dir):
+        os.unlink(state_dir / name)
+    os.rmdir(state_dir)
+    ledger.commit(put=[allocation("ga-two", units=1, percent=0)])
+    assert "deleted" in caplog.text and "rewrote" in caplog.text
+    ledger.close()
+    reopened = Ledger(str(state_dir))
+    assert sorted(a.id for a in reopened.load()) == ["ga-one", "ga-two"]
+    assert [r.container_id for r in reopened.load_registrations()] == ["c1"]
+
+
+def test_a_replaced_ledger_file_is_set_aside_and_rewritten_by_check_file(tmp_path, caplog):
+    """A ledger file replaced while running (an old copy restored over it) is noticed by
+    check_file, which the run loop calls every tick: the replacement is kept aside under
+    a name that says so, and the daemon's ledger is written back in its place."""
+    ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-live", units=1, percent=0)])
+    assert ledger.check_file() is None
+    stale = tmp_path / "stale"
+    Ledger(str(stale)).close()
+    os.replace(stale / LEDGER_FILE, tmp_path / LEDGER_FILE)
+    problem = ledger.check_file()
+    assert problem is not None and "replaced" in problem
+    assert ledger.check_file() is None  # said once; the file is ours again
+    aside = [n for n in os.listdir(tmp_path) if n.startswith(LEDGER_FILE + ".replaced-")]
+    assert len([n for n in aside if not n.endswith(("-wal", "-shm"))]) == 1
+    ledger.close()
+    assert [a.id for a in Ledger(str(tmp_path)).load()] == ["ga-live"]
