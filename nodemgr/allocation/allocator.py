@@ -116,6 +116,8 @@ class Allocator:
         self._on_refusal = on_refusal
         # card UUID -> why it takes no shared work now (its MPS daemon is down, ...).
         self._card_problems: dict[str, str] = {}
+        # Old allocation IDs for the next reconcile (a lost ledger recovered; see keep_id_hints).
+        self._id_hints: dict[ContainerRef, str] = {}
         # Set by PreStartContainer: kubelet's record now shows a new container.
         self.reconcile_requested = threading.Event()
         self._allocations = {a.id: a for a in ledger.load()}
@@ -419,10 +421,20 @@ class Allocator:
 
     # -- reconcile with kubelet ---------------------------------------------
 
+    def keep_id_hints(self, id_hints: Mapping[ContainerRef, str]) -> None:
+        """Old allocation IDs for the next reconcile to adopt with (kubelet was not
+        readable when a lost ledger was recovered; see nodemgr.runtime.recovery)."""
+        with self._lock:
+            self._id_hints = dict(id_hints)
+
     def reconcile(
-        self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]
+        self,
+        kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]],
+        id_hints: Mapping[ContainerRef, str] | None = None,
     ) -> ReconcilePlan:
-        """Make the ledger say what kubelet's PodResources List says."""
+        """Make the ledger say what kubelet's PodResources List says. ``id_hints``: the
+        allocation ID each running container was registered with (after a lost ledger)."""
+        hints = id_hints if id_hints is not None else self._id_hints
         reported = {}
         for ref, resources in kubelet_record.items():
             for resource_name, device_ids in resources.items():
@@ -448,7 +460,9 @@ class Allocator:
                 self._grace_seconds,
                 self._unit_mib,
                 new_allocation_id,
+                hints,
             )
+            self._id_hints = {}  # adopted once; later adoptions are new pods
             if not plan.empty:
                 self._apply(plan.put, plan.delete)
         for note in plan.notes:

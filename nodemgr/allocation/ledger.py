@@ -100,6 +100,8 @@ class Ledger:
         self._read_only = read_only
         self._lock = threading.Lock()
         self._file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we write
+        # True when this open made the ledger (none was there: a first start, or one lost).
+        self.created = False
         try:
             if read_only:
                 uri = f"file:{self.path}?mode=ro"
@@ -201,6 +203,7 @@ class Ledger:
     def _check_schema_version(self) -> None:
         found = self.get_meta("schema_version")
         if found is None:
+            self.created = True
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif found != SCHEMA_VERSION:
             raise LedgerError(

@@ -9,7 +9,9 @@ kubelet's record wins, always:
   guessed the container linkage wrong, see allocator.py);
 - devices kubelet reports that the ledger does not hold (ledger lost or
   older than kubelet's checkpoint) are adopted, so they are never handed out
-  twice.
+  twice; when the running containers say which allocation ID they were
+  registered with (``id_hints``, read from their cgroups' marks), the adopted
+  allocation takes that ID again.
 """
 
 from __future__ import annotations
@@ -42,25 +44,34 @@ def plan_reconcile(
     grace_seconds: float,
     memory_unit_mib: int,
     new_id: Callable[[], str],
+    id_hints: Mapping[ContainerRef, str] | None = None,
 ) -> ReconcilePlan:
     """What to change so that the ledger says what kubelet says.
 
     ``reported`` maps each of this node's device IDs that kubelet reports as
-    allocated to the container holding it.
+    allocated to the container holding it. ``id_hints``: container -> the
+    allocation ID it was registered with before the ledger was lost.
     """
     plan = ReconcilePlan()
     held: set[DeviceKey] = set()
+    live_ids = set()
     for allocation in allocations:
         held.update(allocation.device_pairs())
+        live_ids.add(allocation.id)
         _reconcile_one(allocation, reported, now, grace_seconds, memory_unit_mib, new_id, plan)
     unheld = {key: ref for key, ref in reported.items() if key not in held}
-    for ref, devices in sorted(_group_by_container(unheld).items()):
-        for adopted in _allocations_for(devices, ref, now, memory_unit_mib, new_id):
-            plan.put.append(adopted)
-            plan.notes.append(
-                f"adopted {_describe_devices(adopted)} that kubelet reports for {ref} "
-                f"as allocation {adopted.id}: the ledger did not hold them"
-            )
+    adoptions = [
+        (ref, adopted)
+        for ref, devices in sorted(_group_by_container(unheld).items())
+        for adopted in _allocations_for(devices, ref, now, memory_unit_mib, new_id)
+    ]
+    taken = live_ids | {a.id for a in plan.put}
+    for ref, adopted in _with_hinted_ids(adoptions, id_hints or {}, taken):
+        plan.put.append(adopted)
+        plan.notes.append(
+            f"adopted {_describe_devices(adopted)} that kubelet reports for {ref} "
+            f"as allocation {adopted.id}: the ledger did not hold them"
+        )
     return plan
 
 
@@ -113,6 +124,32 @@ def _reconcile_one(
                 f"split {_describe_devices(split)} of allocation {allocation.id} off to {ref} "
                 f"as allocation {split.id}: kubelet gave them to another container"
             )
+
+
+def _with_hinted_ids(
+    adoptions: list[tuple[ContainerRef, Allocation]],
+    id_hints: Mapping[ContainerRef, str],
+    taken: set[str],
+) -> list[tuple[ContainerRef, Allocation]]:
+    """Adoptions with the old ID of their container (else of their pod) where that is
+    unambiguous: the pod has one adopted allocation and one old ID, not live elsewhere."""
+    per_pod: dict[tuple[str, str], int] = defaultdict(int)
+    for ref, _adopted in adoptions:
+        per_pod[(ref.namespace, ref.pod)] += 1
+    pod_hints: dict[tuple[str, str], set[str]] = defaultdict(set)
+    for ref, old_id in id_hints.items():
+        pod_hints[(ref.namespace, ref.pod)].add(old_id)
+    result = []
+    for ref, adopted in adoptions:
+        pod = (ref.namespace, ref.pod)
+        hinted = id_hints.get(ref)
+        if hinted is None and per_pod[pod] == 1 and len(pod_hints[pod]) == 1:
+            hinted = next(iter(pod_hints[pod]))
+        if hinted is not None and per_pod[pod] == 1 and hinted not in taken:
+            taken.add(hinted)
+            adopted = replace(adopted, id=hinted)
+        result.append((ref, adopted))
+    return result
 
 
 def _group_by_container(

@@ -79,3 +79,41 @@ def test_only_reported_devices_remain_when_kubelet_holds_fewer():
     reported = report(POD_A, {MEM: mem[:2]})
     result = plan([alloc("ga-1", {MEM: mem}, owner=POD_A, confirmed_at=100.0)], reported)
     assert result.put[0].devices == {MEM: mem[:2]} and result.put[0].memory_mib == 2048
+
+
+def test_adopted_devices_keep_the_allocation_id_their_container_was_registered_with():
+    """After a lost ledger, the IDs read back from the running containers (id_hints: pod
+    identity -> old allocation ID) name the adopted allocations again, so the env kubelet
+    replays at a container restart still names a live allocation."""
+    devices = {MEM: ids("GPU-a", MEM, 2), CORE: ids("GPU-a", CORE, 10)}
+    other = {MEM: ids("GPU-b", MEM, 1)}
+    reported = {**report(POD_A, devices), **report(POD_B, other)}
+    counter = itertools.count(1)
+    result = plan_reconcile(
+        [], reported, 110.0, 60.0, 1024, lambda: f"new-{next(counter)}",
+        id_hints={POD_A: "ga-old-a"},
+    )  # fmt: skip
+    by_pod = {a.owner.pod: a.id for a in result.put}
+    assert by_pod["a"] == "ga-old-a" and by_pod["b"].startswith("new-")
+
+
+def test_a_hint_is_used_by_pod_when_the_container_name_differs_and_never_twice():
+    """An init container's mark names the init container, kubelet names the app container
+    holding the devices: the pod's one old ID still applies. An ID already live, or one pod
+    with two adopted allocations, gets a new ID instead (a hint never double-books an ID)."""
+    init = ContainerRef("default", "a", "init")
+    devices = {MEM: ids("GPU-a", MEM, 2)}
+    counter = itertools.count(1)
+    result = plan_reconcile(
+        [], report(POD_A, devices), 110.0, 60.0, 1024, lambda: f"new-{next(counter)}",
+        id_hints={init: "ga-old-a"},
+    )  # fmt: skip
+    assert [a.id for a in result.put] == ["ga-old-a"]
+    live = alloc("ga-old-a", {MEM: ids("GPU-b", MEM, 1)}, owner=POD_B, confirmed_at=100.0)
+    reported = {**report(POD_A, devices), **report(POD_B, live.devices)}
+    counter = itertools.count(1)
+    again = plan_reconcile(
+        [live], reported, 110.0, 60.0, 1024, lambda: f"new-{next(counter)}",
+        id_hints={POD_A: "ga-old-a"},
+    )  # fmt: skip
+    assert [a.id for a in again.put if a.owner == POD_A] == ["new-1"]
