@@ -204,7 +204,7 @@ class EventCounter:
         self._ready.wait()
 
     def _count(self) -> None:
-        # pyroute2's socket belongs to the thread that made it (as in the daemon's watchdog).
+        # Opened in the thread that reads it, as the daemon's watchdog does.
         try:
             source = ProcEvents()
         except ProcEventsUnavailable:

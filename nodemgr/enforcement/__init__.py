@@ -5,7 +5,7 @@
 - ``watchdog``: scans /proc, cgroups and NVML usage, driven by process events,
   and acts on violations (log or kill through a checked pidfd);
 - ``procfs`` and ``procevents``: the /proc reader and the netlink process
-  connector (the only importer of pyroute2).
+  connector (read with socket and struct; pyroute2 is not used).
 
 Pure judgements (``containercheck``, ``violations``) live in ``domain``.
 What it must not do: trust anything a container controls (argv, env, cgroup
