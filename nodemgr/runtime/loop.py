@@ -116,7 +116,9 @@ class RunLoop:
             self.facts.registered = False
             kubelet_inode = self._register_all(servers, kubelet_socket, stop)
             self.facts.registered = kubelet_inode is not None
-            while kubelet_inode is not None and not stop.wait(self._period()):
+            # The first iteration runs at once: READY=1 (and the first reconcile) as soon
+            # as the last resource is registered, not one period later.
+            while kubelet_inode is not None and not stop.is_set():
                 if _inode(kubelet_socket) != kubelet_inode or not all(
                     s.socket_present() for s in servers
                 ):
@@ -138,6 +140,7 @@ class RunLoop:
                     interval = self.settings.kubelet.reconcile_interval_seconds
                     next_reconcile = time.monotonic() + interval
                 self._tell_systemd(len(servers))
+                stop.wait(self._period())
             for server in servers:
                 server.stop()
 

@@ -32,6 +32,7 @@ from nodemgr.runtime.loop import RunLoop
 from nodemgr.runtime.notify import ServiceNotifier
 from nodemgr.status.server import DaemonFacts
 from tests.harness.cards import GPU0, GPU1
+from tests.harness.kubelet_sim import TestKubelet
 from tests.harness.notify_listener import Listener
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
@@ -452,3 +453,25 @@ def test_no_watchdog_ping_while_waiting_for_kubelet_with_a_dead_worker(make_daem
             runner.join(10)
     assert seen and not [m for m in seen if "WATCHDOG" in m]
     assert any("watchdog" in m.get("STATUS", "") for m in seen)
+
+
+def test_ready_is_sent_as_soon_as_every_resource_is_registered(make_daemon, monkeypatch):
+    """READY=1 follows the last registration at once, not one run loop period later (the
+    start used to wait a whole period first; here the period is 15 s and READY must come
+    within the 5 s of next_message)."""
+    monkeypatch.setattr("nodemgr.runtime.loop.WATCH_PERIOD_SECONDS", 30.0)
+    daemon = make_daemon(watchdog_usec="60000000")  # period: min(30, 60 / 4) = 15 s
+    kubelet = TestKubelet(f"{daemon.root}/dp", f"{daemon.root}/pr/kubelet.sock")
+    kubelet.start()
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.loop.run, args=(stop, threading.Event()))
+    runner.start()
+    try:
+        seen = [daemon.next_message()]
+        while "READY" not in seen[-1]:
+            seen.append(daemon.next_message())
+    finally:
+        stop.set()
+        runner.join(30)
+        kubelet.stop()
+    assert seen[-1]["READY"] == "1" and "serving 3 resources" in seen[-1]["STATUS"]
