@@ -16,7 +16,9 @@ Document (JSON keys are a public contract: extend, never rename)::
      "allocations": [{"id", "gpu", "gpu_index", "gpus", "whole", "memory_mib",
                       "memory_used_mib"|null, "core_percent", "namespace", "pod",
                       "container", "state": "confirmed"|"pending", "containers",
-                      "violations", "created_at"}],
+                      "violations", "created_at",
+                      "isolation": {"memory", "memory_detail", "compute",
+                                    "compute_detail"}|null}],
      "enforcement": {"action", "violations": {kind: count}, "kills",
                      "unreadable_processes"}|null}
 
@@ -24,6 +26,10 @@ Document (JSON keys are a public contract: extend, never rename)::
 ``uptime_seconds``, ``ready``, ``registered``, ``metrics_address``, ``healthy``
 (false while a background worker is down) and ``workers`` ({name: {"up",
 "restarts", "failure"}}).
+
+``isolation`` (nodemgr.domain.isolation) is what this node really enforces for
+the allocation now, computed from the watchdog, the card's MPS state and
+kernel facts; null when gpushare-node is not running (source "ledger").
 
 None (null) always means "not known", never zero. No I/O, no clock: the
 caller passes everything in.
@@ -35,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from nodemgr.domain.isolation import CardIsolationFacts, NodeIsolationFacts, isolation_of
 from nodemgr.domain.model import Allocation
 
 SCHEMA_VERSION = 1
@@ -88,21 +95,21 @@ def build_status(
     violations: Mapping[str, int],
     enforcement: dict[str, Any] | None,
     daemon: dict[str, Any] | None,
+    isolation: NodeIsolationFacts | None = None,
 ) -> dict[str, Any]:
     """The status document. ``card_problems`` None = health unknown (daemon down);
-    ``mps`` None = MPS disabled; a card missing from ``mps`` is shown as unknown."""
+    ``mps`` None = MPS disabled; a card missing from ``mps`` is shown as unknown;
+    ``isolation`` None = not known (daemon down): each allocation's is null."""
     allocations = list(allocations)
     index_of = {card.uuid: card.index for card in cards}
     memory_of = {card.uuid: card.memory_mib for card in cards}
+    mps_views = {card.uuid: _mps_view(mps, card.uuid) for card in cards}
     gpus = []
     for card in sorted(cards, key=lambda c: c.index):
         on_card = [a for a in allocations if card.uuid in a.cards]
         whole = any(a.whole for a in on_card)
         mode = "whole" if whole else "shared" if on_card else "idle"
-        if mps is None:
-            mps_view = MPS_DISABLED
-        else:
-            mps_view = mps.get(card.uuid, MPS_UNKNOWN)
+        mps_view = mps_views[card.uuid]
         problem = None if card_problems is None else card_problems.get(card.uuid)
         gpus.append(
             {
@@ -150,6 +157,7 @@ def build_status(
                 "containers": containers.get(a.id, 0),
                 "violations": violations.get(a.id, 0),
                 "created_at": a.created_at,
+                "isolation": _isolation(a, first_card, mps_views, card_problems, isolation),
             }
         )
     return {
@@ -161,6 +169,35 @@ def build_status(
         "allocations": rows,
         "enforcement": enforcement,
     }
+
+
+def _mps_view(mps: Mapping[str, MpsView] | None, uuid: str) -> MpsView:
+    return MPS_DISABLED if mps is None else mps.get(uuid, MPS_UNKNOWN)
+
+
+def _isolation(
+    allocation: Allocation,
+    card: str,
+    mps_views: Mapping[str, MpsView],
+    card_problems: Mapping[str, str] | None,
+    node: NodeIsolationFacts | None,
+) -> dict[str, str] | None:
+    """The allocation's isolation as JSON; None when the node's facts are not known."""
+    if node is None:
+        return None
+    state = mps_views.get(card, MPS_UNKNOWN).state
+    # The supervisor makes a card whose ceiling it could not set a card problem.
+    ceiling_set = (
+        state == "healthy" and card_problems is not None and card_problems.get(card) is None
+    )
+    facts = CardIsolationFacts(state, ceiling_set, node.dmem_regions.get(card))
+    return isolation_of(
+        whole=allocation.whole,
+        memory_mib=allocation.memory_mib,
+        core_percent=allocation.core_percent,
+        card=facts,
+        watchdog=node.watchdog,
+    ).as_json()
 
 
 # --- the table a person reads -------------------------------------------------------------
@@ -204,7 +241,18 @@ def render_table(status: dict[str, Any], now: float) -> str:
         lines.append("no allocations")
         return "\n".join(lines)
     rows = [
-        ("POD", "CONTAINER", "GPU", "MEMORY QUOTA/USED", "CORE", "STATE", "CTRS", "VIOL", "AGE")
+        (
+            "POD",
+            "CONTAINER",
+            "GPU",
+            "MEMORY QUOTA/USED",
+            "CORE",
+            "ISOLATION MEM/CORE",
+            "STATE",
+            "CTRS",
+            "VIOL",
+            "AGE",
+        )
     ]
     for a in status["allocations"]:
         pod = f"{a['namespace']}/{a['pod']}" if a["pod"] else "(not yet known)"
@@ -220,6 +268,7 @@ def render_table(status: dict[str, Any], now: float) -> str:
                 if a["whole"]
                 else f"{_gib(a['memory_mib'])} / {_gib(a['memory_used_mib'])}",
                 "-" if a["whole"] else f"{a['core_percent']}%",
+                _levels(a.get("isolation")),
                 a["state"],
                 str(a["containers"]),
                 str(a["violations"]),
@@ -227,7 +276,26 @@ def render_table(status: dict[str, Any], now: float) -> str:
             )
         )
     lines += _columns(rows)
+    lines += _isolation_reasons(status["allocations"])
     return "\n".join(lines)
+
+
+def _levels(isolation: Mapping[str, str] | None) -> str:
+    return "?" if isolation is None else f"{isolation['memory']}/{isolation['compute']}"
+
+
+def _isolation_reasons(allocations: Sequence[Mapping[str, Any]]) -> list[str]:
+    """Below the table, each isolation level shown once with its reason (whole cards aside)."""
+    reasons: dict[str, None] = {}  # ordered, without repeats
+    for a in allocations:
+        isolation = a.get("isolation")
+        if isolation is None or a["whole"]:
+            continue
+        for kind in ("memory", "compute"):
+            reasons[f"{kind} {isolation[kind]}: {isolation[kind + '_detail']}"] = None
+    if not reasons:
+        return []
+    return ["", "isolation (README, Isolation levels):", *(f"  {r}" for r in sorted(reasons))]
 
 
 def _header(status: dict[str, Any], now: float) -> str:

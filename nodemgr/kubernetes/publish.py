@@ -13,7 +13,9 @@ and ``kubectl inspect gpushare`` read (docs/gpushare-compat.md):
 ``ALIYUN_COM_GPU_MEM_ASSUME_TIME`` (Unix ns of the first allocation), and for a
 pod with several containers ``scheduler.framework.gpushare.allocation``
 (``{"<container index>": {"<gpu index>": units}}``), since one index cannot say
-where each container went.
+where each container went. gpushare-node adds ``<label_prefix>isolation``: per
+container, what the node really enforces (nodemgr.domain.isolation), as
+``{"<container>": {"memory": "<level>", "compute": "<level>"}}``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from nodemgr.domain.statusdoc import CardFacts
 GPU_COUNT_RESOURCE = "aliyun.com/gpu-count"  # node capacity, for the gpushare extender
 NODE_ANNOTATION = "gpus"  # after the label prefix: per-card totals and allocations
 NODE_ANNOTATION_VERSION = 1  # its "v"
+ISOLATION_ANNOTATION = "isolation"  # after the label prefix: per container, on a pod
 PodKey = tuple[str, str]  # (namespace, pod)
 
 _LABEL_VALUE_BAD = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -49,8 +52,14 @@ def pod_annotations(
     cards: Sequence[CardFacts],
     memory_unit_mib: int,
     pods: Mapping[PodKey, PodInfo],
+    *,
+    isolation: Mapping[str, Mapping[str, Any]] | None = None,
+    label_prefix: str = "",
 ) -> dict[PodKey, dict[str, str]]:
-    """The gpushare annotations of every pod holding shared GPU resources here."""
+    """The gpushare annotations of every pod holding shared GPU resources here.
+
+    ``isolation`` (allocation ID -> its isolation, ``isolation_by_allocation``)
+    adds ``<label_prefix>isolation`` for the containers whose isolation is known."""
     index_of = {card.uuid: card.index for card in cards}
     units_of = {card.uuid: card.memory_mib // memory_unit_mib for card in cards}
     per_pod: dict[PodKey, list[Allocation]] = defaultdict(list)
@@ -77,8 +86,36 @@ def pod_annotations(
                 if _owner(a).container in order
             }
             annotations[ALLOCATION_ANNOTATION] = json.dumps(per_container, separators=(",", ":"))
+        levels = _isolation_levels(held, isolation or {})
+        if levels:
+            annotations[label_prefix + ISOLATION_ANNOTATION] = levels
         result[key] = annotations
     return result
+
+
+def isolation_by_allocation(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Allocation ID -> its isolation, from the status document (unknown ones left out)."""
+    return {a["id"]: a["isolation"] for a in status["allocations"] if a.get("isolation")}
+
+
+def _isolation_levels(
+    held: Sequence[Allocation], isolation: Mapping[str, Mapping[str, Any]]
+) -> str:
+    """Compact JSON ``{"<container>": {"memory", "compute"}}``; "" when none is known.
+
+    Levels only: the reasons are long and in ``nodemgr status``; a level changes
+    (MPS down, watchdog down) rarely, so the pod is patched rarely."""
+    per_container = {
+        _owner(a).container: {
+            "memory": str(isolation[a.id]["memory"]),
+            "compute": str(isolation[a.id]["compute"]),
+        }
+        for a in held
+        if a.id in isolation
+    }
+    if not per_container:
+        return ""
+    return json.dumps(per_container, separators=(",", ":"), sort_keys=True)
 
 
 def _owner(allocation: Allocation) -> ContainerRef:

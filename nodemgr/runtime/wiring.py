@@ -26,6 +26,7 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
+from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
 from nodemgr.enforcement.registry import ContainerRegistry
@@ -43,7 +44,9 @@ from nodemgr.kubernetes.sync import (
 )
 from nodemgr.runtime.loop import RunLoop
 from nodemgr.runtime.notify import ServiceNotifier
+from nodemgr.runtime.recovery import recover_registrations
 from nodemgr.status.metrics import Metrics
+from nodemgr.status.nodefacts import dmem_regions
 from nodemgr.status.server import DaemonFacts, LiveStatus, StatusServer
 from nodemgr.supervision.supervisor import MpsSupervisor
 
@@ -85,6 +88,10 @@ def run(
             on_refusal=partial(post_refusal, kube) if kube is not None else None,
         )
         _log_inventory(allocator)
+        # A ledger made at this start while admitted containers still run: take them back.
+        recover_registrations(
+            ledger, allocator, CgroupMarks.of_this_host().read_all, podresources.list
+        )
         # Before serving: the first shared container must not wait for MPS.
         supervisor = _prepared_supervisor(settings, layout, inventory, allocator)
         if supervisor is not None:
@@ -118,6 +125,7 @@ def run(
             supervisor.views if supervisor is not None else None,
             lambda: watchdog.last_usage,
             watchdog.summary,
+            dmem_regions=dmem_regions(card.uuid for card in cards),
         )
         status.remember_cards()
         workers.start(StatusServer(status, settings.status_socket))

@@ -74,7 +74,13 @@ MPS_STATES = (
 MPS_UP_ABSENT = frozenset({"off", "disabled", "unknown"})
 
 CARD_LABELS = ("gpu", "index", "model")
-ALLOCATION_LABELS = ("allocation", "namespace", "pod", "container", "gpu", "mode")
+# An allocation is named by its owner, never by its id: the id is the credential the
+# runtime hook accepts (GPUSHARE_ALLOCATION_ID), and this endpoint is readable by every
+# local user and hostNetwork pod. Allocations without a known owner yet (kubelet has not
+# reported them) have empty owner labels; those on one card and mode are added up into
+# one series, as they cannot be told apart without the id.
+ALLOCATION_LABELS = ("namespace", "pod", "container", "gpu", "mode")
+ISOLATION_LABELS = (*ALLOCATION_LABELS, "memory", "compute")
 
 
 class Metrics:
@@ -390,24 +396,65 @@ def _allocations(allocations: list[Mapping[str, Any]]) -> Iterator[Metric]:
         "When the allocation was made (Unix time).",
         ALLOCATION_LABELS,
     )
+    isolation = _gauge(
+        "gpushare_allocation_isolation",
+        "Always 1: what the node really enforces for the allocation now, memory (exclusive, "
+        "enforced, watched, advisory, unlimited) and compute (exclusive, advisory, unlimited); "
+        "see README, Isolation levels.",
+        ISOLATION_LABELS,
+    )
+    for labels, merged in _by_owner(allocations).items():
+        quota.add_metric(labels, merged["memory_mib"] * MIB_BYTES)
+        if merged["memory_used_mib"] is not None:
+            used.add_metric(labels, merged["memory_used_mib"] * MIB_BYTES)
+        core.add_metric(labels, merged["core_percent"] / 100)
+        confirmed.add_metric(labels, int(merged["confirmed"]))
+        containers.add_metric(labels, merged["containers"])
+        violations.add_metric(labels, merged["violations"])
+        started.add_metric(labels, merged["created_at"])
+        for levels in sorted(merged["isolation"]):
+            isolation.add_metric((*labels, *levels), 1)
+    yield from (quota, used, core, confirmed, containers, violations, started, isolation)
+
+
+def _by_owner(allocations: list[Mapping[str, Any]]) -> dict[tuple[str, ...], dict[str, Any]]:
+    """The allocations by their label values, those sharing them (owners not known yet)
+    added up: quotas, use, containers and violations summed, confirmed only when all are,
+    the earliest start; use unknown when any is."""
+    merged: dict[tuple[str, ...], dict[str, Any]] = {}
     for a in allocations:
         labels = (
-            str(a["id"]),
             a["namespace"] or "",  # unknown owner: an empty label, which PromQL reads as absent
             a["pod"] or "",
             a["container"] or "",
             str(a["gpu"]),
             "whole" if a["whole"] else "shared",
         )
-        quota.add_metric(labels, a["memory_mib"] * MIB_BYTES)
-        if a["memory_used_mib"] is not None:
-            used.add_metric(labels, a["memory_used_mib"] * MIB_BYTES)
-        core.add_metric(labels, a["core_percent"] / 100)
-        confirmed.add_metric(labels, int(a["state"] == "confirmed"))
-        containers.add_metric(labels, a["containers"])
-        violations.add_metric(labels, a["violations"])
-        started.add_metric(labels, a["created_at"])
-    yield from (quota, used, core, confirmed, containers, violations, started)
+        isolation = a.get("isolation")  # null while unknown; older documents lack it
+        levels = {(isolation["memory"], isolation["compute"])} if isolation else set()
+        row = {
+            "memory_mib": a["memory_mib"],
+            "memory_used_mib": a["memory_used_mib"],
+            "core_percent": a["core_percent"],
+            "confirmed": a["state"] == "confirmed",
+            "containers": a["containers"],
+            "violations": a["violations"],
+            "created_at": a["created_at"],
+            "isolation": levels,
+        }
+        into = merged.setdefault(labels, row)
+        if into is row:
+            continue
+        for key in ("memory_mib", "core_percent", "containers", "violations"):
+            into[key] += row[key]
+        known = into["memory_used_mib"] is not None and row["memory_used_mib"] is not None
+        into["memory_used_mib"] = (
+            into["memory_used_mib"] + row["memory_used_mib"] if known else None
+        )
+        into["confirmed"] = into["confirmed"] and row["confirmed"]
+        into["created_at"] = min(into["created_at"], row["created_at"])
+        into["isolation"] = into["isolation"] | levels
+    return merged
 
 
 def _enforcement(enforcement: Mapping[str, Any]) -> Iterator[Metric]:

@@ -22,6 +22,7 @@ from hooks import protocol
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.unixserver import UnixServer
+from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.statusdoc import MpsView, UsageView, build_status
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import GpushareError
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_SECONDS = 2.0
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a node with thousands of allocations still fits
 CARDS_META_KEY = "cards"  # the ledger keeps the card list for `nodemgr status` with us down
+# The watchdog's worker name (nodemgr.enforcement.watchdog): its health says whether
+# anything checks memory quotas now. Absent from the workers: taken as down (fail closed).
+WATCHDOG_WORKER = "watchdog"
 
 
 @dataclass
@@ -58,7 +62,9 @@ class LiveStatus:
         mps_views: Callable[[], dict[str, MpsView]] | None,
         usage: Callable[[], UsageView | None],
         enforcement: Callable[[], dict],
+        dmem_regions: Mapping[str, str] | None = None,
     ):
+        """``dmem_regions``: card UUID -> kernel dmem region (nodemgr.status.nodefacts)."""
         self.node = node
         self.facts = facts
         self._allocator = allocator
@@ -67,6 +73,7 @@ class LiveStatus:
         self._mps_views = mps_views
         self._usage = usage
         self._enforcement = enforcement
+        self._dmem_regions = dict(dmem_regions or {})
 
     def remember_cards(self) -> None:
         """Keep the card list in the ledger, for ``nodemgr status`` while we are down."""
@@ -89,6 +96,12 @@ class LiveStatus:
             violations = {}
         facts = self.facts
         workers = {} if facts.worker_health is None else dict(facts.worker_health())
+        usage, enforcement = self._usage(), self._enforcement()
+        watchdog = WatchdogFacts(
+            running=bool(workers.get(WATCHDOG_WORKER, {}).get("up")),
+            action=enforcement.get("action"),
+            usage_readable=usage is not None,
+        )
         return build_status(
             self.node,
             self._allocator.cards,
@@ -96,10 +109,11 @@ class LiveStatus:
             source="daemon",
             card_problems=self._allocator.card_problems(),
             mps=None if self._mps_views is None else self._mps_views(),
-            usage=self._usage(),
+            usage=usage,
             containers=containers,
             violations=violations,
-            enforcement=self._enforcement(),
+            enforcement=enforcement,
+            isolation=NodeIsolationFacts(watchdog, self._dmem_regions),
             daemon={
                 "pid": facts.pid,
                 "version": facts.version,

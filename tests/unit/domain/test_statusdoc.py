@@ -3,8 +3,10 @@
 Pins: card modes (shared / whole / idle) and their allocated memory and share;
 None means unknown and is never turned into 0 (usage, health, MPS with the
 daemon down); allocation rows carry pod identity, card index, quota, use,
-state, containers and violations; the table has one row per card and per
-allocation and says plainly when the daemon is not running.
+state, containers, violations and isolation (from the node's facts and each
+card's MPS state; null with the daemon down); the table has one row per card
+and per allocation with its isolation levels, the reasons below it, and says
+plainly when the daemon is not running.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.statusdoc import MpsView, UsageView, build_status, render_table
 from tests.harness.cards import GPU0, GPU1
@@ -108,6 +111,7 @@ def test_allocation_rows():
         "containers": 1,
         "violations": 0,
         "created_at": 1000.0,
+        "isolation": None,  # no node facts given: not known
     }
     assert (w1["whole"], w1["gpu_index"], w1["memory_mib"], w1["core_percent"]) == (
         True,
@@ -159,3 +163,72 @@ def test_table_one_row_per_card_and_allocation():
 
 def test_table_without_allocations():
     assert render_table(status([]), now=1000.0).endswith("no allocations")
+
+
+KILLING = NodeIsolationFacts(WatchdogFacts(running=True, action="kill", usage_readable=True))
+
+
+def test_isolation_per_allocation_follows_its_card():
+    """Each allocation's isolation is computed with its own card's MPS state: healthy MPS
+    and a killing watchdog give enforced memory and advisory compute; a whole card is
+    exclusive; a card whose MPS is down applies no share."""
+    doc = status(
+        [
+            shared("a1", GPU0, 4, 30, ContainerRef("ns", "p1", "main")),
+            shared("a2", GPU1, 2, 10),
+        ],
+        mps={GPU0: MpsView("healthy", 2), GPU1: MpsView("down")},
+        isolation=KILLING,
+    )
+    a1, a2 = (a["isolation"] for a in doc["allocations"])
+    assert set(a1) == {"memory", "memory_detail", "compute", "compute_detail"}
+    assert (a1["memory"], a1["compute"]) == ("enforced", "advisory")
+    assert "MPS caps each process" in a1["memory_detail"]
+    assert (a2["memory"], a2["compute"]) == ("enforced", "unlimited")
+    assert "MPS is down" in a2["memory_detail"]
+    doc = status([whole("w1", GPU1)], isolation=KILLING)
+    assert doc["allocations"][0]["isolation"]["memory"] == "exclusive"
+
+
+def test_isolation_does_not_claim_the_ceiling_of_a_card_with_a_problem():
+    """MPS answers healthy but the card has a problem (e.g. the ceiling could not be set),
+    or health is unknown: the reason does not claim the server-side ceiling."""
+    allocations = [shared("a1", GPU0, 4, 30)]
+    troubled = status(allocations, card_problems={GPU0: "MPS control daemon answers oddly"},
+                      isolation=KILLING)  # fmt: skip
+    assert "ceiling may not be set" in troubled["allocations"][0]["isolation"]["memory_detail"]
+    unknown = status(allocations, card_problems=None, isolation=KILLING)
+    assert "ceiling may not be set" in unknown["allocations"][0]["isolation"]["memory_detail"]
+
+
+def test_isolation_with_mps_disabled_and_a_dmem_region():
+    """mps.enabled false: the share is applied by nothing; a dmem region of the card is
+    named (and said to be unused), one of another card is not."""
+    facts = NodeIsolationFacts(KILLING.watchdog, {GPU0: "drm/0000:03:00.0/vram0"})
+    doc = status([shared("a1", GPU0, 4, 30), shared("a2", GPU1, 4, 30)], mps=None,
+                 isolation=facts)  # fmt: skip
+    a1, a2 = (a["isolation"] for a in doc["allocations"])
+    assert a1["compute"] == "unlimited" and "mps.enabled false" in a1["compute_detail"]
+    assert "drm/0000:03:00.0/vram0" in a1["memory_detail"]
+    assert "dmem" not in a2["memory_detail"]
+
+
+def test_table_shows_isolation_levels_and_their_reasons():
+    """The table has an ISOLATION MEM/CORE column (memory/compute level, "?" when not
+    known) and, below, each level shown once with its reason."""
+    allocations = [
+        shared("a1", GPU0, 4, 30, ContainerRef("ns", "p1", "main")),
+        shared("a2", GPU0, 2, 30, ContainerRef("ns", "p1", "side")),
+        whole("w1", GPU1),
+    ]
+    lines = render_table(status(allocations, isolation=KILLING), now=1065.0).splitlines()
+    assert "ISOLATION MEM/CORE" in next(line for line in lines if line.startswith("POD"))
+    assert "enforced/advisory" in next(line for line in lines if line.startswith("ns/p1"))
+    assert "exclusive/exclusive" in next(line for line in lines if "whole card" in line)
+    reasons = lines[lines.index("isolation (README, Isolation levels):") + 1 :]
+    assert len(reasons) == 2  # a1 and a2 share their reasons; whole cards need none
+    assert reasons[0].startswith("  compute advisory: MPS applies the share from the client")
+    assert reasons[1].startswith("  memory enforced: the watchdog adds up")
+    unknown = render_table(status(allocations[:1]), now=1065.0)
+    assert "?" in next(line for line in unknown.splitlines() if line.startswith("ns/p1"))
+    assert "isolation (README" not in unknown

@@ -6,7 +6,8 @@ ASSIGNED=true, assume time from the first allocation) and, for multi-container
 pods, the per-container allocation JSON; pods without a known owner or with
 whole cards get none; node labels by model/count/memory/MPS (unknown
 capability gives no mps-capable label); label values are valid; the node
-annotation is compact JSON per card with its allocations.
+annotation is compact JSON per card with its allocations; with the status
+document's isolation, ``<label_prefix>isolation`` gives each container's levels.
 """
 
 from __future__ import annotations
@@ -15,10 +16,17 @@ import json
 from types import SimpleNamespace
 
 from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.podmatch import ContainerRequest, PodInfo
-from nodemgr.domain.statusdoc import build_status
-from nodemgr.kubernetes.publish import label_value, node_annotation, node_labels, pod_annotations
+from nodemgr.domain.statusdoc import MpsView, build_status
+from nodemgr.kubernetes.publish import (
+    isolation_by_allocation,
+    label_value,
+    node_annotation,
+    node_labels,
+    pod_annotations,
+)
 from tests.harness.cards import GPU0, GPU1
 
 CARDS = [
@@ -127,3 +135,38 @@ def test_node_annotation_is_compact_json_per_card():
     assert [g["memory_allocated_mib"] for g in gpus] == [0, 4096]
     assert gpus[1]["allocations"] == [["ns", "job", "main", 4096, 30]]
     assert gpus[1]["mode"] == "shared" and gpus[0]["mode"] == "idle"
+
+
+def test_isolation_annotation_gives_each_containers_levels():
+    """With the status document's isolation, a pod gets ``<label_prefix>isolation``: per
+    container, its memory and compute levels (compact JSON, no reasons); a container
+    whose isolation is not known is left out, and the gpushare keys are unchanged. Pods
+    of whole cards still get nothing."""
+    allocations = [
+        shared("a", GPU0, 4, 30, ContainerRef("ns", "two", "main")),
+        shared("b", GPU0, 2, 0, ContainerRef("ns", "two", "side")),
+        shared("c", GPU0, 2, 0, ContainerRef("ns", "two", "late")),
+        Allocation("w", {ResourceKind.WHOLE: (GPU1,)}, 0, 1.0, ContainerRef("ns", "w", "m")),
+    ]
+    watchdog = WatchdogFacts(running=True, action="kill", usage_readable=True)
+    status = build_status(
+        "node-a", CARDS, allocations, source="daemon", card_problems={},
+        mps={GPU0: MpsView("healthy", 2), GPU1: MpsView("off")}, usage=None, containers={},
+        violations={}, enforcement=None, daemon=None, isolation=NodeIsolationFacts(watchdog),
+    )  # fmt: skip
+    known = isolation_by_allocation(status)
+    del known["c"]  # as for an allocation made after the document was taken
+    pods = {("ns", "two"): pod("two", "main", "side", "late")}
+    without = pod_annotations(allocations, CARDS, 1024, pods)
+    published = pod_annotations(
+        allocations, CARDS, 1024, pods, isolation=known, label_prefix="gpushare.aliyun.com/"
+    )
+    annotations = published[("ns", "two")]
+    text = annotations.pop("gpushare.aliyun.com/isolation")
+    assert annotations == without[("ns", "two")]
+    assert json.loads(text) == {
+        "main": {"memory": "enforced", "compute": "advisory"},
+        "side": {"memory": "enforced", "compute": "unlimited"},
+    }
+    assert " " not in text and "detail" not in text
+    assert ("ns", "w") not in published

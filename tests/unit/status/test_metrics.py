@@ -105,6 +105,12 @@ def document() -> dict:
                 "containers": 1,
                 "violations": 3,
                 "created_at": 1500.5,
+                "isolation": {
+                    "memory": "enforced",
+                    "memory_detail": "the watchdog adds up the container's GPU processes",
+                    "compute": "advisory",
+                    "compute_detail": "MPS applies 30% of the SMs from the client's env",
+                },
             },
             {
                 "id": "alloc-2",
@@ -122,6 +128,12 @@ def document() -> dict:
                 "containers": 0,
                 "violations": 0,
                 "created_at": 1600.0,
+                "isolation": {
+                    "memory": "advisory",
+                    "memory_detail": "per-process GPU memory cannot be read",
+                    "compute": "advisory",
+                    "compute_detail": "MPS applies 10% of the SMs from the client's env",
+                },
             },
         ],
         "enforcement": {
@@ -202,9 +214,10 @@ def test_card_gauges_are_in_bytes_and_ratios_with_card_labels(exporter):
 
 
 def test_allocation_gauges_carry_owner_labels(exporter):
+    """Each allocation gauge is labelled by owner, card and mode; a pending allocation
+    (owner not known yet) has empty owner labels."""
     s = exporter.scrape()
     owned = {
-        "allocation": "alloc-1",
         "namespace": "default",
         "pod": "train",
         "container": "main",
@@ -219,7 +232,7 @@ def test_allocation_gauges_carry_owner_labels(exporter):
     assert value(s, "gpushare_allocation_violations", **owned) == 3
     assert value(s, "gpushare_allocation_start_time_seconds", **owned) == 1500.5
     # Owner not known yet: empty labels (absent to PromQL), and still pending.
-    pending = {"allocation": "alloc-2", "namespace": "", "pod": "", "container": ""}
+    pending = {"namespace": "", "pod": "", "container": ""}
     assert value(s, "gpushare_allocation_memory_quota_bytes", **pending) == 2048 * MIB
     assert value(s, "gpushare_allocation_confirmed", **pending) == 0
 
@@ -227,8 +240,8 @@ def test_allocation_gauges_carry_owner_labels(exporter):
 def test_a_whole_card_allocation_is_labelled_whole(exporter):
     exporter.doc["allocations"][0].update(whole=True, memory_mib=15360, core_percent=100)
     s = exporter.scrape()
-    assert value(s, "gpushare_allocation_core_quota_ratio", allocation="alloc-1", mode="whole") == 1
-    assert absent(s, "gpushare_allocation_core_quota_ratio", allocation="alloc-1", mode="shared")
+    assert value(s, "gpushare_allocation_core_quota_ratio", pod="train", mode="whole") == 1
+    assert absent(s, "gpushare_allocation_core_quota_ratio", pod="train", mode="shared")
 
 
 def test_unknown_values_are_left_out_never_exported_as_zero(exporter):
@@ -242,7 +255,7 @@ def test_unknown_values_are_left_out_never_exported_as_zero(exporter):
     assert value(s, "gpushare_gpu_memory_used_bytes", gpu=GPU1) == 0  # a known 0 stays
     assert absent(s, "gpushare_gpu_healthy", gpu=GPU0)
     assert absent(s, "gpushare_gpu_mps_clients", gpu=GPU0)
-    assert absent(s, "gpushare_allocation_memory_used_bytes", allocation="alloc-2")
+    assert absent(s, "gpushare_allocation_memory_used_bytes", pod="")
     for name in (
         "gpushare_daemon_ready",
         "gpushare_build_info",
@@ -562,10 +575,28 @@ def problems(exprs: list[tuple[str, str]], names: set[str], labels: set[str]) ->
     return found
 
 
+def table_columns(dashboard: dict) -> list[tuple[str, str]]:
+    """(panel, label) for each column a table panel's organize step names by label."""
+    found = []
+    for panel in dashboard["panels"]:
+        for step in panel.get("transformations", []):
+            if step["id"] == "organize":
+                for column in step["options"].get("indexByName", {}):
+                    if not column.startswith("Value #") and column != "Time":
+                        found.append((panel["title"], column))
+    return found
+
+
 def test_dashboard_uses_only_metrics_and_labels_the_exporter_serves():
+    """Every metric and label of the dashboard's queries, and every label its tables
+    order as a column, is one the exporter serves (the ``allocation`` label is gone)."""
     names, labels = exposed()
-    exprs = dashboard_exprs(json.loads(DASHBOARD.read_text()))
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = dashboard_exprs(dashboard)
     assert problems(exprs, names, labels) == []
+    columns = table_columns(dashboard)
+    assert ("Allocations: quota vs use", "memory") in columns
+    assert [c for c in columns if c[1] not in labels | TARGET_LABELS] == []
     used = {word for _, expr in exprs for word in re.findall(r"gpushare_\w+", expr)}
     for wanted in (  # the panels the issue asks for
         "gpushare_gpu_memory_allocated_bytes",
@@ -624,3 +655,62 @@ def test_a_document_without_worker_health_still_scrapes(exporter):
     s = exporter.scrape()
     assert absent(s, "gpushare_worker_up") and absent(s, "gpushare_daemon_healthy")
     assert value(s, "gpushare_daemon_ready") == 1
+
+
+# --- allocations named by owner, never by id; isolation (issue 14) ------------------------------
+
+
+def test_no_allocation_id_appears_anywhere_in_the_scrape(exporter):
+    """Item 5: the endpoint is readable by every local user and hostNetwork pod, and an
+    allocation id is the credential the runtime hook accepts: neither id of the document
+    appears in the text, and no series has an ``allocation`` label."""
+    text = scrape_text(exporter.server.port)
+    assert "alloc-1" not in text and "alloc-2" not in text
+    samples = parse(text)
+    assert not [n for n, series in samples.items() for got, _ in series if "allocation" in got]
+
+
+def test_allocations_of_unknown_owner_on_one_card_are_added_up(exporter):
+    """Two pending allocations on one card cannot be told apart without their ids: they
+    are one series, quotas and counts summed, confirmed only if both are, the earliest
+    start, use unknown when either is unknown."""
+    third = copy.deepcopy(exporter.doc["allocations"][1])
+    third.update(id="alloc-3", memory_mib=1024, memory_used_mib=10, core_percent=5,
+                 containers=2, violations=1, created_at=1200.0, state="confirmed")  # fmt: skip
+    exporter.doc["allocations"].append(third)
+    s = exporter.scrape()
+    unknown = {"pod": "", "gpu": GPU0, "mode": "shared"}
+    assert value(s, "gpushare_allocation_memory_quota_bytes", **unknown) == 3072 * MIB
+    assert value(s, "gpushare_allocation_core_quota_ratio", **unknown) == pytest.approx(0.15)
+    assert value(s, "gpushare_allocation_containers", **unknown) == 2
+    assert value(s, "gpushare_allocation_violations", **unknown) == 1
+    assert value(s, "gpushare_allocation_confirmed", **unknown) == 0
+    assert value(s, "gpushare_allocation_start_time_seconds", **unknown) == 1200.0
+    assert absent(s, "gpushare_allocation_memory_used_bytes", **unknown)
+    exporter.doc["allocations"][1]["memory_used_mib"] = 90
+    s = exporter.scrape()
+    assert value(s, "gpushare_allocation_memory_used_bytes", **unknown) == 100 * MIB
+
+
+def test_isolation_is_an_info_gauge_per_allocation(exporter):
+    """gpushare_allocation_isolation{namespace,pod,container,gpu,mode,memory,compute} is 1
+    per allocation with its levels (an alert can select memory!="enforced"); an
+    allocation whose isolation is unknown (null) has none; unknown owners with different
+    levels on one card give one series per pair of levels."""
+    doc = exporter.doc
+    doc["allocations"][0]["isolation"] = {
+        "memory": "enforced", "memory_detail": "...", "compute": "advisory",
+        "compute_detail": "...",
+    }  # fmt: skip
+    doc["allocations"][1]["isolation"] = None
+    s = exporter.scrape()
+    assert value(s, "gpushare_allocation_isolation", pod="train", container="main",
+                 gpu=GPU0, mode="shared", memory="enforced", compute="advisory") == 1  # fmt: skip
+    assert len(s["gpushare_allocation_isolation"]) == 1
+    third = copy.deepcopy(doc["allocations"][1])
+    third["isolation"] = {"memory": "watched", "compute": "unlimited"}
+    doc["allocations"][1]["isolation"] = {"memory": "advisory", "compute": "unlimited"}
+    doc["allocations"].append(third)
+    s = exporter.scrape()
+    pending = {got["memory"] for got, v in s["gpushare_allocation_isolation"] if not got["pod"]}
+    assert pending == {"advisory", "watched"}

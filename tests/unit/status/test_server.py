@@ -4,7 +4,8 @@ each, the daemon's own facts); an unknown command or an unreadable request is an
 with an error, never a hang; a bug while building the document is answered as an
 internal error; ``query`` returns the document and raises on an error answer; the card
 list is kept in the ledger for when the daemon is down; the daemon section names each worker,
-up or down, and is not ``healthy`` while one is down."""
+up or down, and is not ``healthy`` while one is down; each allocation's isolation follows the
+live watchdog (worker up, action, per-process memory readable) and the kernel facts given."""
 
 import json
 import os
@@ -21,7 +22,7 @@ from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import ContainerRef
-from nodemgr.domain.statusdoc import MpsView
+from nodemgr.domain.statusdoc import MpsView, UsageView
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
@@ -194,3 +195,41 @@ def test_the_daemon_section_names_each_worker_and_whether_all_are_up(node):
     assert daemon["healthy"] is False
     health["watchdog"]["up"] = True
     assert query(node.server.socket_path)["daemon"]["healthy"] is True
+
+
+def test_isolation_follows_the_live_watchdog_and_the_kernel_facts(node):
+    """The document's isolation is computed from the watchdog as it is at each request:
+    enforced while its worker is up, it kills and per-process memory is readable;
+    advisory when the worker is down (or not reported at all) or memory unreadable;
+    watched with action log. A dmem region given for the card is named."""
+    allocation = node.allocate()
+    state = {"usage": UsageView({}, {}), "action": "kill", "watchdog_up": True}
+    live = LiveStatus(
+        "node-a",
+        node.facts,
+        node.allocator,
+        node.ledger,
+        node.registry,
+        lambda: {card: MpsView("healthy", clients=1) for card in (GPU0, GPU1)},
+        lambda: state["usage"],
+        lambda: {"action": state["action"], "violations": {}, "kills": 0},
+        dmem_regions={allocation.cards[0]: "drm/0000:03:00.0/vram0"},
+    )
+
+    def memory() -> tuple[str, str]:
+        isolation = live.document()["allocations"][0]["isolation"]
+        return isolation["memory"], isolation["memory_detail"]
+
+    assert memory()[0] == "advisory"  # no worker health reported: the watchdog is not vouched for
+    node.facts.worker_health = lambda: {
+        "watchdog": {"up": state["watchdog_up"], "restarts": 0, "failure": None}
+    }
+    level, detail = memory()
+    assert level == "enforced" and "drm/0000:03:00.0/vram0" in detail
+    state["watchdog_up"] = False
+    assert memory()[0] == "advisory"
+    state["watchdog_up"], state["usage"] = True, None
+    assert memory()[0] == "advisory"
+    state["usage"], state["action"] = UsageView({}, {}), "log"
+    assert memory()[0] == "watched"
+    assert live.document()["allocations"][0]["isolation"]["compute"] == "advisory"
