@@ -18,7 +18,7 @@ from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.inventory import Card
 from nodemgr.runtime.loop import SOCKET_NAMES
 from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import Node
+from tests.harness.daemon_proc import MPS_STANDIN, Node
 
 H200_MEMORY_MIB = 141 * 1024  # 144384 MiB
 CARD_COUNT = 8
@@ -42,6 +42,7 @@ def h200_node(
     resources: dict | None = None,
     mps: dict | None = None,
     api: TestApiServer | None = None,
+    control_binary: str = MPS_STANDIN,
 ) -> Node:
     """A Node (not started) with the 8 H200 cards.
 
@@ -51,9 +52,10 @@ def h200_node(
     With ``api`` (a started test API server) the daemon's Kubernetes adapter talks
     to it; without, the adapter is off (``kubernetes.enabled: false``): a plain
     device plugin, not one that keeps trying an API server that is not there.
+    ``control_binary``: the MPS control binary (NVIDIA's real one for bench/mps_probe.py).
     """
     devices = [{"uuid": c.uuid, "name": c.name, "memory_mib": c.memory_mib} for c in H200_CARDS]
-    node = Node(gpus={"backend": "simulated", "simulated": {"devices": devices}})
+    node = Node(control_binary, gpus={"backend": "simulated", "simulated": {"devices": devices}})
 
     def change(config: dict) -> None:
         if production_intervals:

@@ -49,7 +49,10 @@ def format_value(value: float | int | str) -> str:
 
 
 def machine_lines(figures: list[Figure]) -> list[str]:
-    """``name=value`` per figure, in order; names must be unique."""
+    """``name=value`` per figure, in order; names must be unique.
+
+    A figure with a target also gets ``name_target=<target>`` and ``name_met=yes|no``
+    (``no`` also when it has no value: a target not shown met is not met)."""
     seen: set[str] = set()
     lines = []
     for figure in figures:
@@ -57,6 +60,9 @@ def machine_lines(figures: list[Figure]) -> list[str]:
             raise ValueError(f"figure {figure.name} reported twice")
         seen.add(figure.name)
         lines.append(f"{figure.name}={format_value(figure.value)}")
+        if figure.target:
+            lines.append(f"{figure.name}_target={figure.target}")
+            lines.append(f"{figure.name}_met={'yes' if figure.met else 'no'}")
     return lines
 
 

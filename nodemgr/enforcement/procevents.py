@@ -125,7 +125,9 @@ class ProcEvents:
 
     def read(self, timeout_seconds: float) -> Events:
         events = Events()
-        ready, _, _ = select.select([self._socket, self._wake_read], [], [], timeout_seconds)
+        ready, _, _ = select.select(
+            [self._socket.fileno(), self._wake_read], [], [], timeout_seconds
+        )
         if self._wake_read in ready:
             try:
                 os.read(self._wake_read, 4096)

@@ -185,6 +185,12 @@ def test_output_formatting():
     assert format_value(ABSENT) == "absent"
     with pytest.raises(ValueError, match="reported twice"):
         machine_lines([Figure("x_ms", 1, "x"), Figure("x_ms", 2, "x again")])
+    assert machine_lines([Figure("x_ms", 1.5, "x", target="< 2", met=True)]) == [
+        "x_ms=1.50",
+        "x_ms_target=< 2",
+        "x_ms_met=yes",
+    ]
+    assert machine_lines([Figure("y_ms", SKIPPED, "y", target="< 2")])[-1] == "y_ms_met=no"
     text = table([Figure("x_ms", 1.5, "x", target="< 2", met=True, note="why")])
     assert "x_ms" in text and "yes" in text and "why" in text
 
