@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from hooks import gpuenv
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef
+from nodemgr.domain.podtie import pod_of
 
 
 class CgroupError(ValueError):
@@ -192,14 +193,19 @@ def identity_conflict(
 ) -> str | None:
     """Why a container of this pod identity must not use the allocation; or None.
 
-    The owner kubelet reported wins; without one, containers already
-    registered on the allocation bind it to their identity.
+    Compared per pod (namespace and name), as :mod:`nodemgr.domain.podtie` ties
+    containers to allocations: any container of the pod may use it. The owner
+    kubelet reported wins; without one, containers already registered on the
+    allocation bind it to their pod.
     """
     if identity is None:
-        return None  # the runtime gave no pod identity: nothing to compare
+        return None  # the runtime gave no pod identity: the caller refuses that itself
     expected = allocation.owner or next(iter(others), None)
-    if expected is not None and expected != identity:
-        return f"allocation {allocation.id} belongs to {expected}, not {identity}"
+    if expected is not None and pod_of(expected) != pod_of(identity):
+        return (
+            f"allocation {allocation.id} belongs to pod {pod_of(expected)}, "
+            f"not to pod {pod_of(identity)}"
+        )
     return None
 
 

@@ -1,10 +1,15 @@
-"""Which GPU processes break their container's quota, and which to kill (pure).
+"""Which GPU processes break their allocation's quota, and which to kill (pure).
 
 Input is one snapshot: the registered containers, the live allocations, and
 every GPU process with its cgroups and quota env (None where /proc could not
 be read: the process is gone). Output is the list of violations; each names
 the processes that ``action: kill`` would stop, newest first, just enough to
-bring the container back within its quota.
+bring the allocation back within its quota.
+
+The memory quota is the allocation's, not a container's: every process of
+every container registered on the allocation (all of one pod, see
+:mod:`nodemgr.domain.podtie`) on its card counts toward one sum, else three
+containers sharing one allocation id would each get the whole quota.
 
 What could not be read fails closed: a process whose cgroups could not be
 read belongs to no container (on a shared card it is unallocated), one whose
@@ -19,8 +24,9 @@ from dataclasses import dataclass, field
 from hooks.gpuenv import quota_env_form_problem
 from nodemgr.domain.containercheck import quota_env_problem
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
+from nodemgr.domain.podtie import pod_of
 
-MEMORY = "memory"  # a container's GPU processes together use more than its memory quota
+MEMORY = "memory"  # an allocation's GPU processes together use more than its memory quota
 ENV = "env"  # a GPU process of a registered container lacks or raises its quota env
 UNALLOCATED = "unallocated"  # a GPU process on a shared card outside any allocation
 
@@ -63,17 +69,16 @@ def find_violations(
     shared_cards: set[str],
     grace_mib: int,
 ) -> list[Violation]:
-    by_container: dict[str, list[GpuProcess]] = {}
+    by_allocation: dict[str, list[tuple[Registration, GpuProcess]]] = {}
     violations = []
     index = index_registrations(registrations)
     for process in processes:
-        registration = registration_of(index, process.cgroups)
-        allocation = allocations.get(registration.allocation_id) if registration else None
-        if registration is None or allocation is None or process.card_uuid not in allocation.cards:
+        registration, allocation = _holder(index, allocations, process)
+        if registration is None or allocation is None:
             if process.card_uuid in shared_cards:
-                violations.append(_unallocated(process, registration, allocation))
+                violations.append(_unallocated(process, index, allocations))
             continue
-        by_container.setdefault(registration.container_id, []).append(process)
+        by_allocation.setdefault(allocation.id, []).append((registration, process))
         if allocation.whole:
             continue
         problem = _env_problem(process, allocation)
@@ -92,15 +97,42 @@ def find_violations(
                     key=(ENV, process.pid, process.start_ticks),
                 )
             )
-    for registration in registrations:
-        allocation = allocations.get(registration.allocation_id)
-        held = by_container.get(registration.container_id)
-        if not held or allocation is None or allocation.whole or not allocation.memory_units:
+    for allocation_id, held in by_allocation.items():
+        allocation = allocations[allocation_id]
+        if allocation.whole or not allocation.memory_units:
             continue
-        violation = _over_memory(registration, allocation, held, grace_mib)
+        violation = _over_memory(allocation, held, grace_mib)
         if violation:
             violations.append(violation)
     return violations
+
+
+def allocation_used_mib(
+    registrations: list[Registration],
+    allocations: dict[str, Allocation],
+    processes: list[GpuProcess],
+) -> dict[str, int]:
+    """Allocation ID -> the MiB its memory check sums: every process of every container
+    registered on it, on the allocation's own cards (what a status shows as its use)."""
+    used: dict[str, int] = {}
+    index = index_registrations(registrations)
+    for process in processes:
+        _, allocation = _holder(index, allocations, process)
+        if allocation is not None:
+            used[allocation.id] = used.get(allocation.id, 0) + process.used_mib
+    return used
+
+
+def _holder(
+    index: RegistrationIndex, allocations: dict[str, Allocation], process: GpuProcess
+) -> tuple[Registration, Allocation] | tuple[None, None]:
+    """The registered container and live allocation a process counts toward, if any: the
+    allocation must hold the process's card (elsewhere it uses a card nobody gave it)."""
+    registration = registration_of(index, process.cgroups)
+    allocation = allocations.get(registration.allocation_id) if registration else None
+    if registration is None or allocation is None or process.card_uuid not in allocation.cards:
+        return None, None
+    return registration, allocation
 
 
 def _env_problem(process: GpuProcess, allocation: Allocation) -> str | None:
@@ -136,38 +168,48 @@ def registration_of(index: RegistrationIndex, cgroups: dict[str, str]) -> Regist
 
 
 def _over_memory(
-    registration: Registration, allocation: Allocation, held: list[GpuProcess], grace_mib: int
+    allocation: Allocation, held: list[tuple[Registration, GpuProcess]], grace_mib: int
 ) -> Violation | None:
-    used_mib = sum(p.used_mib for p in held)
+    """The allocation's processes, in all its containers together, over quota + grace:
+    the newest across the allocation, just enough to get back within it."""
+    used_mib = sum(process.used_mib for _, process in held)
     allowed_mib = allocation.memory_mib + grace_mib
     if used_mib <= allowed_mib:
         return None
+    newest_first = sorted(held, key=lambda rp: (rp[1].start_ticks, rp[1].pid), reverse=True)
     to_kill, remaining_mib = [], used_mib
-    for process in sorted(held, key=lambda p: (p.start_ticks, p.pid), reverse=True):
+    for _, process in newest_first:
         if remaining_mib <= allowed_mib:
             break
         to_kill.append(process.pid)
         remaining_mib -= process.used_mib
+    # Named for the pod: kubelet's owner, else an identity the hook registered.
+    owner = allocation.owner or next((r.identity for r, _ in newest_first if r.identity), None)
+    containers = sorted({registration.container_id for registration, _ in held})
     return Violation(
         kind=MEMORY,
-        card_uuid=held[0].card_uuid,
+        card_uuid=newest_first[0][1].card_uuid,
         pids=tuple(to_kill),
         detail=(
-            f"{len(held)} GPU process(es) use {used_mib} MiB together, over the quota of "
-            f"{allocation.memory_mib} MiB (+{grace_mib} MiB grace)"
+            f"{len(held)} GPU process(es) of allocation {allocation.id} (pod "
+            f"{pod_of(owner) if owner else 'unknown'}, container(s) {', '.join(containers)}) "
+            f"use {used_mib} MiB together, over the quota of {allocation.memory_mib} MiB "
+            f"(+{grace_mib} MiB grace)"
         ),
         allocation_id=allocation.id,
-        container_id=registration.container_id,
-        owner=allocation.owner or registration.identity,
+        container_id=newest_first[0][0].container_id,  # the first killed is its process
+        owner=owner,
         used_mib=used_mib,
         quota_mib=allocation.memory_mib,
-        key=(MEMORY, registration.container_id),
+        key=(MEMORY, allocation.id),
     )
 
 
 def _unallocated(
-    process: GpuProcess, registration: Registration | None, allocation: Allocation | None
+    process: GpuProcess, index: RegistrationIndex, allocations: dict[str, Allocation]
 ) -> Violation:
+    registration = registration_of(index, process.cgroups)
+    allocation = allocations.get(registration.allocation_id) if registration else None
     if process.cgroup_problem is not None:
         why = f"cannot be tied to any container: {process.cgroup_problem}"
     elif registration is None:

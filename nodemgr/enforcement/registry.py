@@ -6,14 +6,17 @@ creation: it checks the container's GPU env against its live allocation
 container's cgroup in the ledger, so the watchdog can tell whose GPU process
 is whose, also after a daemon restart. ``release`` is the poststop side.
 
-The ledger learns that a pod is gone only at the next reconcile with kubelet;
-until then its allocation would still be live. So, given ``kubelet_record``
+An allocation id is not a bearer token: a GPU container must be tied to the
+allocation by its pod (:mod:`nodemgr.domain.podtie`). One whose runtime gave
+no pod identity (no CRI annotations) is refused. Given ``kubelet_record``
 (kubelet's PodResources List), ``admit`` asks kubelet at the moment of the
-call whether it still gives the allocation's devices to a container, refuses
-the allocation if not (and asks for a reconcile, which releases it), and
-refuses every GPU container while kubelet cannot answer: kubelet creates every
-pod's containers, so while it is down no pod container is being made anyway,
-and an allocation nobody can vouch for grants nothing (fail closed).
+call which containers hold the allocation's devices and admits only a
+container of that pod. The ledger learns that a pod is gone only at the next
+reconcile; kubelet's record knows at once, so a freed allocation is refused
+then too (and a reconcile asked for, which releases it). Every GPU container
+is refused while kubelet cannot answer: kubelet creates every pod's
+containers, so while it is down no pod container is being made anyway, and an
+allocation nobody can vouch for grants nothing (fail closed).
 
 What it must not do: parse the wire protocol (the hook server does) or act
 on running processes (the watchdog does).
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from hooks import gpuenv
 from nodemgr.allocation.allocator import Allocator
@@ -36,13 +39,11 @@ from nodemgr.domain.containercheck import (
     identity_conflict,
 )
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
+from nodemgr.domain.podtie import NO_IDENTITY, KubeletRecord, holders, pod_of, pod_tie_problem
 from nodemgr.enforcement import procfs
 from nodemgr.errors import GpushareError, LedgerError
 
 log = logging.getLogger(__name__)
-
-# kubelet's PodResources record: container -> resource name -> device IDs.
-KubeletRecord = Mapping[ContainerRef, Mapping[str, Sequence[str]]]
 
 
 class ContainerRegistry:
@@ -85,7 +86,7 @@ class ContainerRegistry:
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
         if problem is None and allocation is not None:
-            problem = self._kubelet_problem(allocation)  # outside the lock: a local RPC
+            problem = self._tie_problem(identity, allocation)  # outside the lock: a local RPC
         with self._lock:
             if problem is None and allocation is not None:
                 others = [
@@ -140,10 +141,13 @@ class ContainerRegistry:
         )
         return True, f"{who} registered on allocation {allocation.id}"
 
-    def _kubelet_problem(self, allocation: Allocation) -> str | None:
-        """Why kubelet's record, read now, does not vouch for the allocation; or None."""
+    def _tie_problem(self, identity: ContainerRef | None, allocation: Allocation) -> str | None:
+        """Why the container is not tied to the allocation by its pod
+        (:mod:`nodemgr.domain.podtie`), kubelet's record read now; or None."""
+        if identity is None:
+            return NO_IDENTITY
         if self._kubelet_record is None:
-            return None
+            return None  # no kubelet to ask (tests): identity_conflict alone binds it
         try:
             record = self._kubelet_record()
         except GpushareError as e:
@@ -151,18 +155,16 @@ class ContainerRegistry:
                 f"cannot ask kubelet whether allocation {allocation.id} is still held ({e}); "
                 "GPU containers start again once kubelet answers"
             )
-        names = self._allocator.resource_names
-        held = {(names.get(kind), device_id) for kind, device_id in allocation.device_pairs()}
-        for resources in record.values():
-            for resource_name, device_ids in resources.items():
-                if any((resource_name, device_id) in held for device_id in device_ids):
-                    return None
-        self._allocator.reconcile_requested.set()  # the run loop releases it now
-        return (
-            f"kubelet no longer reports allocation {allocation.id} "
-            f"({', '.join(allocation.cards)}) for any container: its pod is gone "
-            "(or was refused), so the allocation grants nothing"
-        )
+        holding = holders(allocation, record, self._allocator.resource_names)
+        if not holding or len({pod_of(ref) for ref in holding}) > 1:
+            self._allocator.reconcile_requested.set()  # the run loop releases or splits it now
+        if not holding:
+            return (
+                f"kubelet no longer reports allocation {allocation.id} "
+                f"({', '.join(allocation.cards)}) for any container: its pod is gone "
+                "(or was refused), so the allocation grants nothing"
+            )
+        return pod_tie_problem(identity, allocation, holding)
 
     def release(self, container_id: str, why: str = "stopped") -> bool:
         """Forget a container; False if it was not registered."""

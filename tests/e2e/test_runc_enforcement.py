@@ -8,7 +8,10 @@ processes over their container's summed memory quota or without their quota
 env, newest first, within 2 s; a GPU process on a shared card outside any
 container is stopped too. A container made with an allocation's env after its pod is gone
 is refused before any reconcile (the hook asks kubelet), and a container put in a host
-cgroup is refused (only container cgroups are registered)."""
+cgroup is refused (only container cgroups are registered). An allocation is its pod's: a
+container without the CRI pod identity annotations, or of another pod, is refused it, and
+its memory quota is summed over every container of the pod using it (issue 14, item 4).
+GPU containers here carry the annotations a CRI runtime writes (runc_env.cri_annotations)."""
 
 from __future__ import annotations
 
@@ -52,7 +55,7 @@ def wait_gone(pid: int, seconds: float) -> float | None:
 
 
 def test_gpus_without_allocation_are_refused(cluster):
-    done = cluster.start_container("escape", {"NVIDIA_VISIBLE_DEVICES": "all"})
+    done = cluster.start_in_pod("escape", "escape", {"NVIDIA_VISIBLE_DEVICES": "all"})
     assert done.returncode != 0
     assert "without a gpushare allocation" in done.stdout
     assert "NVIDIA_VISIBLE_DEVICES=all" in done.stdout
@@ -61,7 +64,7 @@ def test_gpus_without_allocation_are_refused(cluster):
 
 
 def test_legacy_cuda_image_without_visible_devices_is_refused(cluster):
-    done = cluster.start_container("legacy", {"CUDA_VERSION": "12.4.1"})
+    done = cluster.start_in_pod("legacy", "legacy", {"CUDA_VERSION": "12.4.1"})
     assert done.returncode != 0
     assert "without a gpushare allocation" in done.stdout
 
@@ -83,7 +86,7 @@ def test_overridden_quota_env_is_refused(cluster, override, message):
             env.pop(name)
         else:
             env[name] = value
-    done = cluster.start_container("tamper", env, mounts)
+    done = cluster.start_in_pod("tamper", "tamper", env, mounts)
     assert done.returncode != 0
     assert message in done.stdout
     assert "tamper" not in cluster.registered()
@@ -91,15 +94,15 @@ def test_overridden_quota_env_is_refused(cluster, override, message):
 
 def test_valid_container_starts_is_registered_and_poststop_unregisters(cluster):
     env, mounts = cluster.admit("good")
-    done = cluster.start_container("good", env, mounts)
+    done = cluster.start_in_pod("good", "good", env, mounts)
     assert done.returncode == 0, done.stdout
     assert cluster.runtime.state("good")["status"] == "running"
     [allocation] = cluster.node.allocations()
     assert allocation["containers"] == ["good"]
-    assert "registered container good on allocation" in cluster.node.log()
+    assert "registered container good (default/good/main) on allocation" in cluster.node.log()
     # A lowered quota is allowed: an MPS client value can only constrain further.
     env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = "0=1024M"
-    assert cluster.start_container("stricter", env, mounts).returncode == 0
+    assert cluster.start_in_pod("stricter", "good", env, mounts).returncode == 0
     assert cluster.registered() == {"good", "stricter"}
     assert cluster.runtime.delete("good").returncode == 0  # runs the poststop hook
     assert cluster.registered() == {"stricter"}
@@ -114,7 +117,7 @@ def test_valid_container_starts_is_registered_and_poststop_unregisters(cluster):
 
 def test_process_over_quota_is_killed_within_two_seconds(cluster):
     env, mounts = cluster.admit("hungry")
-    assert cluster.start_container("hungry", env, mounts).returncode == 0
+    assert cluster.start_in_pod("hungry", "hungry", env, mounts).returncode == 0
     pid = cluster.runtime.pid("hungry")
     cluster.set_usage([(pid, GPU0, 4096)])  # at quota: fine
     assert wait_gone(pid, 2.5) is None
@@ -128,7 +131,7 @@ def test_process_over_quota_is_killed_within_two_seconds(cluster):
 
 def test_processes_are_summed_and_the_newest_is_killed_first(cluster):
     env, mounts = cluster.admit("pair")
-    assert cluster.start_container("pair", env, mounts).returncode == 0
+    assert cluster.start_in_pod("pair", "pair", env, mounts).returncode == 0
     older = cluster.runtime.pid("pair")
     time.sleep(0.05)  # distinct start times (clock ticks are 10 ms)
     newer = cluster.runtime.exec("pair", "sleep", "1000")
@@ -149,7 +152,7 @@ def test_processes_are_summed_and_the_newest_is_killed_first(cluster):
 )
 def test_gpu_process_that_drops_its_quota_env_is_killed(cluster, env_change):
     env, mounts = cluster.admit("sneaky")
-    assert cluster.start_container("sneaky", env, mounts).returncode == 0
+    assert cluster.start_in_pod("sneaky", "sneaky", env, mounts).returncode == 0
     init = cluster.runtime.pid("sneaky")
     escaped = cluster.runtime.exec("sneaky", "env", *env_change, "sleep", "1000")
     cluster.set_usage([(init, GPU0, 100), (escaped, GPU0, 100)])
@@ -172,7 +175,7 @@ def test_gpu_process_outside_any_container_on_a_shared_card_is_killed(cluster):
 def test_action_log_reports_once_and_kills_nothing(logging_cluster):
     cluster = logging_cluster
     env, mounts = cluster.admit("hungry")
-    assert cluster.start_container("hungry", env, mounts).returncode == 0
+    assert cluster.start_in_pod("hungry", "hungry", env, mounts).returncode == 0
     pid = cluster.runtime.pid("hungry")
     cluster.set_usage([(pid, GPU0, 6000)])
     cluster.node.wait_for(lambda: "violation (memory)" in cluster.node.log(), timeout=5)
@@ -187,7 +190,7 @@ def test_action_log_reports_once_and_kills_nothing(logging_cluster):
 def test_daemon_down_refuses_gpu_containers_only(cluster):
     env, mounts = cluster.admit("late")
     cluster.node.stop()
-    done = cluster.start_container("late", env, mounts)
+    done = cluster.start_in_pod("late", "late", env, mounts)
     assert done.returncode != 0
     assert "did not answer" in done.stdout and "systemctl status gpushare-node" in done.stdout
     assert cluster.start_container("plain", {"HOME": "/"}).returncode == 0
@@ -196,7 +199,7 @@ def test_daemon_down_refuses_gpu_containers_only(cluster):
 
 def test_registrations_survive_a_daemon_restart(cluster):
     env, mounts = cluster.admit("steady")
-    assert cluster.start_container("steady", env, mounts).returncode == 0
+    assert cluster.start_in_pod("steady", "steady", env, mounts).returncode == 0
     pid = cluster.runtime.pid("steady")
     cluster.node.stop()
     cluster.node.start()
@@ -225,10 +228,10 @@ def test_a_container_made_after_its_pod_is_gone_is_refused(cluster):
             resource, lambda ds: bool(ds) and all(d.healthy for d in ds), timeout=30
         )
     env, mounts = cluster.admit("leaving")
-    first = cluster.start_container("first", env, mounts)
+    first = cluster.start_in_pod("first", "leaving", env, mounts)
     assert first.returncode == 0, first.stdout  # kubelet reports the pod: allowed
     cluster.kubelet.remove_pod("default", "leaving")
-    done = cluster.start_container("late", env, mounts)
+    done = cluster.start_in_pod("late", "leaving", env, mounts)
     assert done.returncode != 0
     assert f"kubelet no longer reports allocation {env['GPUSHARE_ALLOCATION_ID']}" in done.stdout
     assert "late" not in cluster.registered()
@@ -248,7 +251,9 @@ def test_a_container_in_a_host_cgroup_is_refused(cluster):
     ]
     existed = {h for h in hierarchies if os.path.isdir(h + "/system.slice")}
     env, mounts = cluster.admit("hostcg")
-    bundle = cluster.runtime.bundle("hostcg", env, mounts)
+    bundle = cluster.runtime.bundle(
+        "hostcg", env, mounts, annotations=runc_env.cri_annotations("default", "hostcg", "main")
+    )
     config_path = os.path.join(bundle, "config.json")
     with open(config_path) as f:
         config = json.load(f)
@@ -270,3 +275,74 @@ def test_a_container_in_a_host_cgroup_is_refused(cluster):
                     os.rmdir(path)
                 except OSError:
                     pass
+
+
+# --- an allocation is its pod's, and its quota is the sum over it (issue 14, item 4) --------
+
+
+def test_containers_of_no_pod_are_refused_an_allocation(cluster):
+    """The filed recipe: three containers made straight with runc (no CRI, so no pod
+    identity annotations) carrying one allocation's env. An allocation id is not a bearer
+    token: a container that cannot be tied to the pod kubelet gave it to gets no GPU."""
+    env, mounts = cluster.admit("quota")
+    for name in ("anon-1", "anon-2", "anon-3"):
+        done = cluster.start_container(name, env, mounts)
+        assert done.returncode != 0, done.stdout
+        assert f"refused container {name}" in done.stdout
+        assert "the runtime gave no pod identity" in done.stdout
+        state = cluster.runtime.state(name)
+        assert state is None or state["status"] == "stopped"
+    assert cluster.registered() == set()
+
+
+def test_memory_is_summed_over_every_container_of_the_allocation(cluster):
+    """The filed recipe with the pod's annotations: three containers of pod default/quota
+    (any of its containers may use its allocation: kubelet hands an init container's
+    devices on to the app containers) at 4000 MiB each on the 4096 MiB allocation. Each
+    is under the quota, together they are 12000 MiB: the newest processes across the
+    whole allocation are killed until it is within quota + grace (128 MiB), and the
+    status shows the allocation's sum as the watchdog judged it."""
+    env, mounts = cluster.admit("quota")
+    pids = []
+    for name in ("main", "helper", "sidecar"):
+        done = cluster.start_in_pod(name, "quota", env, mounts, container=name)
+        assert done.returncode == 0, done.stdout
+        pids.append(cluster.runtime.pid(name))
+        time.sleep(0.05)  # distinct start times (clock ticks are 10 ms)
+    assert cluster.registered() == {"main", "helper", "sidecar"}
+    oldest, middle, newest = pids
+    cluster.set_usage([(pid, GPU0, 4000) for pid in pids])
+    assert wait_gone(newest, KILL_DEADLINE_SECONDS) is not None
+    assert wait_gone(middle, KILL_DEADLINE_SECONDS) is not None
+    assert wait_gone(oldest, 2) is None  # 4000 MiB left, within 4096 + 128: spared
+    log = cluster.node.log()
+    allocation_id = env["GPUSHARE_ALLOCATION_ID"]
+    assert "use 12000 MiB together, over the quota of 4096 MiB" in log
+    assert f"allocation {allocation_id}" in log and "pod default/quota" in log
+    cluster.set_usage([(oldest, GPU0, 4000)])
+    [allocation] = cluster.node.wait_for(
+        lambda: [
+            a
+            for a in json.loads(cluster.node.nodemgr("status", "--json").stdout)["allocations"]
+            if a["memory_used_mib"] == 4000
+        ],
+        what="the status to show the allocation's 4000 MiB",
+    )
+    assert allocation["id"] == allocation_id and allocation["memory_mib"] == 4096
+
+
+def test_a_container_of_another_pod_is_refused_the_allocation(cluster):
+    """Pod default/other copies pod default/quota's env (its allocation id): kubelet's
+    record gives that allocation's devices to default/quota, so other's container is
+    refused, naming both pods; each pod's own container starts."""
+    env, mounts = cluster.admit("quota")
+    other_env, other_mounts = cluster.admit("other", memory_gib=2, core_percent=10)
+    thief = cluster.start_in_pod("thief", "other", env, mounts)
+    assert thief.returncode != 0, thief.stdout
+    allocation_id = env["GPUSHARE_ALLOCATION_ID"]
+    assert f"allocation {allocation_id}" in thief.stdout
+    assert "pod default/quota, not to pod default/other" in thief.stdout
+    assert "thief" not in cluster.registered()
+    assert cluster.start_in_pod("owner", "quota", env, mounts).returncode == 0
+    assert cluster.start_in_pod("own", "other", other_env, other_mounts).returncode == 0
+    assert cluster.registered() == {"owner", "own"}

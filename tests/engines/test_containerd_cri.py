@@ -75,7 +75,7 @@ def test_allocated_container_starts_through_cri_and_is_registered(node, containe
     )
     assert error is not None
     assert "gpushare-hook: gpushare-node refused container" in error.details()
-    assert "belongs to default/cuda/main, not default/thief/main" in error.details()
+    assert "to pod default/cuda, not to pod default/thief" in error.details()
     assert containerd.container_status(thief_id)[0].state != cri.ContainerState.CONTAINER_RUNNING
     assert node.registered() == {container_id}
 

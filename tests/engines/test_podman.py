@@ -4,8 +4,9 @@ kubelet. Pins: a container asking for no GPU runs; one asking for GPUs without a
 allocation is refused with the hook's message; a pod admitted through the device
 plugin (its Allocate env and mounts, and the pod identity CRI-O would annotate)
 starts and is registered under that identity, another pod reusing its env is
-refused, and ``podman rm`` (podman's cleanup runs the poststop hook) unregisters
-it; the watchdog kills the process of an over-quota podman container."""
+refused (kubelet gives the allocation to the first pod), and ``podman rm`` (podman's cleanup
+runs the poststop hook) unregisters it; that env run by hand without pod annotations is
+refused; the watchdog kills the process of an over-quota podman container."""
 
 from __future__ import annotations
 
@@ -63,10 +64,10 @@ def test_admitted_pod_starts_is_registered_and_poststop_unregisters(node, podman
     assert allocation["containers"] == [ran.id]  # podman's container ID, from the OCI state
     assert f"registered container {ran.id} (default/good/main) on allocation" in node.node.log()
 
-    # Another pod's container with the same env: the allocation is bound to default/good.
+    # Another pod's container with the same env: kubelet gives the allocation to default/good.
     thief = podman.run("thief", env, mounts, crio_annotations("default", "thief", "main"))
     assert thief.returncode != 0
-    assert "belongs to default/good/main, not default/thief/main" in thief.stderr
+    assert "to pod default/good, not to pod default/thief" in thief.stderr
     assert node.registered() == {ran.id}
 
     assert podman.remove("good").returncode == 0
@@ -76,6 +77,20 @@ def test_admitted_pod_starts_is_registered_and_poststop_unregisters(node, podman
         f"unregistered container {ran.id} (stopped)" in log
         or f"unregistered container {ran.id} (its init process is gone; no poststop came)" in log
     )
+
+
+def test_an_allocations_env_without_a_pod_identity_is_refused(node, podman):
+    """``podman run`` by hand with a pod's Allocate env and mounts but no CRI-O pod
+    annotations (issue 14, item 4): podman writes no pod identity, so the container
+    cannot be tied to the pod its allocation was given to; refused, never registered."""
+    env, mounts = node.admit("owner")
+    ran = podman.run("byhand", env, mounts)
+    assert ran.returncode != 0
+    assert "gpushare-hook: gpushare-node refused container" in ran.stderr
+    assert "the runtime gave no pod identity" in ran.stderr
+    state = podman.inspect("byhand")
+    assert state is None or not state["State"]["Running"]
+    assert node.registered() == set()
 
 
 def test_watchdog_kills_an_over_quota_podman_container(node, podman):

@@ -188,6 +188,19 @@ class Runtime:
                 self.delete(container_id)
 
 
+# The pod identity containerd's CRI plugin writes into a container's OCI annotations
+# (CRI-O writes io.kubernetes.pod.namespace, .pod.name and .container.name); the runtime
+# hook reads either. A container without them cannot be tied to a pod, so it gets no GPU.
+CRI_NAMESPACE = "io.kubernetes.cri.sandbox-namespace"
+CRI_POD = "io.kubernetes.cri.sandbox-name"
+CRI_CONTAINER = "io.kubernetes.cri.container-name"
+
+
+def cri_annotations(namespace: str, pod: str, container: str) -> dict[str, str]:
+    """The annotations a CRI runtime gives container ``container`` of pod namespace/pod."""
+    return {CRI_NAMESPACE: namespace, CRI_POD: pod, CRI_CONTAINER: container}
+
+
 def running(pid: int) -> bool:
     """True while the process runs (a zombie, exited but not reaped, counts as gone)."""
     try:
@@ -245,6 +258,22 @@ class EnforcementNode:
     ) -> subprocess.CompletedProcess:
         """``runc run -d`` of a new bundle; ``bundle_options`` as for ``Runtime.bundle``."""
         return self.runtime.run(name, self.runtime.bundle(name, env, mounts, **bundle_options))
+
+    def start_in_pod(
+        self,
+        name: str,
+        pod: str,
+        env,
+        mounts=(),
+        container: str = "main",
+        namespace: str = "default",
+        **bundle_options,
+    ) -> subprocess.CompletedProcess:
+        """``start_container`` as a CRI runtime makes container ``container`` of pod
+        namespace/pod: with that pod's identity annotations."""
+        annotations = cri_annotations(namespace, pod, container)
+        annotations.update(bundle_options.pop("annotations", None) or {})
+        return self.start_container(name, env, mounts, annotations=annotations, **bundle_options)
 
     def registered(self) -> set[str]:
         return {c for a in self.node.allocations() for c in a["containers"]}

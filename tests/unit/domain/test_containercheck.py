@@ -3,8 +3,8 @@ never "/", and only a cgroup a runtime made for that container ID: runc's defaul
 cgroupfs and systemd drivers, docker, podman; never a host service, slice, pod or another
 container's cgroup), and that a container's GPU env must name a live allocation and exactly
 its cards, may lower but never raise or remove its quota env, may name only device 0, and must
-use the MPS pipe directory when MPS is on; whole cards carry no quota; an allocation's pod identity
-is not shared with another pod."""
+use the MPS pipe directory when MPS is on; whole cards carry no quota; an allocation's pod
+(namespace and name: any of its containers) is not shared with another pod."""
 
 import pytest
 
@@ -383,23 +383,38 @@ def test_quota_env_problem_of_an_allocation_without_quota_is_none():
 
 
 def test_no_identity_is_never_a_conflict():
+    """No identity is the caller's to refuse (podtie.NO_IDENTITY); nothing to compare here."""
     assert identity_conflict(None, shared(owner=POD_A), [POD_B]) is None
 
 
 def test_owner_reported_by_kubelet_wins():
+    """kubelet's owner binds the allocation to its pod, even over a registered other pod."""
     allocation = shared(owner=POD_A)
     assert identity_conflict(POD_A, allocation, []) is None
     assert identity_conflict(POD_B, allocation, []) == (
-        "allocation ga-1 belongs to default/a/main, not default/b/main"
+        "allocation ga-1 belongs to pod default/a, not to pod default/b"
     )
     # Even when another identity registered first.
     assert identity_conflict(POD_A, allocation, [POD_B]) is None
 
 
 def test_without_owner_the_first_registered_container_binds_the_allocation():
+    """Without an owner, the pod of a container already registered on it binds it."""
     allocation = shared()
     assert identity_conflict(POD_B, allocation, []) is None
     assert identity_conflict(POD_A, allocation, [POD_A]) is None
-    assert "belongs to default/a/main, not default/b/main" in identity_conflict(
+    assert "belongs to pod default/a, not to pod default/b" in identity_conflict(
         POD_B, allocation, [POD_A]
     )
+
+
+@pytest.mark.parametrize("owner", [POD_A, None])
+def test_any_container_of_the_owning_pod_may_use_the_allocation(owner):
+    """Compared per pod (issue 14, item 4): an init container or sidecar of pod default/a
+    uses the pod's allocation under its own container name; the same container name in
+    another namespace is another pod."""
+    allocation = shared(owner=owner)
+    sidecar = ContainerRef("default", "a", "sidecar")
+    assert identity_conflict(sidecar, allocation, [POD_A]) is None
+    elsewhere = ContainerRef("other", "a", "main")
+    assert "not to pod other/a" in identity_conflict(elsewhere, allocation, [POD_A])

@@ -1,6 +1,8 @@
-"""Pins nodemgr.domain.violations.find_violations: a container's GPU memory is the sum over all its
-processes (nested cgroups included) and only what exceeds quota + grace is a violation, whose
-pids are the newest processes, just enough to get back within quota + grace; a process without
+"""Pins nodemgr.domain.violations.find_violations: an allocation's GPU memory is the sum over all
+the processes of every container registered on it (nested cgroups included; issue 14, item 4)
+and only what exceeds quota + grace is a violation, whose pids are the newest processes across
+the allocation, just enough to get back within quota + grace, naming the allocation and its pod;
+allocation_used_mib sums exactly that for the status; a process without
 or above its quota env is an ENV violation; GPU processes on shared cards outside a live
 allocation holding that card are UNALLOCATED; whole cards and whole allocations are not policed;
 violation keys stay the same across scans; a quota value not in its exact ASCII form is an ENV
@@ -10,7 +12,14 @@ import pytest
 
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
-from nodemgr.domain.violations import ENV, MEMORY, UNALLOCATED, GpuProcess, find_violations
+from nodemgr.domain.violations import (
+    ENV,
+    MEMORY,
+    UNALLOCATED,
+    GpuProcess,
+    allocation_used_mib,
+    find_violations,
+)
 from tests.harness.cards import GPU0, GPU1
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
@@ -112,11 +121,69 @@ def test_registration_on_a_v1_hierarchy_matches_that_hierarchy_only():
     assert violation.kind == MEMORY
 
 
-def test_memory_is_per_container():
+def test_memory_is_per_allocation():
+    """Two allocations' processes never add up, each within its own quota."""
     regs = [registration("c1", "ga-1", "/pod-a/c1"), registration("c2", "ga-2", "/pod-b/c2")]
     allocations = [shared("ga-1"), shared("ga-2")]
     processes = [proc(101, 3000), proc(102, 3000, path="/pod-b/c2")]
     assert find(regs, allocations, processes) == []
+
+
+def test_memory_is_summed_over_every_container_of_the_allocation():
+    """Issue 14, item 4: three containers on one 4096 MiB allocation at 4000 MiB each are
+    one allocation at 12000 MiB, not three within quota. The newest processes across the
+    whole allocation are named until it is within quota + grace; the violation names the
+    allocation, its pod and its containers, and is keyed by the allocation."""
+    sidecar = ContainerRef("default", "a", "sidecar")
+    regs = [
+        registration("c1", "ga-1", "/pod-a/c1"),
+        registration("c2", "ga-1", "/pod-a/c2", identity=sidecar),
+        registration("c3", "ga-1", "/pod-a/c3"),
+    ]
+    processes = [
+        proc(101, 4000, 100, path="/pod-a/c1"),
+        proc(102, 4000, 300, path="/pod-a/c2"),
+        proc(103, 4000, 200, path="/pod-a/c3"),
+    ]
+    [violation] = find(regs, [shared()], processes)
+    assert violation.kind == MEMORY and violation.key == (MEMORY, "ga-1")
+    assert (violation.used_mib, violation.quota_mib) == (12000, 4096)
+    assert violation.pids == (102, 103)  # 4000 MiB left, within 4096 + 128
+    assert violation.allocation_id == "ga-1"
+    assert violation.container_id == "c2"  # its process goes first
+    assert violation.owner == sidecar  # no owner from kubelet yet: an identity registered
+    assert "allocation ga-1 (pod default/a, container(s) c1, c2, c3)" in violation.detail
+    assert "use 12000 MiB together, over the quota of 4096 MiB (+128 MiB grace)" in violation.detail
+
+
+def test_the_memory_violation_names_kubelets_owner():
+    """kubelet's owner of the allocation names the pod, whatever identities registered."""
+    owner = ContainerRef("team", "train", "main")
+    [violation] = find([registration()], [shared(owner=owner)], [proc(101, 5000)])
+    assert violation.owner == owner and "(pod team/train, container(s) c1)" in violation.detail
+
+
+def test_allocation_use_is_what_its_memory_check_sums():
+    """The status's per-allocation use: every container of the allocation on its card, so
+    it shows what the watchdog judged (not a process on another card, nor one whose
+    allocation was released)."""
+    regs = [
+        registration("c1", "ga-1", "/pod-a/c1"),
+        registration("c2", "ga-1", "/pod-a/c2"),
+        registration("c3", "ga-gone", "/pod-c/c3"),
+    ]
+    processes = [
+        proc(101, 1000, path="/pod-a/c1"),
+        proc(102, 2000, path="/pod-a/c2"),
+        proc(103, 700, card=GPU1, path="/pod-a/c2"),
+        proc(104, 500, path="/pod-c/c3"),
+        proc(105, 300, path="/elsewhere"),
+    ]
+    allocations = {"ga-1": shared()}
+    assert allocation_used_mib(regs, allocations, processes) == {"ga-1": 3000}
+    over = [*processes, proc(106, 2000, path="/pod-a/c1")]
+    [memory] = [v for v in find(regs, [shared()], over, (GPU0, GPU1)) if v.kind == MEMORY]
+    assert memory.used_mib == allocation_used_mib(regs, allocations, over)["ga-1"] == 5000
 
 
 def test_share_only_allocation_has_no_memory_check():
@@ -217,7 +284,7 @@ def test_keys_are_stable_across_calls():
     first, second = scan(3000), scan(3500)
     assert {v.kind: v.key for v in first} == {v.kind: v.key for v in second}
     keys = {v.kind: v.key for v in first}
-    assert keys[MEMORY] == (MEMORY, "c1")
+    assert keys[MEMORY] == (MEMORY, "ga-1")
     assert keys[ENV] == (ENV, 103, 300)
     assert keys[UNALLOCATED] == (UNALLOCATED, 104, 400)
     # A reused PID (another start time) is another violation.

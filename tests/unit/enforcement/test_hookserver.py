@@ -1,11 +1,11 @@
 """Pins the daemon's end of the hook socket with a real ContainerRegistry, Allocator and Ledger:
 a malformed request is refused with a message naming what is wrong and registers nothing; a
 container whose env matches a live allocation is registered durably (a new Ledger loads it) and
-poststop forgets it; a mismatching env, a vanished init process or a second pod identity on one
-allocation is refused; the socket is root-only (0600). Trickling clients hold the socket
-neither forever (a total deadline per connection) nor in numbers (a connection cap: the
-excess is closed at once, counted and logged once), and a real call still answers; a host
-cgroup is refused."""
+poststop forgets it; a mismatching env, a vanished init process, a second pod on one allocation
+or a GPU container without a whole pod identity is refused (any container of the pod may use
+it); the socket is root-only (0600). Trickling clients hold the socket neither forever (a total
+deadline per connection) nor in numbers (a connection cap: the excess is closed at once,
+counted and logged once), and a real call still answers; a host cgroup is refused."""
 
 import os
 import shutil
@@ -188,7 +188,7 @@ def test_matching_container_is_registered_durably(node, child):
 
 def test_poststop_forgets_the_container(node, child):
     allocation = node.allocate()
-    assert node.call(create("c1", child.pid, env_of(allocation)))["allowed"]
+    assert node.call(create("c1", child.pid, env_of(allocation), POD_A))["allowed"]
     answer = node.call({"stage": "poststop", "container_id": "c1"})
     assert answer["allowed"] is True
     assert node.registered() == {}
@@ -229,13 +229,14 @@ def test_other_pipe_directory_is_refused(node, child):
 def test_index_form_of_the_card_is_accepted(node, child):
     allocation = node.allocate()
     assert allocation.cards == (GPU0,)
-    answer = node.call(create("c1", child.pid, env_of(allocation, NVIDIA_VISIBLE_DEVICES="0")))
+    env = env_of(allocation, NVIDIA_VISIBLE_DEVICES="0")
+    answer = node.call(create("c1", child.pid, env, POD_A))
     assert answer["allowed"] is True
 
 
 def test_container_without_a_cgroup_of_its_own_is_refused(node, child):
     allocation = node.allocate()
-    answer = node.call(create("c1", child.pid, env_of(allocation), cgroup="0::/\n"))
+    answer = node.call(create("c1", child.pid, env_of(allocation), POD_A, cgroup="0::/\n"))
     assert_refused(answer, "no cgroup of its own")
     assert node.registered() == {}
 
@@ -244,7 +245,7 @@ def test_vanished_init_process_is_refused(node):
     allocation = node.allocate()
     with open("/proc/sys/kernel/pid_max") as f:
         gone = int(f.read()) + 1
-    answer = node.call(create("c1", gone, env_of(allocation)))
+    answer = node.call(create("c1", gone, env_of(allocation), POD_A))
     assert_refused(answer, f"its init process {gone} is gone")
     assert node.registered() == {}
 
@@ -253,20 +254,27 @@ def test_second_identity_on_one_allocation_is_refused(node, child):
     allocation = node.allocate()
     assert node.call(create("c1", child.pid, env_of(allocation), POD_A))["allowed"]
     answer = node.call(create("c2", child.pid, env_of(allocation), POD_B))
-    assert_refused(answer, f"allocation {allocation.id} belongs to default/a/main")
-    assert "not default/b/main" in answer["message"]
+    assert_refused(answer, f"allocation {allocation.id} belongs to pod default/a")
+    assert "not to pod default/b" in answer["message"]
     assert set(node.registered()) == {"c1"}
-    # The same identity (a restarted container) may use it.
+    # The same identity (a restarted container) may use it, so may another of its containers.
     assert node.call(create("c3", child.pid, env_of(allocation), POD_A))["allowed"]
-    assert set(node.registered()) == {"c1", "c3"}
+    sidecar = {**POD_A, "container": "sidecar"}
+    assert node.call(create("c4", child.pid, env_of(allocation), sidecar))["allowed"]
+    assert set(node.registered()) == {"c1", "c3", "c4"}
 
 
-def test_partial_identity_counts_as_none(node, child):
+@pytest.mark.parametrize(
+    "identity",
+    [None, {"namespace": "default", "pod": "a"}, {"namespace": "default", "container": "main"}],
+)
+def test_a_gpu_container_without_a_whole_pod_identity_is_refused(node, child, identity):
+    """No pod identity from the runtime, or only part of it (issue 14, item 4): the
+    container cannot be tied to the pod its allocation was given to, so it gets no GPU."""
     allocation = node.allocate()
-    assert node.call(create("c1", child.pid, env_of(allocation), POD_A))["allowed"]
-    partial = {"namespace": "default", "pod": "b"}
-    assert node.call(create("c2", child.pid, env_of(allocation), partial))["allowed"]
-    assert node.registered()["c2"].identity is None
+    answer = node.call(create("c1", child.pid, env_of(allocation), identity))
+    assert_refused(answer, "the runtime gave no pod identity")
+    assert node.registered() == {}
 
 
 # --- the socket ------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ ledger that cannot record refuses the container; ``release`` and ``prune`` forge
 containers (pruning those whose init process is gone or whose PID was reused). Only a
 container cgroup is registered (a host cgroup such as the runtime's own service is refused).
 With kubelet's record to ask, an allocation kubelet no longer reports (its pod is gone) is
-refused at once, and so is every GPU container while kubelet cannot be asked (fail closed)."""
+refused at once, and so is every GPU container while kubelet cannot be asked (fail closed).
+An allocation is its pod's: a GPU container without a pod identity is refused, one of another
+pod than the one kubelet's record shows holding it is refused, any container of that pod
+(init containers and sidecars too) is admitted, and one two pods hold parts of is refused."""
 
 import dataclasses
 import subprocess
@@ -356,3 +359,70 @@ def test_containers_asking_for_no_gpu_do_not_ask_kubelet(asking, kubelet, child)
         "c1", child.pid, {"NVIDIA_VISIBLE_DEVICES": "void"}, POD_A, CGROUP
     )
     assert allowed is True and kubelet.calls == 0
+
+
+# --- an allocation is its pod's (issue 14, item 4) -----------------------------------------
+
+
+def test_a_gpu_container_without_a_pod_identity_is_refused(node, child):
+    """No CRI annotations (a container made straight with runc): it cannot be tied to the
+    pod the allocation was given to, so its allocation id grants nothing, also without a
+    kubelet to ask."""
+    allocation = node.allocate()
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), None, CGROUP)
+    assert allowed is False
+    assert message.startswith("gpushare-node refused container c1: ")
+    assert "the runtime gave no pod identity" in message
+    assert node.registry.registrations() == [] and node.stored() == {}
+
+
+def test_without_a_pod_identity_kubelet_is_not_even_asked(asking, kubelet, child):
+    """Refused before the RPC: there is no pod to look up."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), None, CGROUP)
+    assert allowed is False and "the runtime gave no pod identity" in message
+    assert kubelet.calls == 0
+
+
+def test_a_container_of_another_pod_is_refused_before_any_owner_is_known(asking, kubelet, child):
+    """kubelet gives the allocation to default/a; no reconcile has filled in its owner and no
+    container of default/a registered yet: a container of default/b carrying its env is
+    still refused, from kubelet's record, naming both pods; no reconcile is asked for."""
+    allocation = asking.allocate()
+    assert allocation.owner is None
+    kubelet.report(asking, allocation, POD_A)
+    asking.allocator.reconcile_requested.clear()
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_B, CGROUP)
+    assert allowed is False
+    assert f"kubelet gives allocation {allocation.id}" in message
+    assert "to pod default/a, not to pod default/b" in message
+    assert asking.registry.registrations() == []
+    assert not asking.allocator.reconcile_requested.is_set()
+
+
+@pytest.mark.parametrize("container", ["init-weights", "sidecar"])
+def test_every_container_of_the_holding_pod_is_admitted(asking, kubelet, child, container):
+    """kubelet lists default/a's app container; an init container (never listed: kubelet
+    hands its devices on) or a sidecar of default/a uses the same allocation, next to it."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    assert asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0]
+    other = ContainerRef("default", "a", container)
+    cgroup = "0::/kubepods/pod-a/c2\n"
+    allowed, message = asking.registry.admit("c2", child.pid, env_of(allocation), other, cgroup)
+    assert allowed is True, message
+    assert {r.identity for r in asking.registry.registrations()} == {POD_A, other}
+
+
+def test_an_allocation_two_pods_hold_parts_of_is_refused_and_reconciled(asking, kubelet, child):
+    """kubelet reports the allocation's memory for default/a and its share for default/b:
+    nobody is tied to it until the reconcile (asked for now) splits it."""
+    allocation = asking.allocate()
+    names = asking.allocator.resource_names
+    kubelet.record[POD_A] = {names[MEM]: list(allocation.devices[MEM])}
+    kubelet.record[POD_B] = {names[CORE]: list(allocation.devices[CORE])}
+    asking.allocator.reconcile_requested.clear()
+    allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False and "several pods (default/a, default/b)" in message
+    assert asking.allocator.reconcile_requested.is_set()

@@ -1,0 +1,83 @@
+"""Is a container tied to the allocation whose env it carries? (pure)
+
+An allocation id in a container's env is not a bearer token: anyone who reads
+it (a log, ``kubectl describe``, another pod's spec) could otherwise put it in
+a container of their own and share the quota, or, made straight with runc,
+escape it. A GPU container is tied to an allocation by the pod it belongs to:
+
+- its pod identity comes from the OCI annotations the CRI runtime writes
+  (``io.kubernetes.cri.sandbox-namespace``/``sandbox-name``/``container-name``
+  for containerd, ``io.kubernetes.pod.namespace``/``pod.name``/``container.name``
+  for CRI-O), never from the container's own env. A container without them was
+  not made by kubelet through a CRI runtime: refused;
+- kubelet's PodResources record, read at that moment, must show a container
+  of that same pod (namespace and name) holding the allocation's device IDs,
+  and no other pod holding any of them.
+
+The tie is per pod, not per container name, on purpose: kubelet hands a
+(regular) init container's devices on to the pod's app containers
+(devicesToReuse) and lists no regular init container in PodResources List, so
+an init container asking for its GPU would never find its own name there;
+sidecars (restartable init containers) are listed under their own name. Any
+container of the pod may therefore use the pod's allocation, and the memory
+quota is policed over all of them together (:mod:`nodemgr.domain.violations`).
+A pod's containers trust one another anyway: one pod spec, one author.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.domain.model import Allocation, ContainerRef
+
+# kubelet's PodResources record: container -> resource name -> device IDs.
+KubeletRecord = Mapping[ContainerRef, Mapping[str, Sequence[str]]]
+
+NO_IDENTITY = (
+    "the runtime gave no pod identity (the CRI annotations io.kubernetes.cri.sandbox-namespace, "
+    "sandbox-name and container-name, or CRI-O's io.kubernetes.pod.namespace, pod.name and "
+    "container.name): a GPU allocation is given only to containers of the pod kubelet "
+    "allocated it to; start GPU containers through kubelet and a CRI runtime"
+)
+
+
+def pod_of(ref: ContainerRef) -> str:
+    """namespace/pod: what an allocation is tied to."""
+    return f"{ref.namespace}/{ref.pod}"
+
+
+def holders(
+    allocation: Allocation, record: KubeletRecord, resource_names: Mapping[ResourceKind, str]
+) -> set[ContainerRef]:
+    """The containers kubelet's record shows holding any of the allocation's device IDs."""
+    held = {(resource_names.get(kind), device_id) for kind, device_id in allocation.device_pairs()}
+    return {
+        ref
+        for ref, resources in record.items()
+        for resource_name, device_ids in resources.items()
+        if any((resource_name, device_id) in held for device_id in device_ids)
+    }
+
+
+def pod_tie_problem(
+    identity: ContainerRef, allocation: Allocation, holding: set[ContainerRef]
+) -> str | None:
+    """Why kubelet's record (``holding``: :func:`holders`, not empty) does not tie the
+    container of ``identity`` to the allocation; None when a container of its pod holds
+    the allocation's devices and no other pod holds any of them."""
+    pods = sorted({pod_of(ref) for ref in holding})
+    mine = pod_of(identity)
+    what = f"allocation {allocation.id} ({', '.join(allocation.cards)})"
+    if mine not in pods:
+        return (
+            f"kubelet gives {what} to pod {', '.join(pods)}, not to pod {mine}: an "
+            "allocation's env grants GPUs only to containers of the pod it was allocated "
+            "to (request aliyun.com/gpu-mem in this pod's own spec)"
+        )
+    if len(pods) > 1:
+        return (
+            f"kubelet gives the devices of {what} to several pods ({', '.join(pods)}); "
+            "the next reconcile splits it (start the container again then)"
+        )
+    return None

@@ -1,0 +1,96 @@
+"""Pins nodemgr.domain.podtie: which containers kubelet's PodResources record shows holding an
+allocation's devices (by resource name and device ID, any one of them), and whether that ties a
+container of a given pod identity to the allocation: only a container of the holding pod
+(namespace and name; any container name, as init containers are never listed and hand their
+devices on to the app containers), never another pod's, and nobody while two pods hold parts
+of it. The refusal names the allocation, its card and both pods."""
+
+import pytest
+
+from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
+from nodemgr.domain.model import Allocation, ContainerRef
+from nodemgr.domain.podtie import holders, pod_of, pod_tie_problem
+from tests.harness.cards import GPU0
+
+MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
+NAMES = {MEM: "aliyun.com/gpu-mem", CORE: "aliyun.com/gpu-core.percentage"}
+MAIN = ContainerRef("default", "train", "main")
+
+
+def shared(units=4, percent=30, first_unit=0):
+    devices = {MEM: tuple(memory_device_id(GPU0, first_unit + j) for j in range(units))}
+    if percent:
+        devices[CORE] = tuple(core_device_id(GPU0, j) for j in range(percent))
+    return Allocation("ga-1", devices, units * 1024, 100.0)
+
+
+def record_of(allocation, ref=MAIN):
+    return {ref: {NAMES[kind]: list(ids) for kind, ids in allocation.devices.items()}}
+
+
+def test_holders_are_the_containers_holding_any_of_its_devices():
+    """One device ID of the allocation under its resource name is enough; other containers'
+    devices are not."""
+    allocation = shared()
+    stranger = ContainerRef("default", "other", "main")
+    record = {
+        MAIN: {NAMES[MEM]: [allocation.devices[MEM][2]]},
+        stranger: {NAMES[MEM]: [memory_device_id(GPU0, 9)]},
+    }
+    assert holders(allocation, record, NAMES) == {MAIN}
+
+
+def test_a_device_id_under_another_resource_name_is_not_held():
+    """The same ID string reported for another resource is another device."""
+    allocation = shared()
+    record = {MAIN: {"nvidia.com/gpu": list(allocation.devices[MEM])}}
+    assert holders(allocation, record, NAMES) == set()
+
+
+def test_an_empty_record_has_no_holders():
+    """Nothing reported (the pod is gone): nobody holds it."""
+    assert holders(shared(), {}, NAMES) == set()
+
+
+@pytest.mark.parametrize("container", ["main", "init-weights", "sidecar"])
+def test_any_container_of_the_holding_pod_is_tied(container):
+    """The app container kubelet lists, a regular init container (never listed: kubelet
+    hands its devices on to the app containers) and a sidecar of the same pod."""
+    allocation = shared()
+    identity = ContainerRef("default", "train", container)
+    assert (
+        pod_tie_problem(identity, allocation, holders(allocation, record_of(allocation), NAMES))
+        is None
+    )
+
+
+@pytest.mark.parametrize(
+    "identity",
+    [ContainerRef("default", "thief", "main"), ContainerRef("other", "train", "main")],
+)
+def test_a_container_of_another_pod_is_not_tied(identity):
+    """Another pod name, or the same pod name in another namespace: refused, naming the
+    allocation, its card, the holding pod and the asking one."""
+    allocation = shared()
+    problem = pod_tie_problem(
+        identity, allocation, holders(allocation, record_of(allocation), NAMES)
+    )
+    assert problem is not None
+    assert f"kubelet gives allocation ga-1 ({GPU0}) to pod default/train" in problem
+    assert f"not to pod {pod_of(identity)}" in problem
+
+
+def test_an_allocation_two_pods_hold_parts_of_ties_nobody():
+    """Its memory reported for one pod and its share for another (a linkage the next
+    reconcile splits): no container is tied to it until then, not even the first pod's."""
+    allocation = shared()
+    other = ContainerRef("default", "other", "main")
+    record = {
+        MAIN: {NAMES[MEM]: list(allocation.devices[MEM])},
+        other: {NAMES[CORE]: list(allocation.devices[CORE])},
+    }
+    holding = holders(allocation, record, NAMES)
+    assert holding == {MAIN, other}
+    for identity in (MAIN, other):
+        problem = pod_tie_problem(identity, allocation, holding)
+        assert problem is not None and "several pods (default/other, default/train)" in problem
