@@ -28,7 +28,7 @@ def measure(runs: int) -> list[float]:
     node = EnforcementNode()
     try:
         env, mounts = node.admit("bench")
-        if node.start_container("bench", env, mounts).returncode != 0:
+        if node.start_in_pod("bench", "bench", env, mounts).returncode != 0:
             raise SystemExit("the benchmark container was refused")
         init = node.runtime.pid("bench")
         reactions = []

@@ -49,6 +49,7 @@ from nodemgr.domain.violations import (
     UNALLOCATED,
     GpuProcess,
     Violation,
+    allocation_used_mib,
     find_violations,
     index_registrations,
     registration_of,
@@ -277,13 +278,13 @@ class Watchdog(ThreadWorker):
         card_used: Counter[str] = Counter()
         for entry in self._raw_usage:  # every process, our MPS servers included
             card_used[entry.gpu_uuid] += entry.used_mib
-        allocation_used: Counter[str] = Counter()
-        index = index_registrations(self._registry.registrations())
-        for process in processes:
-            registration = registration_of(index, process.cgroups)
-            if registration is not None:
-                allocation_used[registration.allocation_id] += process.used_mib
-        return UsageView(dict(card_used), dict(allocation_used))
+        # Exactly the sum the memory check judges (its own cards, live allocations only).
+        allocation_used = allocation_used_mib(
+            self._registry.registrations(),
+            {a.id: a for a in self._allocator.allocations()},
+            processes,
+        )
+        return UsageView(dict(card_used), allocation_used)
 
     def _gpu_processes(self) -> list[GpuProcess] | None:
         try:
