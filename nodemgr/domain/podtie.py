@@ -81,3 +81,34 @@ def pod_tie_problem(
             "the next reconcile splits it (start the container again then)"
         )
     return None
+
+
+def pods_allocation(
+    identity: ContainerRef,
+    allocations: Sequence[Allocation],
+    record: KubeletRecord,
+    resource_names: Mapping[ResourceKind, str],
+    cards: set[str],
+) -> Allocation | None:
+    """The allocation kubelet's record gives the container's own pod on ``cards`` (the
+    cards its env asks for), when the ID in its env names another or none.
+
+    Its env's ID goes stale without anyone's fault: a ledger rebuilt from kubelet's
+    record after its loss adopts the pod's devices under a new ID, and a split of two
+    pods whose allocations were linked by mistake (no API server to name the pod) gives
+    the second pod a new ID, while kubelet replays the env it cached. The pod's own
+    allocation is found from facts the container cannot choose (its runtime's pod
+    identity, kubelet's record). Exactly one candidate, or the one kubelet names this
+    container holding; anything else is ambiguous and gives None (refused)."""
+    mine = pod_of(identity)
+    candidates = []
+    for allocation in allocations:
+        if set(allocation.cards) != cards:
+            continue
+        holding = holders(allocation, record, resource_names)
+        if holding and {pod_of(ref) for ref in holding} == {mine}:
+            candidates.append((allocation, identity in holding))
+    if len(candidates) == 1:
+        return candidates[0][0]
+    named = [allocation for allocation, by_name in candidates if by_name]
+    return named[0] if len(named) == 1 else None

@@ -9,7 +9,7 @@ import pytest
 
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
-from nodemgr.domain.podtie import holders, pod_of, pod_tie_problem
+from nodemgr.domain.podtie import holders, pod_of, pod_tie_problem, pods_allocation
 from tests.harness.cards import GPU0
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
@@ -94,3 +94,35 @@ def test_an_allocation_two_pods_hold_parts_of_ties_nobody():
     for identity in (MAIN, other):
         problem = pod_tie_problem(identity, allocation, holding)
         assert problem is not None and "several pods (default/other, default/train)" in problem
+
+
+def test_the_pods_own_allocation_is_found_when_its_env_names_another():
+    """After a ledger rebuilt from kubelet's record (new IDs) or a split of two mislinked
+    pods, a container's env names an ID that is gone or another pod's: the allocation
+    kubelet's record gives its own pod on the card it asks for is the one it may use."""
+    mine = shared()
+    other = Allocation("ga-2", {MEM: (memory_device_id(GPU0, 9),)}, 1024, 100.0)
+    stranger = ContainerRef("default", "other", "main")
+    record = {**record_of(mine), **record_of(other, stranger)}
+    allocations = [mine, other]
+    assert pods_allocation(MAIN, allocations, record, NAMES, {GPU0}) == mine
+    sidecar = ContainerRef("default", "train", "sidecar")
+    assert pods_allocation(sidecar, allocations, record, NAMES, {GPU0}) == mine
+    assert pods_allocation(MAIN, allocations, record, NAMES, {"GPU-elsewhere"}) is None
+    nobody = ContainerRef("default", "gone", "main")
+    assert pods_allocation(nobody, allocations, record, NAMES, {GPU0}) is None
+
+
+def test_a_pod_with_two_allocations_on_the_card_gets_its_own_containers_one_or_none():
+    """Two containers of one pod, each with an allocation on the card: the container named
+    in kubelet's record gets its own; a container named in neither (an init container) is
+    ambiguous and gets none (fail closed)."""
+    first = shared(units=2, percent=0)
+    second = Allocation("ga-2", {MEM: (memory_device_id(GPU0, 9),)}, 1024, 100.0)
+    helper = ContainerRef("default", "train", "helper")
+    record = {**record_of(first), **record_of(second, helper)}
+    both = [first, second]
+    assert pods_allocation(MAIN, both, record, NAMES, {GPU0}) == first
+    assert pods_allocation(helper, both, record, NAMES, {GPU0}) == second
+    init = ContainerRef("default", "train", "init")
+    assert pods_allocation(init, both, record, NAMES, {GPU0}) is None
