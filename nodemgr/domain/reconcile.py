@@ -72,7 +72,46 @@ def plan_reconcile(
             f"adopted {_describe_devices(adopted)} that kubelet reports for {ref} "
             f"as allocation {adopted.id}: the ledger did not hold them"
         )
+    _merge_per_container_and_card(allocations, reported, memory_unit_mib, plan)
     return plan
+
+
+def _merge_per_container_and_card(
+    before: Iterable[Allocation],
+    reported: Mapping[DeviceKey, ContainerRef],
+    memory_unit_mib: int,
+    plan: ReconcilePlan,
+) -> None:
+    """One allocation per container and card: kubelet's record says one container holds
+    them all (its second resource's Allocate made an allocation of its own, e.g. retried
+    after a timeout), so they are one quota. The memory holder keeps its ID."""
+    after = {a.id: a for a in before if a.id not in plan.delete}
+    after.update({a.id: a for a in plan.put})
+    groups: dict[tuple[ContainerRef, str], list[Allocation]] = defaultdict(list)
+    for allocation in after.values():
+        owners = {reported.get(key) for key in allocation.device_pairs()}
+        if allocation.whole or len(owners) != 1 or None in owners:
+            continue
+        groups[(owners.pop(), allocation.cards[0])].append(allocation)
+    existing = {a.id for a in before}
+    for (ref, card), group in sorted(groups.items()):
+        if len(group) < 2:
+            continue
+        group.sort(key=lambda a: (ResourceKind.MEMORY not in a.devices, a.created_at, a.id))
+        keeper, merged_away = group[0], group[1:]
+        devices: dict[ResourceKind, set[str]] = defaultdict(set)
+        for allocation in group:
+            for kind, device_id in allocation.device_pairs():
+                devices[kind].add(device_id)
+        merged = replace(keeper, devices={k: tuple(sorted(v)) for k, v in devices.items()})
+        merged = replace(merged, memory_mib=merged.memory_units * memory_unit_mib)
+        gone = {a.id for a in merged_away}
+        plan.put = [a for a in plan.put if a.id not in gone and a.id != keeper.id] + [merged]
+        plan.delete += sorted(i for i in gone if i in existing)
+        plan.notes.append(
+            f"merged allocation(s) {', '.join(sorted(gone))} into {keeper.id}: kubelet gives "
+            f"all of them to {ref} on {card} ({_describe_devices(merged)})"
+        )
 
 
 def _reconcile_one(

@@ -117,3 +117,37 @@ def test_a_hint_is_used_by_pod_when_the_container_name_differs_and_never_twice()
         id_hints={POD_A: "ga-old-a"},
     )  # fmt: skip
     assert [a.id for a in again.put if a.owner == POD_A] == ["new-1"]
+
+
+def test_two_allocations_kubelet_gives_one_container_on_one_card_are_merged():
+    """A container's memory and share in two allocations (its second resource's Allocate
+    came apart from the first, e.g. retried after a timeout) made one pod count twice:
+    385 allocations for 384 pods. kubelet's record says one container holds both: they
+    become one allocation, under the memory holder's ID, with both quotas."""
+    memory = alloc("ga-mem", {MEM: ids("GPU-a", MEM, 2)}, owner=POD_A, confirmed_at=100.0)
+    share = alloc("ga-core", {CORE: ids("GPU-a", CORE, 20)}, owner=POD_A, confirmed_at=100.0)
+    other = alloc("ga-b", {MEM: ids("GPU-a", MEM, 1, start=5)}, owner=POD_B, confirmed_at=100.0)
+    reported = {
+        **report(POD_A, memory.devices),
+        **report(POD_A, share.devices),
+        **report(POD_B, other.devices),
+    }
+    result = plan([memory, share, other], reported)
+    assert result.delete == ["ga-core"]
+    [merged] = [a for a in result.put if a.id == "ga-mem"]
+    assert {k: set(v) for k, v in merged.devices.items()} == {
+        MEM: set(memory.devices[MEM]),
+        CORE: set(share.devices[CORE]),
+    }
+    assert merged.memory_mib == 2048 and merged.core_percent == 20
+    assert any("merged" in note for note in result.notes)
+    # Applied, the ledger is stable: nothing more to change.
+    assert plan([merged, other], reported).empty
+
+
+def test_allocations_of_one_container_on_two_cards_are_not_merged():
+    """One container's shares on two cards stay two allocations (one per card)."""
+    on_a = alloc("ga-a", {MEM: ids("GPU-a", MEM, 1)}, owner=POD_A, confirmed_at=100.0)
+    on_b = alloc("ga-b", {MEM: ids("GPU-b", MEM, 1)}, owner=POD_A, confirmed_at=100.0)
+    reported = {**report(POD_A, on_a.devices), **report(POD_A, on_b.devices)}
+    assert plan([on_a, on_b], reported).empty
