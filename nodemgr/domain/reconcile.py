@@ -52,6 +52,7 @@ def plan_reconcile(
     allocated to the container holding it. ``id_hints``: container -> the
     allocation ID it was registered with before the ledger was lost.
     """
+    allocations = list(allocations)  # read twice: here and by the merge
     plan = ReconcilePlan()
     held: set[DeviceKey] = set()
     live_ids = set()
@@ -90,9 +91,10 @@ def _merge_per_container_and_card(
     groups: dict[tuple[ContainerRef, str], list[Allocation]] = defaultdict(list)
     for allocation in after.values():
         owners = {reported.get(key) for key in allocation.device_pairs()}
-        if allocation.whole or len(owners) != 1 or None in owners:
+        owner = owners.pop() if len(owners) == 1 else None
+        if allocation.whole or owner is None:
             continue
-        groups[(owners.pop(), allocation.cards[0])].append(allocation)
+        groups[(owner, allocation.cards[0])].append(allocation)
     existing = {a.id for a in before}
     for (ref, card), group in sorted(groups.items()):
         if len(group) < 2:
