@@ -1,9 +1,11 @@
 """The simulated node the benchmarks run on: 8 NVIDIA H200 cards (141 GiB each).
 
 An H200 node is the largest common case for the device list (141 GiB of
-memory units per card) and for MPS (48 clients per card). The daemon is the
-real ``gpushare-node`` process (tests/harness/daemon_proc.py); cards are simulated and
-MPS runs through the stand-in control binary, as in the end-to-end tests.
+memory units per card) and for MPS (48 clients per card); ``h200_cards(n)``
+and ``h200_node(cards=n)`` give other card counts (bench/scale.py). The daemon
+is the real ``gpushare-node`` process (tests/harness/daemon_proc.py); cards are
+simulated and MPS runs through the stand-in control binary, as in the
+end-to-end tests.
 ``H200_CARDS`` carry the NUMA node a real board reports (the ListAndWatch
 sizing uses them); the simulated backend reports none.
 """
@@ -22,18 +24,25 @@ from tests.harness.daemon_proc import MPS_STANDIN, Node
 
 H200_MEMORY_MIB = 141 * 1024  # 144384 MiB
 CARD_COUNT = 8
-# Two sockets of four cards, as on an HGX H200 board: the device list carries
-# each device's NUMA node, which adds to its size.
-H200_CARDS = [
-    Card(
-        index=i,
-        uuid=f"GPU-{i:08x}-4a1c-4e6b-9d2f-{0x200B0000 + i:012x}",
-        name="NVIDIA H200",
-        memory_mib=H200_MEMORY_MIB,
-        numa_node=i // 4,
-    )
-    for i in range(CARD_COUNT)
-]
+CARDS_PER_NUMA_NODE = 4
+
+
+def h200_cards(count: int = CARD_COUNT) -> list[Card]:
+    """``count`` H200 cards, four per NUMA node as on an HGX H200 board (two sockets
+    of four): the device list carries each device's NUMA node, which adds to its size."""
+    return [
+        Card(
+            index=i,
+            uuid=f"GPU-{i:08x}-4a1c-4e6b-9d2f-{0x200B0000 + i:012x}",
+            name="NVIDIA H200",
+            memory_mib=H200_MEMORY_MIB,
+            numa_node=i // CARDS_PER_NUMA_NODE,
+        )
+        for i in range(count)
+    ]
+
+
+H200_CARDS = h200_cards()
 
 
 def h200_node(
@@ -43,8 +52,9 @@ def h200_node(
     mps: dict | None = None,
     api: TestApiServer | None = None,
     control_binary: str = MPS_STANDIN,
+    cards: int = CARD_COUNT,
 ) -> Node:
-    """A Node (not started) with the 8 H200 cards.
+    """A Node (not started) with ``cards`` H200 cards (8 by default).
 
     The test config speeds up reconcile and MPS health checks;
     ``production_intervals`` puts the defaults back (what idle cost is about).
@@ -54,7 +64,9 @@ def h200_node(
     device plugin, not one that keeps trying an API server that is not there.
     ``control_binary``: the MPS control binary (NVIDIA's real one for bench/mps_probe.py).
     """
-    devices = [{"uuid": c.uuid, "name": c.name, "memory_mib": c.memory_mib} for c in H200_CARDS]
+    devices = [
+        {"uuid": c.uuid, "name": c.name, "memory_mib": c.memory_mib} for c in h200_cards(cards)
+    ]
     node = Node(control_binary, gpus={"backend": "simulated", "simulated": {"devices": devices}})
 
     def change(config: dict) -> None:

@@ -18,7 +18,11 @@ in its own module with what it measures and why:
 8. SIGTERM to exit with kubelet streaming and with every MPS control daemon
    hung (bench/shutdown.py);
 9. the cluster side (bench/cluster_sim.py): pods refused at admission with node
-   totals only vs with gpushare-scheduler, filter/bind p99, extender RSS.
+   totals only vs with gpushare-scheduler, filter/bind p99, extender RSS;
+10. the scale curve (bench/scale.py): Allocate p99 ratio, idle CPU and RSS on
+    1, 8, 16 cards x 0, 384, 1,000 allocations, plotted next to the Allocate plot;
+11. MPS probe cost, NVIDIA's control binary next to the stand-in, and the idle
+    CPU of an 8-card node's probes with the real binary (bench/mps_probe.py).
 
 A figure whose feature is not built is ``absent``; one this machine cannot
 measure (no runc, not root) is ``skipped`` with the reason in the notes; one
@@ -51,7 +55,9 @@ from bench import (
     hook_overhead,
     kube_cache_latency,
     listandwatch_size,
+    mps_probe,
     restart,
+    scale,
     shutdown,
 )
 from bench.report import Figure, machine_lines, skipped, table
@@ -76,6 +82,12 @@ class Settings:
     shutdown_trials: int
     cluster_quick: bool  # the cluster simulation at its small size
     adapter_off_too: bool  # footprint a second time with the Kubernetes adapter off
+    scale_cards: tuple[int, ...]  # card counts of the scale curve
+    scale_allocations: tuple[int, ...]  # allocation counts at each
+    scale_idle_seconds: float  # idle window per point
+    scale_admissions: int  # steady-state admissions per point (two Allocate calls each)
+    mps_probes: int  # probes of one control daemon, per binary (bench/mps_probe.py)
+    mps_idle_seconds: float  # idle window of an 8-card node with the real control binary
 
 
 FULL = Settings(
@@ -91,6 +103,12 @@ FULL = Settings(
     shutdown_trials=20,
     cluster_quick=False,
     adapter_off_too=True,
+    scale_cards=scale.CARDS,
+    scale_allocations=scale.ALLOCATIONS,
+    scale_idle_seconds=10,
+    scale_admissions=80,
+    mps_probes=50,
+    mps_idle_seconds=20,
 )
 QUICK = Settings(
     admissions=300,
@@ -105,6 +123,12 @@ QUICK = Settings(
     shutdown_trials=4,
     cluster_quick=True,
     adapter_off_too=False,
+    scale_cards=(1, 8),
+    scale_allocations=(0, 384),
+    scale_idle_seconds=5,
+    scale_admissions=40,
+    mps_probes=10,
+    mps_idle_seconds=5,
 )
 
 
@@ -250,11 +274,36 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             (),
             partial(cluster_sim.run, settings.cluster_quick),
         ),
+        Section(
+            "10. Scale: Allocate p99 ratio, idle CPU and RSS by cards and allocations",
+            ("scale_flat_in_allocations", "scale_linear_in_cards"),
+            partial(_scale_curve, settings, plot_path),
+        ),
+        Section(
+            "11. MPS health probes: NVIDIA's control binary next to the stand-in",
+            ("idle_children_cpu_percent_real",),
+            partial(mps_probe.run, settings.mps_probes, settings.mps_idle_seconds),
+        ),
     ]
 
 
 def _shutdown(settings: Settings) -> list[Figure]:
     return shutdown.figures(shutdown.measure(settings.shutdown_trials))
+
+
+def _scale_curve(settings: Settings, plot_path: str | None) -> list[Figure]:
+    points = scale.measure(
+        settings.scale_cards,
+        settings.scale_allocations,
+        settings.scale_idle_seconds,
+        settings.scale_admissions,
+    )
+    if plot_path:  # next to the Allocate latency plot
+        path = os.path.join(os.path.dirname(plot_path), scale.PLOT_NAME)
+        title = scale.title(settings.scale_idle_seconds, settings.scale_admissions)
+        wrote = scale.plot(points, path, title)
+        print(f"scale plot: {os.path.relpath(path, REPO) if wrote else 'none, no matplotlib'}")
+    return scale.figures(points)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -265,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         default=DEFAULT_PLOT,
         metavar="FILE",
         help=f"Allocate latency plot, PNG (default {os.path.relpath(DEFAULT_PLOT, REPO)}; "
-        "'' for none)",
+        f"the scale curve goes next to it as {scale.PLOT_NAME}; '' for neither)",
     )
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL

@@ -8,7 +8,10 @@ two units only (it is deterministic and fast).
 
 from __future__ import annotations
 
+import sys
+
 import pytest
+import yaml
 
 from bench import (
     allocate_latency,
@@ -16,7 +19,9 @@ from bench import (
     footprint,
     hook_overhead,
     listandwatch_size,
+    nodes,
     restart,
+    scale,
     suite,
 )
 from bench.report import ABSENT, SKIPPED, Figure, format_value, machine_lines, table
@@ -44,11 +49,15 @@ def names(figures: list[Figure]) -> list[str]:
 
 def test_the_suite_requires_exactly_the_issues_names():
     """Every name an issue asks bench/run for, in order: plus issue 5's Allocate latency
-    with 5,000 pods cached and issue 15's SIGTERM-to-exit p99."""
+    with 5,000 pods cached, issue 15's SIGTERM-to-exit p99, issue 16's scale rules and its
+    idle MPS probe cost with the real control binary."""
     assert suite.required_names() == [
         *ISSUE_NAMES,
         "kube_cache_allocate_p99_ratio",
         "shutdown_p99_ms",
+        "scale_flat_in_allocations",
+        "scale_linear_in_cards",
+        "idle_children_cpu_percent_real",
     ]
 
 
@@ -95,6 +104,7 @@ def synthetic_figures() -> list[Figure]:
         + restart.figures([4.0, 4.2], [("interpreter", 0.5)], [0.7, 0.8], 384)
         + enforcement_reaction.figures([400.0, 900.0, 950.0])
         + hook_overhead.figures(hook_times)
+        + scale.figures(scale_points())
     )
 
 
@@ -232,3 +242,145 @@ def test_shutdown_figure_is_the_worse_situations_p99_against_its_target():
     assert by_name["shutdown_p99_ms"].met is True
     slow = shutdown.figures({"busy": [1500.0] * 5, "hung_mps": [10.0] * 5})
     assert {f.name: f for f in slow}["shutdown_p99_ms"].met is False
+
+
+def scale_point(
+    cards: int, allocations: int, rss_mib: float, cpu_percent: float, allocate_s: float = 0.004
+) -> scale.Point:
+    """A measured point of the scale curve: every Allocate ``allocate_s``, the floor 2 ms."""
+    return scale.Point(
+        cards,
+        allocations,
+        allocate=[allocate_s] * 100,
+        floor=[0.002] * 200,
+        preferred=[0.01] * 100,
+        idle_cpu_percent=cpu_percent,
+        children_cpu_percent=1.0,
+        idle_seconds=10.0,
+        rss_mib=rss_mib,
+        held=allocations,
+        events_per_s=80.0,
+        rate_per_s=8.0,
+    )
+
+
+def scale_points(
+    cards: tuple[int, ...] = (1, 8, 16), rss_per_card_mib: tuple[float, float] = (1.0, 1.0)
+) -> list[scale.Point]:
+    """1, 8, 16 cards x 0, 1,000 allocations: RSS 50 MiB + a card's share (MiB per card from
+    1 to 8 cards, then beyond) + 4 MiB per 1,000 allocations; CPU 2 % + 0.2 % per card."""
+
+    def rss(c: int) -> float:
+        low, high = rss_per_card_mib
+        return 50 + low * min(c, 8) + high * max(c - 8, 0)
+
+    return [scale_point(c, a, rss(c) + 0.004 * a, 2 + 0.2 * c) for c in cards for a in (0, 1000)]
+
+
+def test_scale_figures_name_every_point_and_meet_both_rules_when_cost_is_linear_and_flat():
+    """Each point gives its three figures; flat in allocations is the worst RSS or ratio
+    growth from 0 to 1,000; linear in cards is the worst of CPU growth over card growth
+    and the per-card RSS increment of the last step over the first."""
+    by_name = {f.name: f for f in scale.figures(scale_points())}
+    for c in (1, 8, 16):
+        for a in (0, 1000):
+            assert by_name[f"scale_allocate_p99_ratio_c{c}_a{a}"].value == pytest.approx(2.0)
+            assert f"scale_idle_cpu_percent_c{c}_a{a}" in by_name
+            assert f"scale_rss_mib_c{c}_a{a}" in by_name
+    assert by_name["scale_rss_mib_c16_a1000"].value == pytest.approx(70)
+    assert by_name["scale_rss_growth_c1"].value == pytest.approx(55 / 51)
+    assert by_name["scale_allocate_ratio_growth_c8"].value == pytest.approx(1.0)
+    flat = by_name["scale_flat_in_allocations"]
+    assert flat.value == pytest.approx(55 / 51) and flat.met is True
+    assert by_name["scale_idle_cpu_vs_linear_a0"].value == pytest.approx((5.2 / 2.2) / 16)
+    assert by_name["scale_rss_mib_per_card_a1000"].value == pytest.approx(1.0)
+    linear = by_name["scale_linear_in_cards"]
+    assert linear.value == pytest.approx(1.0) and linear.met is True
+    lines = machine_lines([flat, linear])
+    assert "scale_flat_in_allocations_target=<= 1.25" in lines
+    assert "scale_linear_in_cards_met=yes" in lines
+
+
+def test_scale_flat_rule_fails_when_allocate_slows_with_allocations():
+    """Allocate 1.5 x slower at 1,000 allocations on 8 cards (the floor unchanged)."""
+    points = [
+        scale_point(p.cards, p.allocations, p.rss_mib, p.idle_cpu_percent, 0.006)
+        if (p.cards, p.allocations) == (8, 1000)
+        else p
+        for p in scale_points()
+    ]
+    by_name = {f.name: f for f in scale.figures(points)}
+    assert by_name["scale_allocate_ratio_growth_c8"].value == pytest.approx(1.5)
+    assert by_name["scale_flat_in_allocations"].value == pytest.approx(1.5)
+    assert by_name["scale_flat_in_allocations"].met is False
+
+
+def test_scale_linear_rule_fails_when_each_card_costs_more_than_the_one_before():
+    """1 MiB per card from 1 to 8 cards, 3 MiB per card from 8 to 16: RSS increment growth 3."""
+    by_name = {f.name: f for f in scale.figures(scale_points(rss_per_card_mib=(1.0, 3.0)))}
+    assert by_name["scale_rss_vs_linear_a0"].value == pytest.approx(3.0)
+    assert by_name["scale_rss_mib_per_card_a0"].value == pytest.approx((8 + 24 - 1) / 15)
+    assert by_name["scale_linear_in_cards"].met is False
+
+
+def test_scale_rss_rule_floors_a_tiny_first_increment():
+    """0.01 then 0.03 MiB per card is noise, not a card costing 3 x more: the first
+    increment counts as at least RSS_INCREMENT_FLOOR_MIB."""
+    points = scale_points(rss_per_card_mib=(0.01, 0.03))
+    by_name = {f.name: f for f in scale.figures(points)}
+    assert by_name["scale_rss_vs_linear_a0"].value == pytest.approx(
+        0.03 / scale.RSS_INCREMENT_FLOOR_MIB
+    )
+    assert by_name["scale_linear_in_cards"].met is True
+
+
+def test_scale_with_two_card_counts_rss_takes_the_growth_over_card_ratio():
+    """The quick run (1 and 8 cards) has no second step: RSS growth over the card ratio."""
+    by_name = {f.name: f for f in scale.figures(scale_points(cards=(1, 8)))}
+    assert by_name["scale_rss_vs_linear_a0"].value == pytest.approx((58 / 51) / 8)
+    assert "growth over card ratio" in by_name["scale_rss_vs_linear_a0"].note
+
+
+def test_a_skipped_scale_point_is_reported_with_its_reason_and_left_out_of_the_rules():
+    """A config the daemon refuses: its figures are skipped with the daemon's words; the
+    rules are judged on the points that were measured."""
+    why = "the daemon exited (2): resources.memory_unit_mib: 136 MiB gives ..."
+    points = [
+        scale.Point(16, p.allocations, skipped=why) if p.cards == 16 else p for p in scale_points()
+    ]
+    figures = scale.figures(points)
+    by_name = {f.name: f for f in figures}
+    for name in ("scale_allocate_p99_ratio", "scale_idle_cpu_percent", "scale_rss_mib"):
+        assert by_name[f"{name}_c16_a1000"].value == SKIPPED
+        assert by_name[f"{name}_c16_a1000"].note == why
+    assert by_name["scale_rss_growth_c16"].value == SKIPPED
+    assert by_name["scale_flat_in_allocations"].value == pytest.approx(55 / 51)
+    assert "1 to 8 cards" in by_name["scale_rss_vs_linear_a0"].note
+    machine_lines(figures)  # every name once
+
+
+def test_the_scale_plot_is_a_png_and_is_left_out_without_matplotlib(tmp_path, monkeypatch):
+    """bench/run installs matplotlib; without it the figures still come, the plot does not."""
+    pytest.importorskip("matplotlib", reason="bench/run installs matplotlib; the suite does not")
+    points = scale_points() + [scale.Point(32, 0, skipped="not measured")]
+    path = tmp_path / "scale.png"
+    assert scale.plot(points, str(path), "test") is True
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert scale.plot(points, str(tmp_path / "none.png"), "test") is False
+    assert not (tmp_path / "none.png").exists()
+
+
+def test_h200_nodes_take_a_card_count_and_keep_eight_by_default():
+    """bench/scale.py's 1 and 16 cards; every other bench keeps the 8-card node."""
+    cards = nodes.h200_cards(16)
+    assert len({c.uuid for c in cards}) == 16 and cards[15].numa_node == 3
+    assert nodes.H200_CARDS == nodes.h200_cards(8)
+    for count, expected in ((None, 8), (1, 1), (16, 16)):
+        node = nodes.h200_node() if count is None else nodes.h200_node(cards=count)
+        try:
+            with open(node.config_path) as f:
+                devices = yaml.safe_load(f)["gpus"]["simulated"]["devices"]
+            assert [d["uuid"] for d in devices] == [c.uuid for c in nodes.h200_cards(expected)]
+        finally:
+            node.cleanup()
