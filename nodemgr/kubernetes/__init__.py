@@ -1,14 +1,17 @@
 """The Kubernetes API edge: pod identity, annotations, labels and events.
 
 - ``adapter``: the one facade the daemon uses;
-- ``client``: the official kubernetes client, configured (kubeconfig,
-  in-cluster, exec plugins) and its errors translated;
-- ``podwatch``: the LIST+WATCH of this node's pods, kept as a candidate index;
+- ``kubeclient``: the only importer of the official kubernetes client, imported
+  slim (its configuration, kubeconfig and in-cluster loaders, exec plugins and
+  REST client; none of its ~850 generated models);
+- ``client``: that client configured and its errors translated;
+- ``listwatch``: one LIST+WATCH follower (resource versions, expiry, backoff);
+- ``podwatch``: this node's pods through it, kept as a candidate index;
 - ``writes`` and ``publish``: the patches and the node annotation (pure);
 - ``sync``: the bridge between the allocation state and the adapter.
 
 This package is imported only when ``kubernetes.enabled`` (the client alone
-is ~20 MiB of memory), so this ``__init__`` imports nothing. What it must not
+imported slim is ~8 MiB of memory), so this ``__init__`` imports nothing. What it must not
 do: sit on the Allocate path with a network call; import ``kubelet``,
 ``enforcement`` or ``supervision``.
 """

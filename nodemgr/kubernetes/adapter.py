@@ -1,9 +1,11 @@
 """The Kubernetes adapter: a cache of this node's pods in, annotations, labels and events out.
 
 The adapter is this module with nodemgr.kubernetes.client (credentials, client,
-error mapping), nodemgr.kubernetes.podwatch (the pod watch and cache) and
-nodemgr.kubernetes.writes (coalescing queue, backoff, event rate limit); no other
-code talks to the API server. Two daemon threads:
+error mapping), nodemgr.kubernetes.kubeclient (the official client, imported
+without its generated classes and models, and the requests made with it),
+nodemgr.kubernetes.podwatch (the pod cache, kept by listwatch's LIST+WATCH
+follower) and nodemgr.kubernetes.writes (coalescing queue, backoff, event rate
+limit); no other code talks to the API server. Two daemon threads:
 
 - the pod watch (podwatch): one LIST of the pods bound to this node, then
   a WATCH, kept in a local cache that the Allocate path reads;
@@ -25,7 +27,7 @@ Why this module is longer than 400 lines: the facade, its write queue, its
 event rate limit and the writer thread share one lock and one mode
 (new/running/off); keeping them together keeps that locking readable in one
 place. The pure parts live in writes.py and publish.py, the client's in
-client.py, the pod cache in podwatch.py.
+client.py and kubeclient.py, the pod cache in podwatch.py.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
 """The Kubernetes adapter's edge with the kubernetes client: credentials, client, errors.
 
 Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes);
-no other module imports the kubernetes client.
+the kubernetes client itself is imported by nodemgr.kubernetes.kubeclient
+only (slim: no generated API classes or models).
 
 - ``find_credentials``: which credentials to use, from ``kubernetes.kubeconfig``
   and the environment, without reading them (a missing file is a clear error);
-- ``new_api_client``: an ``ApiClient`` with a ``Configuration`` of our own;
+- ``new_api_client``: a ``KubeClient`` with a ``Configuration`` of our own;
   the client's global default configuration is never read or changed, so
   nothing else in the process is affected;
 - ``map_error``: every failure of the client (``ApiException``, urllib3 and
@@ -21,9 +22,9 @@ no other module imports the kubernetes client.
 What it must not do: start threads, sleep or retry (the adapter does).
 
 Why this module is longer than 400 lines: it is the one place where the
-kubernetes client's types, exceptions and configuration are touched; every
-part above shares the one error mapping, and splitting them would spread the
-client's surface over several importers.
+client's configuration, requests and exceptions (from kubeclient) are used;
+every part above shares the one error mapping, and splitting them would
+spread the client's surface over several importers.
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes.client import ApiClient, AuthorizationV1Api, Configuration, CoreV1Api
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
-from kubernetes.config.incluster_config import InClusterConfigLoader
-from kubernetes.config.kube_config import load_kube_config
 
 from nodemgr.errors import (
     KubeApiError,
@@ -54,6 +50,16 @@ from nodemgr.errors import (
     KubeForbidden,
     KubeNotFound,
     KubeUnavailable,
+)
+from nodemgr.kubernetes.kubeclient import (
+    ApiException,
+    AuthorizationV1,
+    ConfigException,
+    Configuration,
+    CoreV1,
+    InClusterConfigLoader,
+    KubeClient,
+    load_kube_config,
 )
 
 log = logging.getLogger("nodemgr.kubernetes.adapter")
@@ -143,8 +149,8 @@ def new_api_client(
     credentials: Credentials,
     environ: Mapping[str, str] | None = None,
     pool_size: int = 4,
-) -> ApiClient:
-    """An ApiClient on a Configuration of its own, loaded from ``credentials``.
+) -> KubeClient:
+    """A KubeClient on a Configuration of its own, loaded from ``credentials``.
 
     Raises ``KubeCredentialsError`` for an unusable kubeconfig or service
     account (bad YAML, no current context, unreadable certificate, ...).
@@ -179,9 +185,7 @@ def new_api_client(
     # GET three times, quadrupling how long a thread is stuck).
     configuration.retries = False
     configuration.connection_pool_maxsize = pool_size  # two threads, one request each
-    client = ApiClient(configuration)
-    client.user_agent = "gpushare-node"
-    return client
+    return KubeClient(configuration)  # User-Agent: gpushare-node
 
 
 def map_error(error: BaseException, verb: str, resource: str) -> KubeApiError:
@@ -297,13 +301,13 @@ class ApiSession:
 
     def __init__(
         self,
-        api_client: ApiClient,
+        api_client: KubeClient,
         timeout_seconds: float,
         clock: Callable[[], float],
         on_reconnect: Callable[[], None] = lambda: None,
     ):
         self.api_client = api_client
-        self.core = CoreV1Api(api_client)
+        self.core = CoreV1(api_client)
         self.timeout_seconds = timeout_seconds
         self._clock = clock
         self._on_reconnect = on_reconnect  # the writer's backoffs end: retry everything now
@@ -360,7 +364,6 @@ class ApiSession:
         log.log(level, "%s", message)
 
     def close(self) -> None:
-        self.api_client.rest_client.pool_manager.clear()
         self.api_client.close()
 
 
@@ -391,8 +394,8 @@ class CommandClient:
         self.credentials = credentials
         self.timeout_seconds = timeout_seconds
         self._client = new_api_client(credentials, environ, pool_size=1)
-        self._core = CoreV1Api(self._client)
-        self._authorization = AuthorizationV1Api(self._client)
+        self._core = CoreV1(self._client)
+        self._authorization = AuthorizationV1(self._client)
 
     @property
     def server(self) -> str:
@@ -462,7 +465,6 @@ class CommandClient:
                 return nodes
 
     def close(self) -> None:
-        self._client.rest_client.pool_manager.clear()
         self._client.close()
 
     def __enter__(self) -> CommandClient:

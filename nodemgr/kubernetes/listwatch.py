@@ -1,13 +1,15 @@
-"""A cluster-wide LIST+WATCH of one resource (nodes, pods), handed to a handler as raw JSON.
+"""LIST+WATCH of one resource (nodes, pods), handed to a handler as raw JSON.
 
-For the scheduler extender (nodemgr.extender.cache), which keeps every GPU
-node and every GPU pod of the cluster. One thread per resource: a paged LIST
-(``page_size`` items per request, so a cluster of 50,000 pods is never one
-body in memory), then a WATCH from the list's resourceVersion with bookmarks;
-a new WATCH from the last version seen when the server ends one, a new LIST
-when the version expired (410) or went back (504 "too large resource
-version"), with backoff after failures. The pod watch of one node
-(``podwatch``) follows the same protocol for the daemon.
+The one follower of the API's list-then-watch protocol, for the scheduler
+extender (nodemgr.extender.cache: every GPU node and pod of the cluster) and
+the daemon's pod watch (podwatch: the pods of one node, by a field
+selector). One thread per resource: a paged LIST (``page_size`` items per
+request, so a cluster of 50,000 pods is never one body in memory), then a
+WATCH from the list's resourceVersion with bookmarks; a new WATCH from the
+last version seen when the server ends one (every
+``watch_timeout_seconds``) or the connection fails (with backoff); a new
+LIST when the version expired (410) or went back (504 "too large resource
+version").
 
 The handler gets the objects as decoded JSON dicts (camelCase, as on the
 wire) and keeps what it needs of them:
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,7 +35,6 @@ from typing import Any, Protocol
 
 from nodemgr.errors import KubeApiError, KubeExpired, KubeForbidden, KubeUnavailable
 from nodemgr.kubernetes.client import ApiSession, map_error, status_error
-from nodemgr.kubernetes.podwatch import _close_response, _lines, _wake_reader
 from nodemgr.kubernetes.writes import Backoff
 
 log = logging.getLogger("nodemgr.kubernetes.listwatch")
@@ -47,7 +49,13 @@ class WatchHandler(Protocol):
 
 
 class ListWatch:
-    """One resource of the whole cluster, listed once and watched, in a thread of its own."""
+    """One resource, listed once and watched, in a thread of its own.
+
+    ``field_selector`` narrows the LIST and the WATCH alike (the pod watch:
+    ``spec.nodeName=<node>``); ``on_expired`` runs when the version expired,
+    before the new LIST; ``name``, ``thread_name`` and ``logger`` say whose
+    watch it is in log lines and thread listings.
+    """
 
     def __init__(
         self,
@@ -59,6 +67,11 @@ class ListWatch:
         watch_timeout_seconds: int = 300,
         page_size: int = 500,
         backoff: Backoff | None = None,
+        field_selector: str | None = None,
+        on_expired: Callable[[], None] | None = None,
+        name: str = "",
+        thread_name: str = "",
+        logger: logging.Logger = log,
     ):
         if resource not in RESOURCES:
             raise ValueError(f"resource must be one of {RESOURCES}, not {resource!r}")
@@ -69,19 +82,28 @@ class ListWatch:
         self._watch_timeout_seconds = watch_timeout_seconds
         self._page_size = page_size
         self._backoff = backoff or Backoff()
+        self._field_selector = field_selector
+        self._on_expired = on_expired or (lambda: None)
+        self._name = name or f"{resource} watch"
+        self._log = logger
         self._response_lock = threading.Lock()
-        self._response: Any = None
+        self._response: Any = None  # the open watch stream, for abort()
         self.synced = False  # a LIST has been handed over since the last expiry
         self.watching = False
         self.lists = 0  # how many LISTs (first pages) were made
         self.last_error: str | None = None
-        self.thread = threading.Thread(target=self._run, name=f"watch-{resource}", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name=thread_name or f"watch-{resource}", daemon=True
+        )
 
     def _list_method(self) -> Callable[..., Any]:
         core = self._session.core
         if self.resource == "nodes":
             return core.list_node
         return core.list_pod_for_all_namespaces
+
+    def _selection(self) -> dict[str, str]:
+        return {"field_selector": self._field_selector} if self._field_selector else {}
 
     def start(self) -> None:
         self.thread.start()
@@ -91,7 +113,7 @@ class ListWatch:
         with self._response_lock:
             response = self._response
         if response is not None:
-            _wake_reader(response)
+            _wake_reader(response)  # the watch thread closes it
 
     # --- the thread --------------------------------------------------------------
 
@@ -106,26 +128,27 @@ class ListWatch:
                 resource_version = self._follow(resource_version)
                 if time.monotonic() - began >= 1.0:
                     backoff.reset()
-                    continue
-                delay = backoff.next_delay_seconds()
+                    continue  # the server ended a long watch: resume at once
+                delay = backoff.next_delay_seconds()  # ended at once: do not spin
             except KubeExpired:
-                log.info(
-                    "%s watch: version %s expired, listing again", self.resource, resource_version
+                self._log.info(
+                    "%s: version %s expired, listing again", self._name, resource_version
                 )
                 resource_version = None
                 self.synced = False
+                self._on_expired()
                 if time.monotonic() - began >= 1.0:
                     continue
-                delay = backoff.next_delay_seconds()
+                delay = backoff.next_delay_seconds()  # expired at once again: do not spin
             except KubeApiError as e:
                 self.last_error = str(e)
                 delay = backoff.next_delay_seconds()
-                log.debug("%s watch failed, again in %.1f s: %s", self.resource, delay, e)
+                self._log.debug("%s failed, again in %.1f s: %s", self._name, delay, e)
                 if not isinstance(e, (KubeUnavailable, KubeForbidden)):  # those are logged
-                    self._session.log_once(f"{self.resource} watch: {e}", logging.WARNING)
+                    self._session.log_once(f"{self._name}: {e}", logging.WARNING)
             except Exception:  # a bug must not end the watch for the process's lifetime
                 delay = backoff.next_delay_seconds()
-                log.exception("%s watch failed, again in %.1f s", self.resource, delay)
+                self._log.exception("%s failed, again in %.1f s", self._name, delay)
             self._stop.wait(delay)
 
     def _pages(self, first: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
@@ -142,12 +165,13 @@ class ListWatch:
                 self._list_method(),
                 limit=self._page_size,
                 _continue=token,
+                **self._selection(),
             )
 
     def _relist(self) -> str:
         """LIST the resource (page by page) into the handler; the list's resourceVersion."""
         first = self._session.call(
-            "list", self.resource, self._list_method(), limit=self._page_size
+            "list", self.resource, self._list_method(), limit=self._page_size, **self._selection()
         )
         self.lists += 1
         version = str((first.get("metadata") or {}).get("resourceVersion") or "")
@@ -166,14 +190,19 @@ class ListWatch:
                 allow_watch_bookmarks=True,
                 timeout_seconds=self._watch_timeout_seconds,
                 _preload_content=False,
+                # The server ends the watch after timeout_seconds; a read that
+                # waits longer than that means the connection died silently.
                 _request_timeout=(
                     session.timeout_seconds,
                     self._watch_timeout_seconds + 2 * session.timeout_seconds,
                 ),
+                **self._selection(),
             )
         except Exception as e:
             error = map_error(e, "watch", self.resource)
             if error.status == 504 and "too large resource version" in str(error).lower():
+                # The server's versions went back (etcd restored, a new
+                # cluster at the same address): ours means nothing there.
                 raise KubeExpired(str(error), 504) from e
             session.note_error(error)
             raise error from e
@@ -182,14 +211,14 @@ class ListWatch:
         self.watching = True
         session.note_ok()
         try:
-            if self._stop.is_set():
+            if self._stop.is_set():  # stop came before the response was registered
                 return resource_version
             for line in _lines(response):
                 if self._stop.is_set():
                     break
                 if line.strip():
                     resource_version = self._event(json.loads(line), resource_version)
-        except KubeApiError as e:
+        except KubeApiError as e:  # an ERROR event in the stream
             session.note_error(e)
             raise
         except Exception as e:
@@ -213,4 +242,40 @@ class ListWatch:
         version = (obj.get("metadata") or {}).get("resourceVersion") or resource_version
         if kind in ("ADDED", "MODIFIED", "DELETED"):
             self._handler.apply(str(kind), obj)
-        return str(version)
+        return str(version)  # BOOKMARK: only the version moves
+
+
+def _lines(response: Any) -> Iterator[str]:
+    """The newline-separated JSON documents of a watch stream, as they arrive."""
+    buffer = b""
+    for chunk in response.stream(amt=None, decode_content=False):
+        buffer += chunk
+        *lines, buffer = buffer.split(b"\n")
+        for line in lines:
+            yield line.decode("utf-8", "replace")
+    if buffer.strip():
+        yield buffer.decode("utf-8", "replace")
+
+
+def _wake_reader(response: Any) -> None:
+    """Make a read of the stream blocked in another thread return (at EOF).
+
+    Only shutdown() of the socket does: close() does not interrupt a blocked
+    recv(), and closing the response waits for the reader's buffer lock.
+    """
+    connection = getattr(response, "connection", None)
+    sock = getattr(connection, "sock", None)
+    if sock is not None:
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _close_response(response: Any) -> None:
+    """Close a stream this thread has stopped reading (its connection is not reused)."""
+    _wake_reader(response)
+    try:
+        response.close()
+    except Exception:  # already closed: done either way
+        pass

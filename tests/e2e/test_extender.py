@@ -197,12 +197,25 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
 
     # The nodes publish what they admitted; per card it equals what the extender placed.
     memory_a, core_a = expected_per_card(cluster, placed, "node-a")
+    # A node publishes at most once a second, and a container's memory and share come in
+    # two Allocate calls: wait for the final state, not the first sign of the pods.
     gpus_a = cluster.wait_gpus(
-        "node-a", lambda g: [c["memory_allocated_mib"] for c in g] == memory_a
+        "node-a",
+        lambda g: [(c["memory_allocated_mib"], c["core_allocated_percent"]) for c in g]
+        == list(zip(memory_a, core_a, strict=True)),
     )
     assert [c["core_allocated_percent"] for c in gpus_a] == core_a
     memory_b, core_b = expected_per_card(cluster, placed, "node-b")
-    gpus_b = cluster.wait_gpus("node-b", lambda g: any(c["mode"] == "whole" for c in g))
+
+    def node_b_final(g) -> bool:
+        shared = [c for c in g if c["mode"] != "whole"]
+        return any(c["mode"] == "whole" for c in g) and all(
+            (c["memory_allocated_mib"], c["core_allocated_percent"])
+            == (memory_b[c["index"]], core_b[c["index"]])
+            for c in shared
+        )
+
+    gpus_b = cluster.wait_gpus("node-b", node_b_final)
     for card in gpus_b:
         if card["mode"] == "whole":
             assert memory_b[card["index"]] == 0  # the extender left that card to it
