@@ -28,6 +28,7 @@ from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
 from nodemgr.kubernetes.publish import (
     GPU_COUNT_RESOURCE,
     NODE_ANNOTATION,
+    isolation_by_allocation,
     node_annotation,
     node_labels,
     pod_annotations,
@@ -127,8 +128,14 @@ class Publisher(ThreadWorker):
     def publish(self) -> None:
         """Hand the adapter what differs from what was last sent."""
         pods = {(p.namespace, p.name): p for p in self._adapter.pods()}
+        status = self._status_document()
         desired = pod_annotations(
-            self._allocator.allocations(), self._allocator.cards, self._unit_mib, pods
+            self._allocator.allocations(),
+            self._allocator.cards,
+            self._unit_mib,
+            pods,
+            isolation=isolation_by_allocation(status),
+            label_prefix=self._label_prefix,
         )
         for key, wanted in desired.items():
             if self._sent_pods.get(key) != wanted:
@@ -137,7 +144,7 @@ class Publisher(ThreadWorker):
         for key in [k for k in self._sent_pods if k not in desired]:
             del self._sent_pods[key]  # released: the pod is gone or lost its GPUs
         labels = node_labels(self._allocator.cards, self._mps_enabled)
-        annotation = node_annotation(self._status_document())
+        annotation = node_annotation(status)
         node = (tuple(sorted(labels.items())), annotation)
         if node != self._sent_node:
             self._adapter.set_node_labels(labels)

@@ -6,6 +6,7 @@ pod, node labels, the node annotation and gpu-count together), forgets released 
 publishes at start and after an allocation change, and survives a failing publish;
 refusals and violations become pod Events (none for a process of no known pod)."""
 
+import json
 import threading
 
 from nodemgr.common.changes import ChangeCounter
@@ -303,3 +304,23 @@ def test_a_violation_is_an_event_naming_container_card_and_action():
     adapter.calls.clear()
     post_violation(adapter, Violation(MEMORY, "GPU-a", (9,), "stray"), "GPU0", "log")
     assert adapter.calls == []
+
+
+def test_pods_get_their_isolation_from_the_status_document():
+    """Each pod's annotations include ``<prefix>isolation`` with its containers' levels,
+    taken from the status document the node annotation is made of; an allocation the
+    document does not know (made since) is left out until the next publish."""
+    isolation = {"memory": "enforced", "memory_detail": "watchdog", "compute": "unlimited",
+                 "compute_detail": "no share asked"}  # fmt: skip
+    row = {"id": "ga-1", "gpus": ["GPU-a"], "namespace": "ml", "pod": "train-0",
+           "container": "main", "memory_mib": 4096, "core_percent": 0,
+           "isolation": isolation}  # fmt: skip
+    status = {"allocations": [row], "gpus": []}
+    allocator = FakeAllocator([allocation("ga-1", "train-0"), allocation("ga-2", "train-1")])
+    adapter = FakeAdapter([pod("train-0"), pod("train-1")])
+    publisher(adapter, allocator, status).publish()
+    sent = {call[2]: call[3] for call in adapter.calls if call[0] == "pod"}
+    assert json.loads(sent["train-0"][PREFIX + "isolation"]) == {
+        "main": {"memory": "enforced", "compute": "unlimited"}
+    }
+    assert PREFIX + "isolation" not in sent["train-1"]
