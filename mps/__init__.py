@@ -5,6 +5,10 @@ Start, adopt, health-check and stop ``nvidia-cuda-mps-control`` for one card
 it control commands and parse the answers. Every call has a timeout: a hung
 control daemon or binary is reported as an error, never waited on.
 
+It also tells which process is a card's control daemon and which are its MPS
+servers, from facts in /proc that no container can forge (mps.identity), and
+keeps what containers see of a daemon to its client directory (mps.layout).
+
 What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
 part of it); kill MPS clients or servers (a health check only reads); keep
 state beyond what the running control daemon and the file system hold.
@@ -19,11 +23,13 @@ from mps.control import (
     MpsUnsupported,
 )
 from mps.daemon import CardDaemon, Health, HealthState
+from mps.identity import DaemonIdentity
 from mps.layout import MpsLayout
 
 __all__ = [
     "CardDaemon",
     "ControlClient",
+    "DaemonIdentity",
     "Health",
     "HealthState",
     "MpsError",

@@ -1,14 +1,22 @@
-"""One card's control daemon: start, adopt, probe, stop.
+"""One card's control daemon: start, adopt, probe, stop; what containers see of it.
 
-A control daemon is identified by its pipe directory: whoever answers there
-is the card's daemon, whether this process started it or an earlier run of
-the node daemon did (adoption). Its PID is found in /proc (the process whose
-command line runs the control binary in daemon mode and whose environment
-names that pipe directory), so nothing depends on a PID file.
+A control daemon is found by its pipe directory: whoever answers there is the
+card's daemon, whether this process started it or an earlier run of the node
+daemon did (adoption). Which process that is comes from facts a container cannot
+forge (mps.identity: the listening ``control`` socket it holds, the file it runs,
+its user, its mount namespace), never from a command line or an environment, and
+no PID file is kept.
+
+Containers never see the pipe directory itself: it holds ``control_privileged``,
+through which root may ``quit`` the daemon. They get the client directory, which
+holds only ``control``: a hard link to the daemon's socket, renewed whenever a
+daemon (re)starts, since each start makes a new socket (docs/mps.md says why a
+bind mount over ``control_privileged`` does not hold).
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import os
 import time
@@ -16,6 +24,7 @@ from dataclasses import dataclass
 
 import psutil
 
+from mps import proc
 from mps.control import (
     ControlClient,
     MpsError,
@@ -25,8 +34,7 @@ from mps.control import (
     MpsUnsupported,
     run_binary,
 )
-
-DAEMON_FLAGS = ("-d", "-f")
+from mps.identity import DaemonIdentity
 
 
 class HealthState(enum.StrEnum):
@@ -53,12 +61,20 @@ class CardDaemon:
     """The MPS control daemon of one card."""
 
     def __init__(
-        self, card_uuid: str, binary: str, pipe_dir: str, log_dir: str, timeout_seconds: float
+        self,
+        card_uuid: str,
+        binary: str,
+        pipe_dir: str,
+        log_dir: str,
+        timeout_seconds: float,
+        client_dir: str | None = None,
     ):
+        """``client_dir``: what containers mount as their pipe directory (None: none)."""
         self.card_uuid = card_uuid
         self.binary = binary
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
+        self.client_dir = client_dir
         self.timeout_seconds = timeout_seconds
         self.client = ControlClient(binary, pipe_dir, timeout_seconds)
 
@@ -125,21 +141,49 @@ class CardDaemon:
                 raise MpsError(f"MPS control daemon at {self.pipe_dir} did not quit in time")
             time.sleep(0.05)
 
+    def identify(self, previous: DaemonIdentity | None = None) -> DaemonIdentity | None:
+        """The verified control daemon of this pipe directory; None when no process (or
+        no single one) passes (mps.identity). ``previous`` stays while it still passes."""
+        return proc.find_daemon(self.pipe_dir, self.binary, previous)
+
     def pid(self) -> int | None:
-        """PID of the control daemon serving this pipe directory, if one runs."""
-        name = os.path.basename(self.binary)
-        for proc in psutil.process_iter(["cmdline"]):
-            cmdline = proc.info["cmdline"] or []
-            if not any(os.path.basename(arg) == name for arg in cmdline[:2]):
-                continue
-            if not any(flag in cmdline for flag in DAEMON_FLAGS):
-                continue
-            try:
-                if proc.environ().get("CUDA_MPS_PIPE_DIRECTORY") == self.pipe_dir:
-                    return proc.pid
-            except (psutil.AccessDenied, psutil.NoSuchProcess, psutil.ZombieProcess):
-                continue
-        return None
+        """PID of the verified control daemon of this pipe directory, if one runs."""
+        identity = self.identify()
+        return None if identity is None else identity.pid
+
+    def servers(self, daemon: DaemonIdentity) -> frozenset[tuple[int, int]]:
+        """(PID, start ticks) of the MPS servers of ``daemon`` (its direct children that
+        run the server binary); empty once it is not that process any more."""
+        return proc.find_servers(daemon, self.binary)
+
+    def publish(self) -> None:
+        """Make ``<client dir>/control`` the daemon's current ``control`` socket (a hard
+        link: a container connecting there reaches the daemon, but only through the
+        unprivileged socket). Replaced in one rename, so a client never finds it missing."""
+        if self.client_dir is None:
+            return
+        source = os.path.join(self.pipe_dir, "control")
+        target = os.path.join(self.client_dir, "control")
+        try:
+            os.makedirs(self.client_dir, mode=0o755, exist_ok=True)
+            wanted = os.stat(source)
+            with contextlib.suppress(FileNotFoundError):
+                have = os.lstat(target)
+                if (have.st_dev, have.st_ino) == (wanted.st_dev, wanted.st_ino):
+                    return
+            for name in os.listdir(self.client_dir):  # left by a run stopped mid-publish
+                if name.startswith(".control."):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(os.path.join(self.client_dir, name))
+            temporary = os.path.join(self.client_dir, f".control.{os.getpid()}")
+            os.link(source, temporary)
+            os.replace(temporary, target)
+        except OSError as e:
+            raise MpsError(
+                f"cannot give containers the MPS control socket of {self.card_uuid}: "
+                f"linking {source} as {target} failed ({e.strerror or e}); both must be on one "
+                "file system (under run_dir) writable by gpushare-node"
+            ) from e
 
 
 def _alive(pid: int | None) -> bool:

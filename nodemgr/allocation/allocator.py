@@ -281,11 +281,14 @@ class Allocator:
             return AllocateResult(allocation.id, envs, mounts)
 
     def _mps_mounts(self, card_uuid: str) -> tuple[Mount, ...]:
-        """The card's pipe directory and the shared MPS /dev/shm; the same for both resources."""
+        """The card's MPS client directory, read-only, and the shared MPS /dev/shm; the same
+        for both resources. Not the daemon's pipe directory: root could ``quit`` the daemon
+        through its ``control_privileged``. Read-only: a container must not replace
+        ``control`` for the card's other tenants (docs/mps.md)."""
         if self._mps_layout is None:
             return ()
         return (
-            Mount(CONTAINER_PIPE_DIRECTORY, self._mps_layout.pipe_dir(card_uuid)),
+            Mount(CONTAINER_PIPE_DIRECTORY, self._mps_layout.client_dir(card_uuid), read_only=True),
             Mount("/dev/shm", self._mps_layout.shm_dir),
         )
 

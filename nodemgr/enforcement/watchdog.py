@@ -19,6 +19,11 @@ no quota env), each violation is reported and acted on on its own, and
 each process event is handled on its own. What still escapes ``run`` is
 the worker supervision's (nodemgr.common.workers): logged, restarted.
 
+The MPS servers of the cards' verified control daemons are the only GPU
+processes outside containers it spares: exactly the (PID, start time) pairs the
+MPS supervisor names (``mps_servers``, read once per scan), never a process
+because of its name, its ancestry or what it claims to be.
+
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
 
@@ -64,7 +69,6 @@ log = logging.getLogger(__name__)
 # An exec in a registered container is scanned this soon: the new process
 # needs a moment to create its GPU context before NVML lists it.
 EXEC_RESCAN_SECONDS = 0.2
-_MAX_ANCESTRY = 8  # an MPS server is a child of its control daemon
 
 
 class ProcessEventBatch(Protocol):
@@ -94,7 +98,7 @@ class Watchdog(ThreadWorker):
         allocator: Allocator,
         inventory: Inventory,
         ledger: Ledger,
-        mps_control_pids: Callable[[], set[int]] = set,
+        mps_servers: Callable[[], Collection[tuple[int, int]]] = frozenset,
         clock: Callable[[], float] = time.time,
         events_source: Callable[[], ProcessEventSource] | None = None,
         on_violation: Callable[[Violation, str, str], None] | None = None,
@@ -105,7 +109,8 @@ class Watchdog(ThreadWorker):
         self._allocator = allocator
         self._inventory = inventory
         self._ledger = ledger
-        self._mps_control_pids = mps_control_pids
+        # (PID, start ticks) of the MPS servers of the verified control daemons.
+        self._mps_servers = mps_servers
         self._clock = clock
         # Read by the status and metrics threads: written and read under _stats_lock.
         self._stats_lock = threading.Lock()
@@ -299,7 +304,7 @@ class Watchdog(ThreadWorker):
         if self._usage_problem is not None:
             log.info("per-process GPU memory readable again; enforcement resumes")
             self._usage_problem = None
-        control_pids: set[int] | None = None
+        servers: Collection[tuple[int, int]] | None = None
         processes = []
         for entry in usage:
             try:
@@ -309,10 +314,10 @@ class Watchdog(ThreadWorker):
                 continue
             if process is None:
                 continue
-            if control_pids is None:  # not per process: a failure here fails (retries) the scan
-                control_pids = self._mps_control_pids()
-            if control_pids and self._descends_from(entry.pid, control_pids):
-                continue  # an MPS server: ours
+            if servers is None:  # not per process: a failure here fails (retries) the scan
+                servers = self._mps_servers()
+            if (process.pid, process.start_ticks) in servers:
+                continue  # an MPS server of a verified control daemon: ours
             processes.append(process)
         live = {(p.pid, p.start_ticks) for p in processes}
         for key in [k for k in self._cache if k not in live]:
@@ -389,19 +394,6 @@ class Watchdog(ThreadWorker):
             return True  # cannot tell: the next scan judges it
         index = index_registrations(self._registry.registrations())
         return registration_of(index, cgroups) is not None
-
-    def _descends_from(self, pid: int, ancestors: set[int]) -> bool:
-        """Whether ``pid`` descends from one of ``ancestors`` (False when unreadable)."""
-        for _ in range(_MAX_ANCESTRY):
-            try:
-                pid = procfs.read_parent(pid) or 0
-            except procfs.ProcfsError:
-                return False  # not provably ours: not exempt
-            if pid <= 1:
-                return False
-            if pid in ancestors:
-                return True
-        return False
 
     def _report(self, violation: Violation) -> None:
         with self._stats_lock:

@@ -111,7 +111,7 @@ def run(
                 allocator,
                 inventory,
                 ledger,
-                supervisor.control_pids if supervisor is not None else set,
+                supervisor.mps_servers if supervisor is not None else frozenset,
                 events_source=ProcEvents,
                 on_violation=partial(post_violation, kube) if kube is not None else None,
             )

@@ -12,6 +12,15 @@ read: running clients are never killed.
 For a card given out whole: its control daemon is stopped once it has no
 clients, then compute mode goes back to DEFAULT; freed, it returns to MPS.
 
+Which process is a card's control daemon is verified from facts no container can
+forge (mps.identity): the one holding the listening socket of its pipe directory,
+running the control binary, as our user, in our mount namespace. A daemon that
+answers but cannot be verified makes the card Unhealthy: its MPS servers could not
+be told from tenants' processes. ``mps_servers`` gives the watchdog exactly the
+servers of the verified daemons (their direct children running the server binary):
+the only GPU processes outside containers that enforcement spares. Containers get
+the card's client directory, whose ``control`` is kept the daemon's current socket.
+
 The node daemon's stop leaves every control daemon running: they and their
 clients must outlive a restart or upgrade of gpushare-node.
 """
@@ -27,7 +36,7 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from mps import CardDaemon, Health, HealthState, MpsError, MpsLayout
+from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import MpsSettings
@@ -44,7 +53,9 @@ BACKOFF_MAX_SECONDS = 60.0
 class _CardState:
     daemon: CardDaemon
     mode: str | None = None  # "shared" or "whole" once reached
-    configured_pid: int | None = None  # the control daemon the ceilings were set on
+    # The verified control daemon the ceilings were set on. Read by the watchdog thread
+    # (mps_servers): replaced whole, never changed in place.
+    identity: DaemonIdentity | None = None
     failures: int = 0
     retry_at: float = 0.0  # monotonic; no restart before this
     problem: str | None = None
@@ -76,14 +87,22 @@ class MpsSupervisor(ThreadWorker):
                     layout.pipe_dir(card.uuid),
                     layout.log_dir(card.uuid),
                     settings.command_timeout_seconds,
+                    layout.client_dir(card.uuid),
                 )
             )
             for card in allocator.cards
         }
 
-    def control_pids(self) -> set[int]:
-        """PIDs of the control daemons this supervisor configured (their MPS servers are theirs)."""
-        return {s.configured_pid for s in self._states.values() if s.configured_pid is not None}
+    def mps_servers(self) -> frozenset[tuple[int, int]]:
+        """(PID, start ticks) of the MPS servers of the verified control daemons, read
+        now (a server started a moment ago is in). Called from the watchdog's thread;
+        a process that cannot be read is simply not in (fail closed)."""
+        servers: set[tuple[int, int]] = set()
+        for state in list(self._states.values()):
+            identity = state.identity
+            if identity is not None:
+                servers |= state.daemon.servers(identity)
+        return frozenset(servers)
 
     def prepare(self) -> None:
         """Once at start, before serving: the shared /dev/shm and every card's first tend."""
@@ -156,8 +175,17 @@ class MpsSupervisor(ThreadWorker):
         if not health.ok:
             self._problem(card, state, health)
             return
-        pid = state.daemon.pid()
-        if state.configured_pid != pid or state.mode != "shared":
+        identity = state.daemon.identify(state.identity)
+        if identity is None:
+            state.identity = None  # its servers are exempt no longer
+            self._unverified(card, state)
+            return
+        try:
+            state.daemon.publish()
+        except MpsError as e:
+            self._problem(card, state, Health(HealthState.BROKEN, str(e)))
+            return
+        if state.identity != identity or state.mode != "shared":
             try:
                 self._inventory.set_compute_mode(card.uuid, "EXCLUSIVE_PROCESS")
                 shareable_mib = (card.memory_mib // self._unit_mib) * self._unit_mib
@@ -166,16 +194,32 @@ class MpsSupervisor(ThreadWorker):
             except (InventoryError, MpsError) as e:
                 self._problem(card, state, Health(HealthState.BROKEN, str(e)))
                 return
-            state.configured_pid = pid
+            state.identity = identity
             log.info(
-                "GPU%d: MPS ready (control daemon pid %s, compute mode EXCLUSIVE_PROCESS, "
+                "GPU%d: MPS ready (control daemon pid %d, compute mode EXCLUSIVE_PROCESS, "
                 "pinned memory ceiling %d MiB)",
                 card.index,
-                pid,
+                identity.pid,
                 shareable_mib,
             )
         state.mode, state.failures, state.retry_at = "shared", 0, 0.0
         self._set_problem(card, state, None)
+
+    def _unverified(self, card: Card, state: _CardState) -> None:
+        """A daemon answers at the card's pipe directory, but no single process passes
+        mps.identity: its servers would be killed as unallocated, so no shared work."""
+        user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+        reason = (
+            f"an MPS control daemon answers at {state.daemon.pipe_dir} but no single process "
+            f"of {state.daemon.binary} running as {user} outside every container holds its "
+            "listening control socket, so its MPS servers cannot be told from tenants' "
+            "processes; stop whatever else serves that directory (or a control binary "
+            "configured as a wrapper: set mps.control_binary to NVIDIA's binary) and let "
+            "gpushare-node start the daemon again"
+        )
+        self._problem(
+            card, state, Health(HealthState.BROKEN, reason), "MPS control daemon not verified"
+        )
 
     def _schedule_retry(self, state: _CardState) -> float:
         state.failures += 1
@@ -242,15 +286,21 @@ class MpsSupervisor(ThreadWorker):
             "GPU%d given out whole: left MPS (control daemon stopped, compute mode DEFAULT)",
             card.index,
         )
-        state.mode, state.configured_pid, state.notes = "whole", None, set()
+        state.mode, state.identity, state.notes = "whole", None, set()
 
-    def _problem(self, card: Card, state: _CardState, health: Health) -> None:
-        summary = {
-            HealthState.DOWN: "MPS control daemon down",
-            HealthState.HUNG: "MPS control daemon not answering",
-            HealthState.BROKEN: "MPS control daemon answers unexpectedly",
-            HealthState.FAULT: "MPS server in FAULT",
-        }[health.state]
+    def _problem(
+        self, card: Card, state: _CardState, health: Health, summary: str | None = None
+    ) -> None:
+        summary = (
+            summary
+            or {
+                HealthState.DOWN: "MPS control daemon down",
+                HealthState.HUNG: "MPS control daemon not answering",
+                HealthState.BROKEN: "MPS control daemon answers unexpectedly",
+                HealthState.FAULT: "MPS server in FAULT",
+            }[health.state]
+        )
+        state.health = health  # what nodemgr status shows: the problem, not the probe
         if state.problem != summary:
             log.error(
                 "GPU%d: %s, its shared devices are Unhealthy: %s",

@@ -19,20 +19,23 @@ import os
 import re
 import shutil
 import signal
+import socket
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 
 import psutil
 import pytest
 
-from mps import CardDaemon, HealthState, MpsProtocolError, MpsUnsupported
+from mps import CardDaemon, DaemonIdentity, HealthState, MpsProtocolError, MpsUnsupported
 from tests.harness import real_parts
 from tests.harness.paths import MPS_STANDIN
 
 GPU = "GPU-5ad00000-0000-4000-8000-000000000000"
 NO_DAEMON = "Cannot find MPS control daemon process"
+NO_PRIVILEGE = "Not enough privilege to execute quit command"
 ALREADY_RUNNING = "An instance of this daemon is already running"
 LOG_LINE = re.compile(
     r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3} Control (?=[ \d]{5,}\])( *\d+)\] (.*)"
@@ -140,7 +143,8 @@ class Mps:
         return self.daemon()
 
     def daemon(self) -> psutil.Process:
-        """The control daemon serving this pipe directory (as mps.CardDaemon.pid finds it)."""
+        """The control daemon serving this pipe directory (found by its argv and env: the
+        test's own lookup, independent of how mps.CardDaemon verifies it)."""
         name = os.path.basename(self.binary)
 
         def one():
@@ -206,7 +210,7 @@ def mode(path: str) -> tuple[str, int]:
 
 def test_start_returns_once_listening_and_detaches(mps):
     """-d exits 0 with no output once the daemon listens; the daemon runs in its own
-    session with -d in its command line and the MPS env in /proc (how CardDaemon.pid finds it)."""
+    session with -d in its command line and the MPS env in /proc."""
     done = mps.run("-d")
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
     assert mps.ask("get_server_list") == ""  # answers at once: no retry needed
@@ -502,6 +506,95 @@ def test_the_daemons_own_user_may_quit_it(mps):
     wait_gone(proc)
 
 
+# Privilege: what decides who may quit, and what a container may be given
+
+
+def client_view(mps: Mps, privileged: str) -> str:
+    """A directory holding a hard link to the daemon's ``control`` and, as ``privileged``
+    says, no ``control_privileged``, a stale socket, a plain file or a second hard link
+    to ``control`` under that name."""
+    view = os.path.join(mps.root, "view")
+    os.mkdir(view)
+    os.link(os.path.join(mps.pipe_dir, "control"), os.path.join(view, "control"))
+    target = os.path.join(view, "control_privileged")
+    if privileged == "stale socket":
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as stale:
+            stale.bind(target)
+    elif privileged == "plain file":
+        open(target, "w").close()
+    elif privileged == "link to control":
+        os.link(os.path.join(mps.pipe_dir, "control"), target)
+    return view
+
+
+@pytest.mark.parametrize("privileged", ["missing", "stale socket", "plain file", "link to control"])
+def test_root_through_control_may_query_but_not_quit(daemon, privileged):
+    """Privilege follows the socket a connection came in on, not the client's user: root
+    whose pipe directory offers only the daemon's `control` (no `control_privileged`, or
+    one that refuses, or `control` again under that name) is answered, and its quit is
+    refused ("Not enough privilege ...", exit 0); the daemon goes on. The client falls
+    back to `control` whenever `control_privileged` fails."""
+    mps, proc = daemon
+    mps.env["CUDA_MPS_PIPE_DIRECTORY"] = client_view(mps, privileged)
+    done = mps.client("get_default_active_thread_percentage", "quit", "get_server_list")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"100.0\n{NO_PRIVILEGE}\n"
+    assert not gone(proc)
+
+
+def test_a_start_replaces_both_sockets(daemon):
+    """A daemon that starts unlinks `control` and `control_privileged` and binds new ones:
+    new files, not the old inodes. A mount over either name in a container's view of the
+    pipe directory is detached by that unlink (the kernel drops mounts on a removed
+    name), which is why containers get a directory of their own (docs/mps.md)."""
+    mps, proc = daemon
+    names = ("control", "control_privileged")
+    for name in names:  # a second link keeps each old file (its inode is not reused)
+        os.link(os.path.join(mps.pipe_dir, name), os.path.join(mps.root, "old-" + name))
+    proc.kill()
+    wait_gone(proc)
+    mps.start()
+    for name in names:
+        old, new = os.path.join(mps.root, "old-" + name), os.path.join(mps.pipe_dir, name)
+        assert mode(new)[0] == "socket" and not os.path.samefile(old, new), name
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a mount namespace")
+def test_a_mount_over_control_privileged_is_lost_when_the_daemon_restarts(daemon):
+    """The design this rules out: in a mount namespace of its own (a container's), bind the
+    `control` socket over `control_privileged`. Root there is refused `quit` (privilege
+    follows the socket) until the daemon restarts: its start unlinks `control_privileged`,
+    the kernel detaches the mount in every namespace, and root there quits the new daemon."""
+    mps, proc = daemon
+    go, ready = os.path.join(mps.root, "go"), os.path.join(mps.root, "ready")
+    script = (
+        'mount --make-rprivate / && mount --bind "$1/control" "$1/control_privileged" && '
+        'echo quit | "$2"; touch "$3"; while [ ! -e "$4" ]; do sleep 0.05; done; '
+        'echo quit | "$2"'
+    )
+    inside = subprocess.Popen(
+        ["unshare", "--mount", "sh", "-c", script, "sh", mps.pipe_dir, mps.binary, ready, go],
+        env=mps.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until(lambda: os.path.exists(ready), what="the first quit inside")
+        assert not gone(proc)  # refused: through the cover it is `control`
+        proc.kill()
+        wait_gone(proc)
+        restarted = mps.start()
+        open(go, "w").close()
+        out, err = inside.communicate(timeout=20)
+    finally:
+        if inside.poll() is None:
+            inside.kill()
+            inside.wait()
+    assert (inside.returncode, out, err) == (0, f"{NO_PRIVILEGE}\n", "")
+    wait_gone(restarted)  # the second quit went through: the cover was gone
+
+
 # The mps library driving each binary
 
 
@@ -550,3 +643,91 @@ def test_unknown_command_is_an_error(daemon):
     mps, _ = daemon
     with pytest.raises(MpsUnsupported, match='Unknown command "bogus_cmd"'):
         card_daemon(mps).client.command("bogus_cmd")
+
+
+def start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[19])
+
+
+def test_card_daemon_verifies_the_daemon_by_the_socket_it_holds(mps):
+    """CardDaemon.identify names the process holding the listening `control` socket (PID
+    and start time, as control.log names it); a process posing with the daemon's argv and
+    env but holding no such socket, started first, is not it; nor is anything once the
+    daemon is gone."""
+    impostor = subprocess.Popen(
+        ["nvidia-cuda-mps-control", "-c", "import time; time.sleep(60)", "-d"],
+        executable=sys.executable,
+        env=mps.env,
+    )
+    try:
+        card = card_daemon(mps)
+        card.start()
+        pid = int(LOG_LINE.fullmatch(mps.log().splitlines()[0]).group(1))
+        assert pid != impostor.pid
+        assert card.identify() == DaemonIdentity(pid, start_time(pid))
+        os.kill(pid, signal.SIGKILL)
+        wait_gone(psutil.Process(pid))
+        assert card.identify() is None
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+def fake_server_dir(mps: Mps) -> str:
+    """A directory first on the daemon's PATH with a `nvidia-cuda-mps-server` that only
+    sleeps (NVIDIA's needs a GPU): the real daemon execs it there, as it would the real
+    one; the stand-in runs its own, next to it."""
+    directory = os.path.join(mps.root, "bin")
+    os.mkdir(directory)
+    server = os.path.join(directory, "nvidia-cuda-mps-server")
+    with open(server, "w") as f:
+        f.write("#!/bin/sh\nwhile :; do sleep 1; done\n")
+    os.chmod(server, 0o755)
+    mps.env["PATH"] = directory + os.pathsep + mps.env.get("PATH", "")
+    return server
+
+
+def test_servers_are_the_daemons_children_running_the_server_binary(mps):
+    """CardDaemon.servers names the server the daemon started (its direct child running
+    nvidia-cuda-mps-server, found on the daemon's PATH or next to the control binary),
+    with its start time; not the same server file run by another process, and nothing
+    for a daemon identity that is no longer the process it named."""
+    server_file = fake_server_dir(mps)
+    if not mps.is_real:
+        server_file = os.path.join(os.path.dirname(MPS_STANDIN), "nvidia-cuda-mps-server")
+    mps.start()  # with that PATH
+    card = card_daemon(mps)
+    identity = card.identify()
+    assert mps.ask("start_server -uid 0") == ""
+    [server] = wait_until(lambda: [int(p) for p in mps.ask("get_server_list").split()])
+    other = subprocess.Popen(["/bin/sh", server_file, str(os.getpid())], env=mps.env)
+    try:
+        wait_until(lambda: server in [c.pid for c in psutil.Process(identity.pid).children()])
+        assert card.servers(identity) == {(server, start_time(server))}
+        stale = DaemonIdentity(identity.pid, identity.start_ticks + 1)
+        assert card.servers(stale) == frozenset()
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_published_client_directory_reaches_the_daemon_but_cannot_quit_it(mps):
+    """CardDaemon.publish gives the client directory only `control`, the daemon's socket:
+    root there is answered and refused `quit`. A restarted daemon makes a new socket; the
+    next publish links it in place (the old link reaches nothing)."""
+    card = CardDaemon(GPU, mps.binary, mps.pipe_dir, mps.log_dir, 10, mps.root + "/client")
+    card.start()
+    card.publish()
+    assert os.listdir(card.client_dir) == ["control"]
+    mps.env["CUDA_MPS_PIPE_DIRECTORY"] = card.client_dir
+    assert mps.client("quit").stdout == NO_PRIVILEGE + "\n"
+    old = psutil.Process(card.pid())
+    old.kill()
+    wait_gone(old)
+    card.start()
+    assert NO_DAEMON in mps.client("get_server_list").stderr  # the old socket: nobody there
+    card.publish()
+    assert mps.ask("get_default_active_thread_percentage") == "100.0\n"
+    assert mps.client("quit").stdout == NO_PRIVILEGE + "\n"
+    assert sorted(os.listdir(card.client_dir)) == ["control"]

@@ -55,6 +55,10 @@ def pipe_dir(node, card):
     return os.path.join(node.root, "run", "mps", card, "pipe")
 
 
+def client_dir(node, card):
+    return os.path.join(node.root, "run", "mps", card, "client")
+
+
 def test_each_shared_card_has_its_own_control_daemon(node):
     daemons = node.wait_for(lambda: len(node.mps_daemons()) == 2 and node.mps_daemons())
     assert set(daemons) == {GPU0, GPU1}  # CUDA_VISIBLE_DEVICES of each is its card
@@ -69,6 +73,9 @@ def test_each_shared_card_has_its_own_control_daemon(node):
 
 @pytest.mark.parametrize("order", [[MEMORY, CORE], [CORE, MEMORY]])
 def test_shared_container_gets_pipe_env_and_both_mounts(node, order):
+    """Both resources give the card's client directory read-only at /tmp/nvidia-mps (not
+    the daemon's pipe directory, whose control_privileged lets root quit it) and the MPS
+    /dev/shm read-write; the client directory holds only the daemon's control socket."""
     result = node.kubelet.admit_pod(
         "default", "job", [ContainerSpec("main", {MEMORY: 4, CORE: 30})], order=order
     )
@@ -76,13 +83,20 @@ def test_shared_container_gets_pipe_env_and_both_mounts(node, order):
     container = result.containers[0]
     assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     expected = {
-        ("/tmp/nvidia-mps", pipe_dir(node, GPU0)),
-        ("/dev/shm", os.path.join(node.root, "run", "mps", "shm")),
+        ("/tmp/nvidia-mps", client_dir(node, GPU0), True),
+        ("/dev/shm", os.path.join(node.root, "run", "mps", "shm"), False),
     }
     for resource in order:  # both resources give the same mounts
-        mounts = {(m.container_path, m.host_path) for m in container.responses[resource].mounts}
+        mounts = {
+            (m.container_path, m.host_path, m.read_only)
+            for m in container.responses[resource].mounts
+        }
         assert mounts == expected
-    assert os.path.exists(os.path.join(pipe_dir(node, GPU0), "control"))
+    assert os.listdir(client_dir(node, GPU0)) == ["control"]
+    assert os.path.samefile(
+        os.path.join(client_dir(node, GPU0), "control"),
+        os.path.join(pipe_dir(node, GPU0), "control"),
+    )
 
 
 def test_whole_card_leaves_mps_and_comes_back_when_freed(node):

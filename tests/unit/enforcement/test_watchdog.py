@@ -1,7 +1,7 @@
 """Pins the watchdog's acting side in-process, with real processes: a GPU
 process on a shared card outside any container is killed with action kill
-and only recorded (once per onset, in the ledger too) with action log; the
-cards' MPS servers (children of the control daemons) are exempt; a process
+and only recorded (once per onset, in the ledger too) with action log; exactly
+the MPS servers the supervisor names (PID and start time) are exempt; a process
 on a card given out whole is not its business; a failing usage source
 pauses enforcement with one log line; and without the netlink connector the
 periodic scan still runs. One hostile process never stops it: a process in a cgroup
@@ -23,6 +23,7 @@ from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.config.schema import EnforcementSettings
 from nodemgr.domain.deviceids import ResourceKind
+from nodemgr.enforcement import procfs
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import InventoryError
@@ -52,7 +53,7 @@ def parts(settings):
     ledger.close()
 
 
-def watchdog(parts, usage, action="kill", control_pids=set, events_source=None):
+def watchdog(parts, usage, action="kill", mps_servers=frozenset, events_source=None):
     ledger, allocator, registry = parts
     return Watchdog(
         EnforcementSettings(action=action),
@@ -60,7 +61,7 @@ def watchdog(parts, usage, action="kill", control_pids=set, events_source=None):
         allocator,
         usage,
         ledger,
-        control_pids,
+        mps_servers,
         events_source=events_source,
     )
 
@@ -108,28 +109,35 @@ def test_action_log_records_each_onset_once_and_kills_nothing(parts, stray, capl
     assert dog.counts["unallocated"] == 2
 
 
-def test_mps_servers_of_our_control_daemons_are_exempt(parts):
-    # A "control daemon" whose child plays the MPS server.
-    control = subprocess.Popen(
+def test_exactly_the_named_mps_servers_are_exempt(parts):
+    """The watchdog spares exactly the (PID, start time) pairs the MPS supervisor names
+    (the servers of the verified control daemons): not that PID with another start time
+    (reused), not a child of a named process (no ancestry rule: a tenant's process can
+    descend from anything it started itself)."""
+    server = subprocess.Popen(
         [sys.executable, "-c", "import subprocess; subprocess.run(['sleep', '1000'])"]
     )
     try:
         deadline = time.monotonic() + 5
         children = []
         while not children and time.monotonic() < deadline:
-            children = [
-                int(p)
-                for p in open(f"/proc/{control.pid}/task/{control.pid}/children").read().split()
-            ]
+            with open(f"/proc/{server.pid}/task/{server.pid}/children") as f:
+                children = [int(p) for p in f.read().split()]
             time.sleep(0.02)
-        [server] = children
+        [child] = children
+        named = {(server.pid, procfs.read_start_ticks(server.pid))}
         usage = Usage()
-        usage.processes = [ProcessUsage(server, GPU0, 500)]
-        assert watchdog(parts, usage, control_pids=lambda: {control.pid}).scan() == []
-        assert watchdog(parts, usage).scan()[0].pids == (server,)  # not exempt otherwise
+        usage.processes = [ProcessUsage(server.pid, GPU0, 500)]
+        assert watchdog(parts, usage, "log", mps_servers=lambda: named).scan() == []
+        reused = {(pid, ticks + 1) for pid, ticks in named}
+        [violation] = watchdog(parts, usage, "log", mps_servers=lambda: reused).scan()
+        assert violation.pids == (server.pid,)
+        usage.processes = [ProcessUsage(child, GPU0, 500)]
+        [violation] = watchdog(parts, usage, "log", mps_servers=lambda: named).scan()
+        assert violation.pids == (child,)
     finally:
-        control.kill()
-        control.wait()
+        server.kill()
+        server.wait()
 
 
 def test_cards_given_out_whole_are_not_watched(parts, stray):

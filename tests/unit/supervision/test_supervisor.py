@@ -2,12 +2,19 @@
 daemon, EXCLUSIVE_PROCESS and the pinned-memory ceiling; a whole card leaves MPS
 only once its clients are gone and returns to DEFAULT; FAULT makes a card
 unavailable for shared work without killing anything; control daemons are
-adopted, not restarted."""
+adopted, not restarted; the daemon is the verified one (an impostor never is, and a
+daemon that cannot be verified makes the card Unhealthy); the watchdog's exemption is
+exactly its servers; containers see only its current control socket."""
 
+import logging
 import os
+import re
 import shutil
 import signal
+import subprocess
+import sys
 import tempfile
+import time
 
 import pytest
 
@@ -21,6 +28,8 @@ from nodemgr.supervision.supervisor import MpsSupervisor
 from tests.harness.cards import GPU0, GPU1, simulated_settings
 from tests.harness.clock import Clock
 from tests.harness.daemon_proc import MPS_STANDIN
+
+SERVER_FILE = os.path.join(os.path.dirname(MPS_STANDIN), "nvidia-cuda-mps-server")
 
 
 @pytest.fixture
@@ -112,3 +121,114 @@ def test_a_second_supervisor_adopts_instead_of_restarting(world):
     second = supervisor()
     second.prepare()
     assert {card: second._states[card].daemon.pid() for card in (GPU0, GPU1)} == pids
+
+
+def start_time(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as f:
+        return int(f.read().rpartition(")")[2].split()[19])
+
+
+def daemon_in_log(sup, card) -> int:
+    """The card's daemon as its own control.log names it (its last start)."""
+    with open(os.path.join(sup._states[card].daemon.log_dir, "control.log")) as f:
+        return int(re.findall(r"Control +(\d+)\] Starting control daemon", f.read())[-1])
+
+
+def restart(sup, card) -> None:
+    """Kill the card's daemon (a crash) and let the supervisor start another at once."""
+    os.kill(daemon_in_log(sup, card), signal.SIGKILL)
+    sup.tend_all()  # seen down: Unhealthy, restart after the backoff
+    sup._states[card].retry_at = 0.0  # the backoff is not what this test is about
+    sup.tend_all()
+
+
+def test_mps_servers_are_exactly_the_verified_daemons_servers(world):
+    """mps_servers names the server the card's daemon started (PID and start time), read
+    at the call; not the same server file run by another process."""
+    _, _, supervisor, _ = world
+    sup = supervisor()
+    sup.prepare()
+    assert sup.mps_servers() == frozenset()
+    client = sup._states[GPU0].daemon.client
+    client.command("start_server -uid 0")
+    [server] = client.server_pids()
+    lookalike = subprocess.Popen(["/bin/sh", SERVER_FILE, str(os.getpid())])
+    try:
+        assert sup.mps_servers() == {(server, start_time(server))}
+    finally:
+        lookalike.kill()
+        lookalike.wait()
+
+
+def test_an_impostor_started_first_does_not_become_the_daemon(world, caplog):
+    """A process posing with the control binary's name, `-d` and the card's pipe directory
+    in its env, started before the daemon's restart (so with the lower PID): the restarted
+    daemon is the one set up, and the impostor's children are not MPS servers."""
+    _, _, supervisor, _ = world
+    sup = supervisor()
+    sup.prepare()
+    pipe = sup._states[GPU0].daemon.pipe_dir
+    impostor = subprocess.Popen(
+        [
+            "nvidia-cuda-mps-control",
+            "-c",
+            "import subprocess; subprocess.run(['sleep', '60'])",
+            "-d",
+        ],
+        executable=sys.executable,
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": pipe, "CUDA_VISIBLE_DEVICES": GPU0},
+    )
+    try:
+        with caplog.at_level(logging.INFO):
+            restart(sup, GPU0)
+        real = daemon_in_log(sup, GPU0)
+        ready = re.findall(r"GPU0: MPS ready \(control daemon pid (\d+),", caplog.text)
+        assert ready == [str(real)] and real != impostor.pid
+        assert sup.mps_servers() == frozenset()
+    finally:
+        impostor.kill()
+        impostor.wait()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a mount namespace")
+def test_a_daemon_that_cannot_be_verified_makes_the_card_unhealthy(world):
+    """Something else answers at the card's pipe directory: the control binary itself, but
+    in a mount namespace of its own (as a container would be). No daemon is verified, so
+    its servers could not be told from tenants' processes: the card's shared devices are
+    Unhealthy and nothing of it is exempt."""
+    allocator, _, supervisor, _ = world
+    sup = supervisor()
+    daemon = sup._states[GPU0].daemon
+    os.makedirs(daemon.pipe_dir)
+    foreign = subprocess.Popen(
+        ["unshare", "--mount", MPS_STANDIN, "-f"],
+        env={**os.environ, "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir},
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not daemon.probe().ok and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sup.prepare()
+        assert allocator.card_problems() == {GPU0: "MPS control daemon not verified"}
+        view = sup.views()[GPU0]
+        assert view.state == "broken" and "outside every container" in view.detail
+        daemon.client.command("start_server -uid 0")
+        assert sup.mps_servers() == frozenset()
+    finally:
+        foreign.kill()
+        foreign.wait()
+
+
+def test_containers_get_only_the_daemons_control_socket_renewed_at_each_start(world):
+    """The client directory (what containers mount) holds only `control`: the daemon's
+    socket, linked again when a restarted daemon makes a new one."""
+    _, _, supervisor, _ = world
+    sup = supervisor()
+    sup.prepare()
+    daemon = sup._states[GPU0].daemon
+    for _ in range(2):
+        assert os.listdir(daemon.client_dir) == ["control"]
+        shown = os.path.join(daemon.client_dir, "control")
+        assert os.path.samefile(shown, os.path.join(daemon.pipe_dir, "control"))
+        restart(sup, GPU0)
