@@ -4,6 +4,10 @@ The allocation state, the pod watch and everything that follows them (the
 ListAndWatch streams, the MPS supervisor, the publisher) share this one
 shape: remember the generation you acted on, then wait until it differs.
 ``wake_all`` lets waiters re-check without a change (a worker being stopped).
+A thread that waits on file descriptors too (the MPS supervisor also waits for
+its control daemons to exit, on pidfds) registers a listener instead: called
+after every bump and wake, outside the lock; it must not block (write a byte
+to a pipe).
 
 Lock order: an owner may bump while holding its own lock; waiters hold only
 this object's condition, so no thread ever holds the condition and then asks
@@ -13,6 +17,7 @@ for the owner's lock.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 
 class ChangeCounter:
@@ -20,6 +25,7 @@ class ChangeCounter:
         self._condition = threading.Condition()
         self._generation = 0
         self._wakes = 0  # counts wake_all calls: a waiter returns when it moves too
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def generation(self) -> int:
@@ -31,7 +37,20 @@ class ChangeCounter:
         with self._condition:
             self._generation += 1
             self._condition.notify_all()
-            return self._generation
+            generation, listeners = self._generation, list(self._listeners)
+        for listener in listeners:
+            listener()
+        return generation
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` after every bump and wake_all (it must not block)."""
+        with self._condition:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Callable[[], None]) -> None:
+        with self._condition:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
         """Block until the generation differs from ``seen_generation`` (or timeout); the new one."""
@@ -47,3 +66,6 @@ class ChangeCounter:
         with self._condition:
             self._wakes += 1
             self._condition.notify_all()
+            listeners = list(self._listeners)
+        for listener in listeners:
+            listener()

@@ -112,7 +112,9 @@ class MpsSettings:
     # gpushare-node, adopted after its restart). "systemd" is not built yet.
     supervisor: str = "process"
     shm_size_mib: int = 0  # size of the shared /dev/shm tmpfs; 0 = half of RAM
-    health_check_interval_seconds: float = 5.0  # how often each control daemon is asked
+    # How often each control daemon is asked (finds a hung one or a server in FAULT);
+    # a daemon that exits is noticed at once through its pidfd, not by this check.
+    health_check_interval_seconds: float = 30.0
     command_timeout_seconds: float = 5.0  # a control command slower than this marks it hung
 
 

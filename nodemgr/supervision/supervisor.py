@@ -21,22 +21,36 @@ servers of the verified daemons (their direct children running the server binary
 the only GPU processes outside containers that enforcement spares. Containers get
 the card's client directory, whose ``control`` is kept the daemon's current socket.
 
+What it costs follows from what changes, not from a timer: the thread sleeps
+until a card changes state (given out whole or freed: allocator.card_changes), a
+verified control daemon exits (a pidfd per daemon: no process-table walk) or the
+next health check is due (``health_check_interval_seconds``: the control-command
+probe, which also finds a hung daemon). A check re-verifies the known daemon alone
+(mps.proc.find_daemon), and at most every ``DEFAULTS_CHECK_SECONDS`` reads the
+daemon's defaults back: any client (a tenant) may set them through the
+unprivileged socket, so a changed pinned limit or thread percentage is restored
+and logged. The first tend at start runs every card at once.
+
 The node daemon's stop leaves every control daemon running: they and their
 clients must outlive a restart or upgrade of gpushare-node.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import subprocess
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import psutil
 
-from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout
+from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout, proc
+from mps.control import shown_pinned_limit_mib
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import MpsSettings
@@ -47,6 +61,9 @@ from nodemgr.inventory import Card, Inventory
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX_SECONDS = 60.0
+# The MPS defaults are read back at most this often (two control commands per card).
+DEFAULTS_CHECK_SECONDS = 60.0
+DEFAULT_THREAD_PERCENT = 100.0  # no server-side share: each client's env sets its own
 
 
 @dataclass
@@ -61,6 +78,8 @@ class _CardState:
     problem: str | None = None
     health: Health | None = None  # the last probe's answer, for nodemgr status
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
+    watched: tuple[DaemonIdentity, int] | None = None  # the verified daemon and its pidfd
+    defaults_checked_at: float = 0.0  # monotonic
 
 
 class MpsSupervisor(ThreadWorker):
@@ -92,6 +111,8 @@ class MpsSupervisor(ThreadWorker):
             )
             for card in allocator.cards
         }
+        # Written by card changes (a listener) and stop(): ends the wait in run().
+        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def mps_servers(self) -> frozenset[tuple[int, int]]:
         """(PID, start ticks) of the MPS servers of the verified control daemons, read
@@ -105,37 +126,74 @@ class MpsSupervisor(ThreadWorker):
         return frozenset(servers)
 
     def prepare(self) -> None:
-        """Once at start, before serving: the shared /dev/shm and every card's first tend."""
+        """Once at start, before serving: the shared /dev/shm and every card's first
+        tend, all cards at once (each waits on its own control commands)."""
         self._ensure_shm()
-        self.tend_all()
+        whole = self._allocator.whole_cards()
+        with ThreadPoolExecutor(max(1, len(self._states)), "mps-prepare") as pool:
+            list(pool.map(lambda uuid: self._tend(uuid, whole, True), list(self._states)))
 
     def run(self, stop: threading.Event) -> None:
-        # Woken by card state changes only (a card given out whole must leave MPS
-        # before its container starts), else at the health check interval.
         changes = self._allocator.card_changes
-        generation = changes.generation
-        while not stop.is_set():
-            generation = changes.wait_for_change(
-                generation, self._settings.health_check_interval_seconds
-            )
-            if not stop.is_set():
-                self.tend_all()
+        changes.add_listener(self._poke)
+        try:
+            next_check = time.monotonic() + self._settings.health_check_interval_seconds
+            while not stop.is_set():
+                died = self._wait(self._next_wake(next_check) - time.monotonic())
+                if stop.is_set():
+                    break
+                check = time.monotonic() >= next_check
+                self.tend_all(check=check, died=died)
+                if check:
+                    next_check = time.monotonic() + self._settings.health_check_interval_seconds
+        finally:
+            changes.remove_listener(self._poke)
+            for state in self._states.values():
+                self._unwatch(state)
+
+    def _poke(self) -> None:
+        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake is pending
+            os.write(self._wake_write, b"x")
 
     def _wake(self) -> None:
-        self._allocator.card_changes.wake_all()
+        self._poke()
 
-    def tend_all(self) -> None:
+    def _next_wake(self, next_check: float) -> float:
+        """The health check, or sooner a restart whose backoff ends first."""
+        retries = [s.retry_at for s in self._states.values() if s.failures and s.retry_at]
+        return min([next_check, *retries])
+
+    def _wait(self, timeout: float) -> set[str]:
+        """Sleep until poked, a watched daemon exits, or ``timeout``; the cards whose
+        daemon exited."""
+        watched = {s.watched[1]: uuid for uuid, s in self._states.items() if s.watched}
+        try:
+            ready, _, _ = select.select([self._wake_read, *watched], [], [], max(0.0, timeout))
+        except (OSError, ValueError):  # a pidfd closed under us: check everything now
+            return set(self._states)
+        if self._wake_read in ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.read(self._wake_read, 4096)
+        return {watched[fd] for fd in ready if fd in watched}
+
+    def tend_all(self, check: bool = True, died: set[str] | frozenset[str] = frozenset()) -> None:
+        """Bring every card to its mode. ``check``: ask every control daemon (the health
+        check); otherwise only the cards that changed state or whose daemon exited."""
         whole = self._allocator.whole_cards()
-        for uuid, state in self._states.items():
+        for uuid in self._states:
             if self.stopping:  # a stop waits for at most the one command in flight
                 return
-            try:
-                if uuid in whole:
-                    self._leave_mps(self._cards[uuid], state)
-                else:
-                    self._keep_mps(self._cards[uuid], state)
-            except Exception:  # one card's surprise must not stop the others' care
-                log.exception("GPU%d: MPS supervision failed", self._cards[uuid].index)
+            self._tend(uuid, whole, check or uuid in died)
+
+    def _tend(self, uuid: str, whole: set[str], check: bool) -> None:
+        card, state = self._cards[uuid], self._states[uuid]
+        try:
+            if uuid in whole:
+                self._leave_mps(card, state)
+            elif check or state.mode != "shared" or state.problem or state.failures:
+                self._keep_mps(card, state)
+        except Exception:  # one card's surprise must not stop the others' care
+            log.exception("GPU%d: MPS supervision failed", card.index)
 
     def set_settings(self, settings: MpsSettings) -> None:
         """A config reload (only health_check_interval_seconds may differ: see config)."""
@@ -185,16 +243,20 @@ class MpsSupervisor(ThreadWorker):
         except MpsError as e:
             self._problem(card, state, Health(HealthState.BROKEN, str(e)))
             return
+        self._watch(state, identity)
+        if state.identity == identity and state.mode == "shared":
+            self._check_defaults(card, state)
         if state.identity != identity or state.mode != "shared":
             try:
                 self._inventory.set_compute_mode(card.uuid, "EXCLUSIVE_PROCESS")
-                shareable_mib = (card.memory_mib // self._unit_mib) * self._unit_mib
+                shareable_mib = self._shareable_mib(card)
                 # Ordinal 0: the daemon sees only this card (CUDA_VISIBLE_DEVICES).
                 state.daemon.client.set_default_pinned_mem_limit("0", shareable_mib)
             except (InventoryError, MpsError) as e:
                 self._problem(card, state, Health(HealthState.BROKEN, str(e)))
                 return
             state.identity = identity
+            state.defaults_checked_at = time.monotonic()  # just set
             log.info(
                 "GPU%d: MPS ready (control daemon pid %d, compute mode EXCLUSIVE_PROCESS, "
                 "pinned memory ceiling %d MiB)",
@@ -204,6 +266,63 @@ class MpsSupervisor(ThreadWorker):
             )
         state.mode, state.failures, state.retry_at = "shared", 0, 0.0
         self._set_problem(card, state, None)
+
+    def _shareable_mib(self, card: Card) -> int:
+        return (card.memory_mib // self._unit_mib) * self._unit_mib
+
+    def _check_defaults(self, card: Card, state: _CardState) -> None:
+        """Any MPS client, so any tenant, can change the daemon's defaults through the
+        unprivileged socket (a pinned limit of 1M or a 3 % share for every later server
+        on the card): read them back now and then, restore them and say so."""
+        now = time.monotonic()
+        period = max(DEFAULTS_CHECK_SECONDS, self._settings.health_check_interval_seconds)
+        if now - state.defaults_checked_at < period:
+            return
+        state.defaults_checked_at = now
+        client = state.daemon.client
+        shareable_mib = self._shareable_mib(card)
+        try:
+            pinned_mib = client.default_pinned_mem_limit_mib("0")
+            percent = client.default_active_thread_percentage()
+            if pinned_mib != shown_pinned_limit_mib(shareable_mib):
+                client.set_default_pinned_mem_limit("0", shareable_mib)
+            if percent != DEFAULT_THREAD_PERCENT:
+                client.set_default_active_thread_percentage(DEFAULT_THREAD_PERCENT)
+        except MpsError as e:
+            log.warning("GPU%d: cannot read back the MPS defaults: %s", card.index, e)
+            return
+        if pinned_mib != shown_pinned_limit_mib(shareable_mib) or percent != DEFAULT_THREAD_PERCENT:
+            log.warning(
+                "GPU%d: the MPS defaults were changed through the client socket (pinned "
+                "memory limit %s, active thread percentage %g %%; any client, a tenant too, "
+                "can do that): restored to %d MiB and %g %%",
+                card.index,
+                "none" if pinned_mib is None else f"{pinned_mib} MiB",
+                percent,
+                shareable_mib,
+                DEFAULT_THREAD_PERCENT,
+            )
+
+    def _watch(self, state: _CardState, identity: DaemonIdentity) -> None:
+        """Hold a pidfd of the verified daemon: its exit wakes run() at once."""
+        if state.watched is not None and state.watched[0] == identity:
+            return
+        self._unwatch(state)
+        try:
+            pidfd = os.pidfd_open(identity.pid)
+        except OSError:
+            return  # gone already (the next check sees it) or no pidfds: checks alone
+        stat = proc.stat_of(identity.pid)
+        if stat is None or stat.start_ticks != identity.start_ticks:
+            os.close(pidfd)  # the PID was reused between the check and the open
+            return
+        state.watched = (identity, pidfd)
+
+    def _unwatch(self, state: _CardState) -> None:
+        if state.watched is not None:
+            with contextlib.suppress(OSError):
+                os.close(state.watched[1])
+            state.watched = None
 
     def _unverified(self, card: Card, state: _CardState) -> None:
         """A daemon answers at the card's pipe directory, but no single process passes

@@ -85,3 +85,17 @@ def test_wake_all_lets_waiters_return_without_a_change():
     thread.join(5)
     assert woke, "wake_all did not end a wait_for_change"
     assert result == [0]
+
+
+def test_listeners_hear_every_bump_and_wake_until_removed():
+    """A listener (a thread that waits on descriptors, not on the condition) is called
+    after each bump and each wake_all, and no more once removed."""
+    changes = ChangeCounter()
+    heard = []
+    listener = lambda: heard.append(changes.generation)  # noqa: E731
+    changes.add_listener(listener)
+    changes.bump()
+    changes.wake_all()
+    changes.remove_listener(listener)
+    changes.bump()
+    assert heard == [1, 1]

@@ -296,3 +296,22 @@ def test_unreadable_children_give_no_servers(root, started, monkeypatch):
     daemon, _ = parent_of_server(root, started)
     failing_open(monkeypatch, f"/task/{daemon.pid}/children", data=b"12 \xff")
     assert proc.find_servers(daemon, binary) == frozenset()
+
+
+def test_a_daemon_verified_before_is_checked_alone_without_walking_the_process_table(
+    root, started, monkeypatch
+):
+    """At each health check the previous daemon is re-verified on its own (a walk of every
+    /proc/PID was the supervisor's idle cost); once it fails, the walk runs again."""
+    binary = program(root)
+    pid = run(started, [binary, control(root)])
+    known = proc.find_daemon(os.path.join(root, "pipe"), binary)
+    assert known == DaemonIdentity(pid, start_ticks(pid))
+    walks = []
+    real_pids = proc.pids
+    monkeypatch.setattr(proc, "pids", lambda: walks.append(1) or real_pids())
+    assert proc.find_daemon(os.path.join(root, "pipe"), binary, known) == known
+    assert walks == []
+    stale = DaemonIdentity(pid, start_ticks(pid) + 1)  # same PID, another process
+    assert proc.find_daemon(os.path.join(root, "pipe"), binary, stale) == known
+    assert walks == [1]

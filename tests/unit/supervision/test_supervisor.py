@@ -232,3 +232,70 @@ def test_containers_get_only_the_daemons_control_socket_renewed_at_each_start(wo
         shown = os.path.join(daemon.client_dir, "control")
         assert os.path.samefile(shown, os.path.join(daemon.pipe_dir, "control"))
         restart(sup, GPU0)
+
+
+# --- cost follows what changes (issue 16) ---------------------------------------------------
+
+
+def test_a_killed_control_daemon_is_noticed_at_once_not_at_the_next_health_check(world):
+    """The health check is an hour away; a kill -9 of a card's control daemon still makes
+    its shared devices Unhealthy right away (the supervisor holds a pidfd of each verified
+    daemon), and the daemon is started again after the backoff."""
+    allocator, inventory, supervisor, clock = world
+    sup = supervisor()
+    sup._settings = MpsSettings(
+        control_binary=MPS_STANDIN, command_timeout_seconds=3, health_check_interval_seconds=3600
+    )
+    sup.prepare()
+    first = sup._states[GPU0].daemon.pid()
+    sup.start()
+    try:
+        os.kill(first, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while GPU0 not in allocator.card_problems() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "MPS control daemon down" in allocator.card_problems().get(GPU0, "")
+        while allocator.card_problems() and time.monotonic() < deadline + 10:
+            time.sleep(0.05)
+        assert allocator.card_problems() == {}
+        assert sup._states[GPU0].daemon.pid() not in (None, first)
+    finally:
+        sup.stop()
+        sup.join(10)
+
+
+def test_between_health_checks_a_card_change_asks_no_healthy_daemon(world, monkeypatch):
+    """A card change wakes the supervisor (a card given out whole must leave MPS at once),
+    but the healthy shared cards are not probed for it: no control command runs."""
+    allocator, inventory, supervisor, clock = world
+    sup = supervisor()
+    sup.prepare()
+    probes = []
+    for state in sup._states.values():
+        real = state.daemon.probe
+        monkeypatch.setattr(state.daemon, "probe", lambda real=real: probes.append(1) or real())
+    sup.tend_all(check=False)
+    assert probes == []
+    sup.tend_all(check=True)
+    assert len(probes) == 2
+
+
+def test_mps_defaults_a_client_changed_are_restored(world, monkeypatch, caplog):
+    """Any client can set the daemon's defaults through the unprivileged socket (a 1M
+    pinned limit or a 3 % share for every later server): the health check reads them back
+    and restores the card's ceiling and 100 %, saying what it found."""
+    allocator, inventory, supervisor, clock = world
+    monkeypatch.setattr("nodemgr.supervision.supervisor.DEFAULTS_CHECK_SECONDS", 0.0)
+    sup = supervisor()
+    sup._settings = MpsSettings(
+        control_binary=MPS_STANDIN, command_timeout_seconds=3, health_check_interval_seconds=0.1
+    )
+    sup.prepare()
+    client = sup._states[GPU0].daemon.client
+    client.command("set_default_device_pinned_mem_limit 0 1M")
+    client.command("set_default_active_thread_percentage 3")
+    time.sleep(0.2)
+    sup.tend_all()
+    assert client.command("get_default_device_pinned_mem_limit 0") == ["15G"]
+    assert client.default_active_thread_percentage() == 100.0
+    assert "changed through the client socket" in caplog.text
