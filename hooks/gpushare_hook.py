@@ -1,4 +1,4 @@
-"""``gpushare-hook --socket PATH STAGE``: the OCI runtime hook.
+"""``gpushare-hook [--socket PATH] [--run-dir DIR] STAGE``: the OCI runtime hook.
 
 The runtime passes the container's state JSON on stdin (``id``, ``pid``,
 ``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``. Both are
@@ -7,29 +7,40 @@ read with a size cap: a state over ``MAX_STATE_BYTES``, or a config.json over
 whole (exit 2), whether or not the container asks for GPUs: what it asks for
 cannot be known without reading it.
 
-- ``createRuntime``: a container that asks for no GPU (and claims no
-  gpushare allocation) exits 0 at once. Any other is sent to the daemon, which
-  checks its GPU env against a live allocation and registers its cgroup;
-  exit 0 if allowed, else exit 1 with one line on stderr. If the daemon cannot
-  be reached the GPU container is refused (fail closed).
+- ``createRuntime``: a container that asks for no GPU (and claims no gpushare
+  allocation) and whose spec touches no GPU (:func:`hooks.specfacts.touches_gpu`:
+  no NVIDIA device node or device rule, no mount of gpushare-node's MPS directory,
+  of an NVIDIA node or of an NVIDIA device list) exits 0 at once. Any other is sent
+  to the daemon with those spec facts (mount paths resolved through symlinks, the
+  numbers of a bind-mounted device node), which checks its GPU env and spec against
+  a live allocation and registers its cgroup; exit 0 if allowed, else exit 1 with
+  one line on stderr. If the daemon cannot be reached the container is refused
+  (fail closed).
 - ``poststop``: tells the daemon the container is gone; always exits 0 (the
   daemon also drops registrations of containers that stopped unseen).
+
+``--run-dir`` is gpushare-node's run_dir (its MPS directories are in ``<run_dir>/mps``);
+without it, the directory of the socket.
 
 Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
 (also a refusal: the runtime stops the container either way).
 
-It runs at every container creation on the node, so start-up is kept short:
-no argparse, and the socket code is imported only for GPU containers.
+It runs at every container creation on the node, so start-up is kept short: the
+runtimes run it through the launcher ``nodemgr install`` writes, which starts Python
+with ``-I -S`` (no site-packages, no environment variables read); it imports no
+``json``, ``re``, ``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`),
+and the socket code only when it calls the daemon. Run as a file (``python3 -I -S
+.../hooks/gpushare_hook.py``) it finds its own package next to this file.
 """
 
-from __future__ import annotations
-
-import json
 import os
 import stat
 import sys
 
-from hooks import gpuenv
+if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py): no sys.path
+    sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
+
+from hooks import gpuenv, specfacts, wirejson  # noqa: E402 (after the path above)
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -39,9 +50,12 @@ MAX_STATE_BYTES = 256 * 1024
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # A line per cgroup hierarchy, each path at most PATH_MAX.
 MAX_CGROUP_BYTES = 128 * 1024
-USAGE = "usage: gpushare-hook [--socket PATH] {createRuntime,poststop}"
+USAGE = "usage: gpushare-hook [--socket PATH] [--run-dir DIR] {createRuntime,poststop}"
 
 DEFAULT_SOCKET = "/run/gpushare/hook.sock"
+# gpushare-node's MPS directories in its run_dir (mps/layout.py's MpsLayout.root; the hook
+# imports nothing of mps or nodemgr, a test keeps the two equal).
+MPS_SUBDIR = "mps"
 # The daemon answers from memory, one question to kubelet and one SQLite write; this
 # bounds the whole call (a hung daemon, or one at its connection cap for that long).
 TIMEOUT_SECONDS = 2.0
@@ -64,33 +78,36 @@ class Refusal(Exception):
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        socket_path, stage = _parse_args(sys.argv[1:] if argv is None else argv)
-        if stage is None:
+        options = _parse_args(sys.argv[1:] if argv is None else argv)
+        if options is None:
             print(USAGE)
             return 0
+        socket_path, run_dir, stage = options
         state = _read_state(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
         if stage == POSTSTOP:
             _poststop(socket_path, state)
             return 0
-        return _create(socket_path, state)
+        return _create(socket_path, os.path.join(run_dir, MPS_SUBDIR), state)
     except Refusal as e:
         print(f"gpushare-hook: {e}", file=sys.stderr)
         return e.code
 
 
-def _parse_args(args: list[str]) -> tuple[str, str | None]:
-    """(socket path, stage); stage None for --help."""
-    socket_path, stages = DEFAULT_SOCKET, []
+def _parse_args(args: list[str]) -> tuple[str, str, str] | None:
+    """(socket path, run_dir, stage); None for --help."""
+    values = {"--socket": DEFAULT_SOCKET, "--run-dir": ""}
+    stages = []
     i = 0
     while i < len(args):
         arg = args[i]
         if arg in ("-h", "--help"):
-            return socket_path, None
-        if arg == "--socket" and i + 1 < len(args):
-            socket_path, i = args[i + 1], i + 2
+            return None
+        name, equals, value = arg.partition("=")
+        if name in values and not equals and i + 1 < len(args):
+            values[name], i = args[i + 1], i + 2
             continue
-        if arg.startswith("--socket="):
-            socket_path = arg.partition("=")[2]
+        if name in values and equals:
+            values[name] = value
         elif arg.startswith("-"):
             raise Refusal(f"unknown option {arg!r}; {USAGE}", code=2)
         else:
@@ -98,22 +115,27 @@ def _parse_args(args: list[str]) -> tuple[str, str | None]:
         i += 1
     if len(stages) != 1 or stages[0] not in (CREATE, POSTSTOP):
         raise Refusal(f"expected one stage, createRuntime or poststop (got {stages}); {USAGE}", 2)
+    socket_path = values["--socket"]
     if not socket_path:
         raise Refusal(f"--socket needs a path; {USAGE}", code=2)
-    return socket_path, stages[0]
+    run_dir = values["--run-dir"] or os.path.dirname(socket_path)
+    if not os.path.isabs(run_dir):
+        raise Refusal(f"--run-dir must be an absolute path (got {run_dir!r}); {USAGE}", code=2)
+    return socket_path, run_dir, stages[0]
 
 
-def _create(socket_path: str, state: dict) -> int:
+def _create(socket_path: str, mps_root: str, state: dict) -> int:
     config = _read_config(state["bundle"])
-    process = config.get("process") or {}
     try:
-        env = gpuenv.env_from_list(process.get("env") or [])
-    except gpuenv.EnvError as e:
+        env = gpuenv.env_from_list(specfacts.process_env(config))
+        facts = specfacts.read_facts(config, state["bundle"])
+    except (gpuenv.EnvError, specfacts.SpecError) as e:
         raise Refusal(f"container {state['id']}: {e}") from None
-    if not gpuenv.needs_daemon(env):
+    _resolve_host_paths(facts)
+    if not gpuenv.needs_daemon(env) and specfacts.touches_gpu(facts, mps_root) is None:
         return 0
-    annotations = {**(config.get("annotations") or {}), **(state.get("annotations") or {})}
-    from hooks import protocol  # only GPU containers talk to the daemon
+    annotations = {**_mapping(config.get("annotations")), **_mapping(state.get("annotations"))}
+    from hooks import protocol  # only containers touching GPUs talk to the daemon
 
     request = {
         "stage": CREATE,
@@ -122,14 +144,22 @@ def _create(socket_path: str, state: dict) -> int:
         "env": env,
         "identity": _identity(annotations),
         "cgroup": _read_cgroup(state),
+        "spec": facts,
     }
+    data = protocol.encode(request)
+    if len(data) > protocol.MAX_MESSAGE_BYTES:
+        raise Refusal(
+            f"refused container {state['id']}: the GPU facts of its spec (mounts, devices, "
+            f"device rules) take {len(data)} bytes, over the {protocol.MAX_MESSAGE_BYTES} "
+            "the daemon reads: give it fewer or shorter mounts"
+        )
     try:
-        answer = protocol.call(socket_path, request, TIMEOUT_SECONDS)
+        answer = protocol.call(socket_path, data, TIMEOUT_SECONDS)
     except (OSError, protocol.ProtocolError) as e:
         raise Refusal(
-            f"refused container {state['id']}: it asks for GPUs and the gpushare-node daemon "
-            f"did not answer at {socket_path} ({e}); GPU containers cannot start until it "
-            "runs (check: systemctl status gpushare-node)"
+            f"refused container {state['id']}: it asks for GPUs (or its spec touches them) "
+            f"and the gpushare-node daemon did not answer at {socket_path} ({e}); GPU "
+            "containers cannot start until it runs (check: systemctl status gpushare-node)"
         ) from None
     if not answer["allowed"]:
         raise Refusal(answer["message"])
@@ -153,7 +183,7 @@ def _read_state(data: bytes) -> dict:
     if len(data) > MAX_STATE_BYTES:
         raise Refusal(f"the OCI state on stdin is over {MAX_STATE_BYTES} bytes", code=2)
     try:
-        state = json.loads(data)
+        state = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise Refusal(f"the OCI state on stdin is not JSON ({e})", code=2) from None
     if not isinstance(state, dict):
@@ -185,7 +215,7 @@ def _read_config(bundle: str) -> dict:
     if len(data) > MAX_CONFIG_BYTES:  # it grew after fstat
         raise Refusal(_too_big(path, len(data)), code=2)
     try:
-        config = json.loads(data)
+        config = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
     if not isinstance(config, dict):
@@ -228,6 +258,32 @@ def _read_cgroup(state: dict) -> str:
             f"offset {e.start}: a cgroup named with it); it cannot be a container's cgroup",
             code=2,
         ) from None
+
+
+def _resolve_host_paths(facts: dict) -> None:
+    """Add to each mount's host paths their real paths (a symlink shows its target) and the
+    numbers of the char device nodes they name (a node's name says nothing).
+
+    The mounts are made by now (runc runs createRuntime hooks after them), from the same
+    paths in this same mount namespace.
+    """
+    for mount in facts["mounts"]:
+        for path in list(mount["sources"]):
+            real = os.path.realpath(path)
+            if real not in mount["sources"]:
+                mount["sources"].append(real)
+            try:
+                info = os.stat(real)
+            except OSError:
+                continue  # gone or unreadable: its path is still checked
+            if stat.S_ISCHR(info.st_mode):
+                node = [os.major(info.st_rdev), os.minor(info.st_rdev)]
+                if node not in mount["nodes"]:
+                    mount["nodes"].append(node)
+
+
+def _mapping(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
 
 
 def _identity(annotations: dict) -> dict[str, str]:

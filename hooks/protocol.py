@@ -7,8 +7,24 @@ Requests::
 
     {"stage": "createRuntime", "container_id": "...", "pid": 1234,
      "env": {<GPU env names only>}, "identity": {"namespace", "pod", "container"},
-     "cgroup": "<text of /proc/<pid>/cgroup>"}
+     "cgroup": "<text of /proc/<pid>/cgroup>",
+     "spec": {"mounts": [...], "devices": [...], "rules": [...]}}
     {"stage": "poststop", "container_id": "..."}
+
+``spec`` holds what the container's config.json shows of the GPUs
+(:mod:`hooks.specfacts`), at most ``specfacts.MAX_ENTRIES`` entries per list:
+
+- ``mounts``: ``{"destination": "/tmp/nvidia-mps", "sources": [host paths, lexically
+  normal, then their real paths], "nodes": [[major, minor] of each char device node
+  among them]}`` for every mount that shows host paths or lands in an NVIDIA
+  device-list directory;
+- ``devices``: ``{"path", "type", "major", "minor"}`` of the ``linux.devices`` nodes
+  that may be NVIDIA's;
+- ``rules``: ``{"allow", "type", "major", "minor", "access"}`` of the
+  ``linux.resources.devices`` rules that may allow using one (``null``: any number).
+
+A createRuntime request without ``spec`` comes from a hook older than the daemon
+and is refused (the hook and the daemon ship together).
 
 Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 ``message`` is the one line the runtime shows the user.
@@ -16,15 +32,20 @@ Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 Timeouts are deadlines for the whole exchange, never per read: a peer sending
 a byte at a time cannot stretch them. A daemon at its connection cap closes a
 new connection unread; ``call`` then connects again while its time lasts.
+
+The runtime hook runs this at container creation, so it uses the C modules
+``_socket`` and ``_json`` (:mod:`hooks.wirejson`) rather than ``socket`` and
+``json``, whose imports would cost it more than the call itself.
 """
 
-from __future__ import annotations
-
-import json
-import socket
+import _socket
 import time
 
-MAX_MESSAGE_BYTES = 256 * 1024  # env, cgroup and identity of one container fit easily
+from hooks import wirejson
+
+# env, cgroup, identity and spec facts of one container; the hook refuses a container
+# whose request would be bigger (thousands of long mount paths).
+MAX_MESSAGE_BYTES = 1024 * 1024
 CREATE = "createRuntime"  # the stages, as in gpushare_hook
 POSTSTOP = "poststop"
 
@@ -38,14 +59,14 @@ class ClosedError(ProtocolError):
 
 
 def encode(message: dict) -> bytes:
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    return wirejson.dumps(message).encode() + b"\n"
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     if len(data) > max_bytes:
         raise ProtocolError(f"message over {max_bytes} bytes")
     try:
-        message = json.loads(data)
+        message = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"not JSON: {e}") from e
     if not isinstance(message, dict):
@@ -54,7 +75,7 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
 
 
 def read_message(
-    sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES, deadline: float | None = None
+    sock: _socket.socket, max_bytes: int = MAX_MESSAGE_BYTES, deadline: float | None = None
 ) -> dict:
     """One newline-terminated message from ``sock``.
 
@@ -87,18 +108,20 @@ _RETRY_FIRST_SECONDS = 0.01
 _RETRY_MAX_SECONDS = 0.2
 
 
-def call(socket_path: str, message: dict, timeout_seconds: float) -> dict:
-    """Send one request and return the answer; OSError or ProtocolError on failure.
+def call(socket_path: str, message: dict | bytes, timeout_seconds: float) -> dict:
+    """Send one request (a message, or one ``encode`` made) and return the answer; OSError
+    or ProtocolError on failure.
 
     ``timeout_seconds`` bounds the whole call. A connection the daemon closes or
     resets without answering (it is at its connection cap) is tried again, after a
     short pause, while time is left; a daemon that is not there is not waited for.
     """
     deadline = time.monotonic() + timeout_seconds
+    data = message if isinstance(message, bytes) else encode(message)
     pause = _RETRY_FIRST_SECONDS
     while True:
         try:
-            answer = _call_once(socket_path, message, deadline)
+            answer = _call_once(socket_path, data, deadline)
             break
         except (ClosedError, ConnectionResetError, BrokenPipeError):
             if time.monotonic() + pause >= deadline:
@@ -110,12 +133,15 @@ def call(socket_path: str, message: dict, timeout_seconds: float) -> dict:
     return answer
 
 
-def _call_once(socket_path: str, message: dict, deadline: float) -> dict:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+def _call_once(socket_path: str, data: bytes, deadline: float) -> dict:
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("no answer in time")
         sock.settimeout(left)
         sock.connect(socket_path)
-        sock.sendall(encode(message))
+        sock.sendall(data)
         return read_message(sock, deadline=deadline)
+    finally:
+        sock.close()

@@ -125,7 +125,9 @@ class EnforcementSettings:
     # What the watchdog does to a violation: "kill" (SIGKILL the offending
     # processes, newest first, until the container is within quota) or "log".
     action: str = "kill"
-    interval_seconds: float = 1.0  # > 0: period of the full scan of GPU processes
+    # Period of the full scan of GPU processes while any run (memory grows without an
+    # event); with none running and process events flowing, a scan every 5 s at most.
+    interval_seconds: float = 0.25
     # >= 0: MiB a container may hold above its quota before it is a violation;
     # covers the driver's per-context overhead that NVML counts for the process.
     grace_mib: int = 128

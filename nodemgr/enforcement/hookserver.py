@@ -5,6 +5,12 @@ Translates the protocol of :mod:`hooks.protocol` into calls on the
 A malformed request gets a refusal naming what is wrong. The socket is
 root-only (0600): only the container runtime talks to it.
 
+A createRuntime request must carry the ``spec`` facts (the mounts, device nodes and
+device rules of the container that may touch a GPU, :mod:`hooks.specfacts`): one
+without them comes from a hook older than this daemon, which checked the env only, and
+is refused (fail closed; the hook and the daemon ship together, so this only happens
+when a runtime runs a stale copy of the hook).
+
 No client holds it: the request must arrive whole within ``READ_TIMEOUT_SECONDS``
 (in all, not per read), each connection is cut ``DEADLINE_SECONDS`` after it was
 accepted, and at most ``MAX_CONNECTIONS`` are served at once (the excess is closed
@@ -20,8 +26,10 @@ import time
 
 from hooks import protocol
 from hooks.gpuenv import GPU_ENV_NAMES
+from hooks.specfacts import MAX_ENTRIES
 from nodemgr.common.unixserver import UnixServer
 from nodemgr.domain.model import ContainerRef
+from nodemgr.domain.speccheck import DeviceFact, MountFact, RuleFact, SpecFacts
 from nodemgr.enforcement.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
@@ -93,6 +101,7 @@ def _answer(registry: ContainerRegistry, request: dict) -> dict:
             _env(request.get("env")),
             _identity(request.get("identity")),
             _string(request, "cgroup"),
+            _spec(request.get("spec")),
         )
     except BadRequest as e:
         return _refusal(f"bad hook request: {e}")
@@ -129,3 +138,72 @@ def _identity(value: object) -> ContainerRef | None:
     if len(fields) != len(values):
         return None  # partial identity: the runtime did not say; nothing to compare
     return ContainerRef(*fields)
+
+
+_STALE_HOOK = (
+    "spec missing: this gpushare-hook is older than the daemon and checks the env only; "
+    "run `nodemgr install` again so the runtime runs the hook installed with gpushare-node"
+)
+
+
+def _spec(value: object) -> SpecFacts:
+    """The ``spec`` facts of a createRuntime request (see hooks.protocol)."""
+    if value is None:
+        raise BadRequest(_STALE_HOOK)
+    if not isinstance(value, dict):
+        raise BadRequest("spec must be an object")
+    lists = {}
+    for name in ("mounts", "devices", "rules"):
+        entries = value.get(name)
+        if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+            raise BadRequest(f"spec.{name} must be a list of objects")
+        if len(entries) > MAX_ENTRIES:
+            raise BadRequest(f"spec.{name} has {len(entries)} entries, over {MAX_ENTRIES}")
+        lists[name] = entries
+    return SpecFacts(
+        mounts=tuple(_mount(m) for m in lists["mounts"]),
+        devices=tuple(_device(d) for d in lists["devices"]),
+        rules=tuple(_rule(r) for r in lists["rules"]),
+    )
+
+
+def _mount(entry: dict) -> MountFact:
+    sources, nodes = entry.get("sources"), entry.get("nodes")
+    if not isinstance(sources, list) or not all(isinstance(s, str) for s in sources):
+        raise BadRequest("spec.mounts[].sources must be a list of strings")
+    if not isinstance(nodes, list) or not all(
+        isinstance(n, list) and len(n) == 2 and all(_is_int(x) for x in n) for n in nodes
+    ):
+        raise BadRequest("spec.mounts[].nodes must be a list of [major, minor]")
+    return MountFact(
+        _string(entry, "destination"),
+        tuple(sources),
+        tuple((major, minor) for major, minor in nodes),
+    )
+
+
+def _device(entry: dict) -> DeviceFact:
+    major, minor = entry.get("major"), entry.get("minor")
+    if type(major) is not int or type(minor) is not int:  # not bool either
+        raise BadRequest("spec.devices[].major and minor must be integers")
+    return DeviceFact(_string(entry, "path"), _text(entry, "type"), major, minor)
+
+
+def _rule(entry: dict) -> RuleFact:
+    allow, major, minor = entry.get("allow"), entry.get("major"), entry.get("minor")
+    if not isinstance(allow, bool):
+        raise BadRequest("spec.rules[].allow must be true or false")
+    if not all(n is None or _is_int(n) for n in (major, minor)):
+        raise BadRequest("spec.rules[].major and minor must be integers or null")
+    return RuleFact(allow, _text(entry, "type"), major, minor, _text(entry, "access"))
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _text(entry: dict, name: str) -> str:
+    value = entry.get(name)
+    if not isinstance(value, str):
+        raise BadRequest(f"{name} must be a string")
+    return value

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from hooks import gpuenv
+from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.containercheck import (
@@ -39,8 +40,17 @@ from nodemgr.domain.containercheck import (
     identity_conflict,
 )
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
-from nodemgr.domain.podtie import NO_IDENTITY, KubeletRecord, holders, pod_of, pod_tie_problem
+from nodemgr.domain.podtie import (
+    NO_IDENTITY,
+    KubeletRecord,
+    holders,
+    pod_of,
+    pod_tie_problem,
+    pods_allocation,
+)
+from nodemgr.domain.speccheck import CardNode, Grant, NodeGpus, SpecFacts, spec_problem
 from nodemgr.enforcement import procfs
+from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.errors import GpushareError, LedgerError
 
 log = logging.getLogger(__name__)
@@ -54,15 +64,23 @@ class ContainerRegistry:
         mps_pipe_directory: str | None,
         clock: Callable[[], float] = time.time,
         kubelet_record: Callable[[], KubeletRecord] | None = None,
+        mps_layout: MpsLayout | None = None,
+        marks: CgroupMarks | None = None,
     ):
         """``kubelet_record``: kubelet's PodResources List (raises a GpushareError when
-        kubelet does not answer); None trusts the ledger alone (tests, no kubelet)."""
+        kubelet does not answer); None trusts the ledger alone (tests, no kubelet).
+        ``mps_layout``: where the cards' MPS directories are on the host (None: MPS off),
+        which a container's spec may mount only its own card's of."""
         self._ledger = ledger
         self._allocator = allocator
         self._mps_pipe_directory = mps_pipe_directory
         self._clock = clock
         self._kubelet_record = kubelet_record
+        # Each registration also marks the container's cgroup: a lost ledger is recovered
+        # from the running containers (nodemgr.enforcement.cgroupmarks). None: no marks.
+        self._marks = marks
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
+        self._gpus = node_gpus(allocator, mps_layout)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
 
@@ -73,20 +91,23 @@ class ContainerRegistry:
         env: dict[str, str],
         identity: ContainerRef | None,
         cgroup_text: str,
+        spec: SpecFacts | None = None,
     ) -> tuple[bool, str]:
-        """(allowed, message): whether the container may start; registers it if so."""
+        """(allowed, message): whether the container may start; registers it if so.
+        ``spec``: what its OCI spec shows of the GPUs (the hook server always passes it;
+        None checks the env alone)."""
         who = f"container {container_id}" + (f" ({identity})" if identity else "")
         if not gpuenv.needs_daemon(env):
-            return True, f"{who} asks for no GPU"
-        allocation_id = env.get(gpuenv.ALLOCATION_ID)
-        allocation = self._allocator.allocation(allocation_id) if allocation_id else None
+            return self._no_gpu_answer(who, spec)
+        allocation, record = self._judged_allocation(who, identity, env)
+        # check_container finds a problem whenever there is no live allocation.
         problem = check_container(
             env, allocation, self._card_uuids_by_index, self._mps_pipe_directory
-        )
+        ) or self._spec_problem(spec, allocation, env)
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
         if problem is None and allocation is not None:
-            problem = self._tie_problem(identity, allocation)  # outside the lock: a local RPC
+            problem = self._tie_problem(identity, allocation, record)
         with self._lock:
             if problem is None and allocation is not None:
                 others = [
@@ -132,6 +153,7 @@ class ContainerRegistry:
                 log.error("cannot register %s: %s", who, e)
                 return False, f"gpushare-node refused {who}: cannot record it ({e})"
             self._registrations[container_id] = registration
+        self._mark(who, registration)
         log.info(
             "registered %s on allocation %s (%s), cgroup %s",
             who,
@@ -141,20 +163,108 @@ class ContainerRegistry:
         )
         return True, f"{who} registered on allocation {allocation.id}"
 
-    def _tie_problem(self, identity: ContainerRef | None, allocation: Allocation) -> str | None:
+    def _no_gpu_answer(self, who: str, spec: SpecFacts | None) -> tuple[bool, str]:
+        """A container without GPU env: refused if its spec touches a GPU all the same."""
+        problem = self._spec_problem(spec, None, {})
+        if problem is not None:
+            log.warning("gpushare-node refused %s: %s", who, problem)
+            return False, f"gpushare-node refused {who}: {problem}"
+        return True, f"{who} asks for no GPU"
+
+    def _spec_problem(
+        self, spec: SpecFacts | None, allocation: Allocation | None, env: dict[str, str]
+    ) -> str | None:
+        """Why the spec shows more of the GPUs than ``allocation`` gives (None: it holds
+        none) to this env; None when it does not, or no spec was passed."""
+        if spec is None:
+            return None
+        grant = None
+        if allocation is not None:
+            grant = Grant(allocation.id, allocation.cards, shared=not allocation.whole)
+        asks = gpuenv.requested_gpus(env) is not None
+        return spec_problem(spec, grant, self._gpus, env_asks_gpus=asks)
+
+    def _judged_allocation(
+        self, who: str, identity: ContainerRef | None, env: dict[str, str]
+    ) -> tuple[Allocation | None, KubeletRecord | str | None]:
+        """(the allocation to judge the container against, kubelet's record read now)."""
+        allocation_id = env.get(gpuenv.ALLOCATION_ID)
+        allocation = self._allocator.allocation(allocation_id) if allocation_id else None
+        record = self._read_record(identity, env)  # outside the lock: a local RPC
+        if allocation_id and identity is not None and not isinstance(record, str):
+            allocation = self._own_allocation(who, identity, env, allocation, record)
+        return allocation, record
+
+    def _read_record(
+        self, identity: ContainerRef | None, env: dict[str, str]
+    ) -> KubeletRecord | str | None:
+        """kubelet's record read now for a GPU container with a pod identity; why it could
+        not be read (str); None when there is nothing to ask (no kubelet, no identity)."""
+        if self._kubelet_record is None or identity is None:
+            return None
+        if gpuenv.requested_gpus(env) is None:
+            return None
+        try:
+            return self._kubelet_record()
+        except GpushareError as e:
+            return (
+                f"cannot ask kubelet whether allocation {env.get(gpuenv.ALLOCATION_ID)} is "
+                f"still held ({e}); "
+                "GPU containers start again once kubelet answers"
+            )
+
+    def _own_allocation(
+        self,
+        who: str,
+        identity: ContainerRef,
+        env: dict[str, str],
+        named: Allocation | None,
+        record: KubeletRecord | None,
+    ) -> Allocation | None:
+        """The allocation to judge the container against: the one its env names, unless
+        kubelet's record does not give that one to its pod but gives the pod exactly one
+        on the cards it asks for (its env's ID went stale: ledger rebuilt, a mislink split;
+        see nodemgr.domain.podtie.pods_allocation)."""
+        if record is None:
+            return named
+        names = self._allocator.resource_names
+        if named is not None and pod_of(identity) in {
+            pod_of(ref) for ref in holders(named, record, names)
+        }:
+            return named
+        requested = gpuenv.requested_gpus(env) or []
+        cards = {self._card_uuids_by_index.get(item, item) for item in requested}
+        own = pods_allocation(identity, self._allocator.allocations(), record, names, cards)
+        if own is None:
+            return named
+        log.warning(
+            "%s: its env names allocation %s, which kubelet's record does not give to pod %s; "
+            "it holds allocation %s (%s): judged against that one (the env's ID went stale: "
+            "the ledger was rebuilt, or a mislinked allocation was split)",
+            who,
+            env.get(gpuenv.ALLOCATION_ID),
+            pod_of(identity),
+            own.id,
+            ", ".join(own.cards),
+        )
+        return own
+
+    def _tie_problem(
+        self,
+        identity: ContainerRef | None,
+        allocation: Allocation,
+        record: KubeletRecord | str | None,
+    ) -> str | None:
         """Why the container is not tied to the allocation by its pod
         (:mod:`nodemgr.domain.podtie`), kubelet's record read now; or None."""
         if identity is None:
             return NO_IDENTITY
         if self._kubelet_record is None:
             return None  # no kubelet to ask (tests): identity_conflict alone binds it
-        try:
-            record = self._kubelet_record()
-        except GpushareError as e:
-            return (
-                f"cannot ask kubelet whether allocation {allocation.id} is still held ({e}); "
-                "GPU containers start again once kubelet answers"
-            )
+        if isinstance(record, str):
+            return record
+        if record is None:
+            return None  # asks for no GPU (handled before): nothing to tie
         holding = holders(allocation, record, self._allocator.resource_names)
         if not holding or len({pod_of(ref) for ref in holding}) > 1:
             self._allocator.reconcile_requested.set()  # the run loop releases or splits it now
@@ -165,6 +275,13 @@ class ContainerRegistry:
                 "(or was refused), so the allocation grants nothing"
             )
         return pod_tie_problem(identity, allocation, holding)
+
+    def _mark(self, who: str, registration: Registration) -> None:
+        if self._marks is None:
+            return
+        problem = self._marks.write(registration)
+        if problem is not None:  # it runs: only a lost ledger could not recover it
+            log.warning("%s: its cgroup is not marked (%s)", who, problem)
 
     def release(self, container_id: str, why: str = "stopped") -> bool:
         """Forget a container; False if it was not registered."""
@@ -191,3 +308,15 @@ class ContainerRegistry:
                 self.release(
                     registration.container_id, "its init process is gone; no poststop came"
                 )
+
+
+def node_gpus(allocator: Allocator, mps_layout: MpsLayout | None) -> NodeGpus:
+    """The cards' device minors and MPS directories a container spec is checked against."""
+    cards = tuple(
+        CardNode(c.uuid, c.index, c.index if c.minor_number is None else c.minor_number)
+        for c in allocator.cards
+    )
+    if mps_layout is None:
+        return NodeGpus(cards)
+    client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in cards}
+    return NodeGpus(cards, mps_layout.root, client_dirs, mps_layout.shm_dir)

@@ -53,6 +53,7 @@ from nodemgr.domain.violations import (
     MEMORY,
     UNALLOCATED,
     GpuProcess,
+    RegistrationIndex,
     Violation,
     allocation_used_mib,
     find_violations,
@@ -69,6 +70,12 @@ log = logging.getLogger(__name__)
 # An exec in a registered container is scanned this soon: the new process
 # needs a moment to create its GPU context before NVML lists it.
 EXEC_RESCAN_SECONDS = 0.2
+# With no GPU process on the node there is nothing to police: while process events
+# arrive (an exec in a registered container brings the scan forward), scan this rarely.
+IDLE_SCAN_SECONDS = 5.0
+# Registrations whose init process is gone without a poststop are dropped this often
+# (one /proc read per registered container), and at once when the init's exit is seen.
+PRUNE_SECONDS = 10.0
 
 
 class ProcessEventBatch(Protocol):
@@ -131,6 +138,8 @@ class Watchdog(ThreadWorker):
         # Memory really used, from the last scan that could read it (nodemgr status, metrics).
         self._last_usage: UsageView | None = None
         self._events: ProcessEventSource | None = None  # open while run() reads it
+        self._policing = True  # GPU processes ran at the last scan (or none was done yet)
+        self._pruned_at = float("-inf")  # monotonic
         self._raw_usage: list = []
 
     # -- what other threads read: snapshots taken under the lock ----------------
@@ -194,7 +203,7 @@ class Watchdog(ThreadWorker):
                     stop.wait(wait)
                 else:
                     try:
-                        news = events.read(min(wait, 0.5))
+                        news = events.read(min(wait, IDLE_SCAN_SECONDS))
                     except Exception:  # a netlink failure must not stop enforcement
                         log.exception("process events failed; the periodic scan alone runs")
                         self._events = None
@@ -208,21 +217,32 @@ class Watchdog(ThreadWorker):
                         self.scan()
                     except Exception:
                         log.exception("watchdog scan failed; retrying at the next interval")
-                    next_scan = time.monotonic() + self._settings.interval_seconds
+                    next_scan = time.monotonic() + self._scan_interval(events is not None)
         finally:
             self._events = None
             if events is not None:
                 events.close()
 
+    def _scan_interval(self, events_flow: bool) -> float:
+        """``interval_seconds`` while GPU processes run (memory grows without any event)
+        or without process events; else IDLE_SCAN_SECONDS (an exec brings a scan forward)."""
+        interval = self._settings.interval_seconds
+        if self._policing or not events_flow:
+            return interval
+        return max(interval, IDLE_SCAN_SECONDS)
+
     def _news_wants_a_scan(self, news: ProcessEventBatch) -> bool:
         """Drop the cache of exited processes; True when an exec (or a loss) needs a scan."""
-        for pid in news.exits:
-            self._forget(pid)
+        if news.exits:
+            self._forget_exited(news.exits)
         if news.lost:
             return True
+        if not news.execs:
+            return False
+        index = index_registrations(self._registry.registrations())  # once per batch
         for pid in news.execs:
             try:
-                if self._in_registered_container(pid):
+                if self._in_registered_container(pid, index):
                     return True
             except Exception:  # one process must not stop enforcement: scan to be safe
                 log.exception("process %d: reading its exec failed; scanning", pid)
@@ -236,13 +256,16 @@ class Watchdog(ThreadWorker):
 
     def scan(self) -> list[Violation]:
         """One snapshot, its violations, and the action on each. Returns the violations."""
-        try:
-            self._registry.prune()
-        except Exception:  # stale registrations are pruned next time; enforcement goes on
-            log.exception("pruning the registered containers failed")
+        if time.monotonic() - self._pruned_at >= PRUNE_SECONDS:
+            self._pruned_at = time.monotonic()
+            try:
+                self._registry.prune()
+            except Exception:  # stale registrations are pruned next time; enforcement goes on
+                log.exception("pruning the registered containers failed")
         processes = self._gpu_processes()
         if processes is None:
             return []
+        self._policing = bool(processes)
         allocations = {a.id: a for a in self._allocator.allocations()}
         shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
         violations = find_violations(
@@ -379,12 +402,10 @@ class Watchdog(ThreadWorker):
             self._unreadable += 1
         log.warning("process %d: %s; %s", pid, problem, judged)
 
-    def _forget(self, pid: int) -> None:
-        for key in [k for k in self._cache if k[0] == pid]:
-            del self._cache[key]
-
-    def _in_registered_container(self, pid: int) -> bool:
+    def _in_registered_container(self, pid: int, index: RegistrationIndex) -> bool:
         """Whether an exec'd process is in a registered container (True when unknowable)."""
+        if not index:
+            return False  # nothing registered: no exec can be one of ours
         try:
             text = procfs.read_cgroups_text(pid)
             if not text:
@@ -392,8 +413,15 @@ class Watchdog(ThreadWorker):
             cgroups = parse_cgroups(text)
         except (procfs.ProcfsError, CgroupError):
             return True  # cannot tell: the next scan judges it
-        index = index_registrations(self._registry.registrations())
         return registration_of(index, cgroups) is not None
+
+    def _forget_exited(self, pids: Collection[int]) -> None:
+        """Drop cached reads of exited processes; an exited container init: prune now."""
+        exited = set(pids)
+        for key in [k for k in self._cache if k[0] in exited]:
+            del self._cache[key]
+        if any(r.init_pid in exited for r in self._registry.registrations()):
+            self._pruned_at = float("-inf")  # the next scan prunes
 
     def _report(self, violation: Violation) -> None:
         with self._stats_lock:

@@ -89,9 +89,8 @@ def run(
         )
         _log_inventory(allocator)
         # A ledger made at this start while admitted containers still run: take them back.
-        recover_registrations(
-            ledger, allocator, CgroupMarks.of_this_host().read_all, podresources.list
-        )
+        marks = CgroupMarks.of_this_host()
+        recover_registrations(ledger, allocator, marks.read_all, podresources.list)
         # Before serving: the first shared container must not wait for MPS.
         supervisor = _prepared_supervisor(settings, layout, inventory, allocator)
         if supervisor is not None:
@@ -102,7 +101,14 @@ def run(
         # is still held (a freed id is refused at once); 1 s: under the hook's own 2 s.
         hook_kubelet = PodResourcesClient(settings.kubelet.pod_resources_socket, 1.0)
         stack.callback(hook_kubelet.close)
-        registry = ContainerRegistry(ledger, allocator, pipe_dir, kubelet_record=hook_kubelet.list)
+        registry = ContainerRegistry(
+            ledger,
+            allocator,
+            pipe_dir,
+            kubelet_record=hook_kubelet.list,
+            mps_layout=layout,
+            marks=marks,
+        )
         workers.start(HookServer(registry, settings.hook_socket))
         watchdog = workers.start(
             Watchdog(

@@ -1,14 +1,17 @@
-"""End to end: a ledger lost under the running daemon. Pins that a state_dir removed
-while gpushare-node runs is noticed at once (not at the next start), said loudly, and
-rewritten from the daemon's open copy, so a restart afterwards still knows every
-allocation under its old ID."""
+"""End to end: a lost ledger. Pins that a state_dir removed while gpushare-node runs is
+noticed at once (not at the next start), said loudly, and rewritten from the daemon's open
+copy, so a restart afterwards still knows every allocation under its old ID; and that a
+ledger moved aside while the daemon is stopped is rebuilt at the next start from kubelet's
+record and the running containers' cgroup marks without breaking a real runc container."""
 
 import os
 import shutil
+import time
 
 import pytest
 
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.harness import runc_env
+from tests.harness.daemon_proc import CORE, GPU0, MEMORY, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
@@ -52,3 +55,44 @@ def test_a_state_dir_removed_while_running_is_rewritten_at_once(node):
     node.start()
     node.kubelet.wait_for_resource(MEMORY, timeout=20)
     assert sorted(a["id"] for a in node.allocations()) == sorted(ids)
+
+
+@pytest.fixture
+def cluster():
+    cluster = runc_env.EnforcementNode()
+    yield cluster
+    cluster.close()
+
+
+def still_running_after(pid: int, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if not runc_env.running(pid):
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_the_documented_recovery_keeps_every_running_container_working(cluster):
+    """The ledger is moved aside while the daemon is stopped (the documented recovery for a
+    broken ledger). At the next start a real runc container admitted before keeps its
+    registration (read back from its cgroup's mark) and its allocation ID (the one in its
+    env): its in-quota process is not killed as unallocated, an over-quota one still is,
+    and a new container of the pod started with the env kubelet cached is admitted."""
+    env, mounts = cluster.admit("steady")
+    assert cluster.start_in_pod("steady", "steady", env, mounts).returncode == 0
+    pid = cluster.runtime.pid("steady")
+    cluster.set_usage([(pid, GPU0, 1000)])
+    cluster.node.stop()
+    state_dir = os.path.join(cluster.node.root, "state")
+    os.rename(state_dir, state_dir + ".aside")
+    cluster.node.start()
+    cluster.kubelet.wait_for_resource(MEMORY, timeout=30)
+    cluster.node.wait_for(lambda: "recovered 1 of 1 container registrations" in cluster.node.log())
+    assert [a["id"] for a in cluster.node.allocations()] == [env["GPUSHARE_ALLOCATION_ID"]]
+    assert cluster.registered() == {"steady"}
+    assert still_running_after(pid, 2.5), "an in-quota process was killed after the recovery"
+    done = cluster.start_in_pod("steady-2", "steady", env, mounts, container="main")
+    assert done.returncode == 0, done.stdout
+    cluster.set_usage([(pid, GPU0, 9000)])
+    assert not still_running_after(pid, 3.0), "the recovered container is not policed"

@@ -116,6 +116,17 @@ class EngineNode(runc_env.EnforcementNode):
         assert done.returncode == 0, done.stdout + done.stderr
         self.hooks_dir = os.path.join(self.install_root, "etc", "containers", "oci", "hooks.d")
         self.containerd_dir = os.path.join(self.install_root, "etc", "gpushare", "containerd")
+        # The hook configs run the launcher install wrote at its node path, which is under
+        # the install root here: point them there (the engines read them on this host).
+        launcher = os.path.join(self.install_root, "etc", "gpushare", "gpushare-hook")
+        for directory in (self.hooks_dir, self.containerd_dir):
+            for name in os.listdir(directory):
+                if name.endswith(".json"):
+                    path = os.path.join(directory, name)
+                    with open(path) as f:
+                        text = f.read()
+                    with open(path, "w") as f:
+                        f.write(text.replace('"/etc/gpushare/gpushare-hook"', json.dumps(launcher)))
 
     def base_runtime_spec(self) -> str:
         """Run the installed ``make-base-spec``; the path of the spec it printed."""

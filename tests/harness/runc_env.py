@@ -62,7 +62,7 @@ def _busybox() -> str | None:
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SHIPPED_HOOKS = os.path.join(REPO, "hooks", "containerd", "gpushare-hooks.json")
 SHIPPED_SOCKET = "/run/gpushare/hook.sock"
-SHIPPED_PATH = "/usr/local/bin/gpushare-hook"
+SHIPPED_PATH = "/etc/gpushare/gpushare-hook"  # render.HOOK_LAUNCHER
 
 
 def hook_command() -> str:
@@ -70,15 +70,27 @@ def hook_command() -> str:
     return os.path.join(os.path.dirname(sys.executable), "gpushare-hook")
 
 
-def shipped_hooks(socket_path: str) -> dict:
+def write_launcher(directory: str) -> str:
+    """The hook launcher nodemgr install writes, for this venv's Python and this source
+    tree, in ``directory``; its path."""
+    from nodemgr.cli.install.render import hook_launcher
+
+    path = os.path.join(directory, "gpushare-hook")
+    with open(path, "w") as f:
+        f.write(hook_launcher(sys.executable, REPO))
+    os.chmod(path, 0o755)
+    return path
+
+
+def shipped_hooks(socket_path: str, launcher: str) -> dict:
     """The ``hooks`` of the shipped containerd snippet, pointed at this test's socket
-    and this venv's gpushare-hook: the tests run what admins install."""
+    and a launcher for this venv: the tests run what admins install."""
     with open(SHIPPED_HOOKS) as f:
         hooks = json.load(f)["hooks"]
     for entries in hooks.values():
         for hook in entries:
             assert hook["path"] == SHIPPED_PATH
-            hook["path"] = hook_command()
+            hook["path"] = launcher
             hook["args"] = [socket_path if a == SHIPPED_SOCKET else a for a in hook["args"]]
     return hooks
 
@@ -91,6 +103,7 @@ class Runtime:
         self.state_root = os.path.join(root, "runc-state")
         self.rootfs = os.path.join(root, "rootfs")
         self.hook_socket = hook_socket
+        self.launcher = write_launcher(root)
         self._containers: list[str] = []
         os.makedirs(os.path.join(self.rootfs, "bin"), exist_ok=True)
         for directory in ("proc", "dev", "sys", "tmp"):
@@ -132,7 +145,7 @@ class Runtime:
                 }
             )
         if hooks and self.hook_socket is not None:
-            config["hooks"] = shipped_hooks(self.hook_socket)
+            config["hooks"] = shipped_hooks(self.hook_socket, self.launcher)
         if annotations:
             config.setdefault("annotations", {}).update(annotations)
         if edit is not None:

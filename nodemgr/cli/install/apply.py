@@ -9,9 +9,11 @@ and writes, under root (``--root``, default ``/``):
 - ``/etc/gpushare/config.yaml``, the commented defaults, only when no config
   is there (an existing one is kept and read: the units and hooks then use its
   run_dir, state_dir, hook socket and control binary);
-- the runtime hook configs: ``/etc/containers/oci/hooks.d/50-gpushare-*.json``
-  (CRI-O, podman) and ``/etc/gpushare/containerd/`` (the containerd snippet and
-  ``make-base-spec``), with the real gpushare-hook path and the hook socket;
+- the hook launcher ``/etc/gpushare/gpushare-hook`` (this Python in isolated mode
+  without site, importing the hook from this environment) and the runtime hook
+  configs running it: ``/etc/containers/oci/hooks.d/50-gpushare-*.json`` (CRI-O,
+  podman) and ``/etc/gpushare/containerd/`` (the containerd snippet and
+  ``make-base-spec``), with the hook socket;
 - ``/etc/gpushare/installed-files.json`` (``files.MANIFEST_PATH``): what it
   wrote, with each file's SHA-256, so that ``uninstall`` removes exactly those
   files that are still as written (edits are kept).
@@ -62,6 +64,7 @@ from nodemgr.cli.install.render import (
     InstallError,
     Target,
     console_scripts,
+    hook_package_dir,
     render,
     sha256,
 )
@@ -105,7 +108,9 @@ def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
         settings = load_settings(None, environ={"NODE_NAME": "unused"})  # node name not rendered
         written = "to be written" if dry_run else "written"
         settings_from = f"the defaults, {written} to a new {config_on_disk}"
-    target = Target.of(settings, node_command, hook_command, config_path)
+    target = Target.of(
+        settings, node_command, hook_command, config_path, sys.executable, hook_package_dir()
+    )
     manifest = read_manifest(root)
     actions = [_plan(root, spec, manifest) for spec in render(target)]
 
@@ -113,6 +118,7 @@ def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
     print(f"  root:            {root}", file=out)
     print(f"  gpushare-node:   {node_command}", file=out)
     print(f"  gpushare-hook:   {hook_command}", file=out)
+    print(f"  hook runs as:    {sys.executable} -I -S, hooks from {hook_package_dir()}", file=out)
     print(f"  settings from:   {settings_from}", file=out)
     print(f"  run_dir {target.run_dir}, state_dir {target.state_dir}", file=out)
     print(f"  hook socket {target.hook_socket}, MPS control {target.control_binary}", file=out)

@@ -5,16 +5,25 @@
 control binary are on the node) into ``FileSpec``s: path on the node, content,
 mode. The files are the two systemd units, the tmpfiles.d entry, the
 commented default config (``config.yaml.j2`` filled from config.py's
-dataclasses), the CRI-O/podman hooks.d files and the containerd snippet and
-``make-base-spec``. The filters ``exec_arg``, ``env_value`` and
+dataclasses), the hook launcher ``/etc/gpushare/gpushare-hook``, the CRI-O/podman
+hooks.d files and the containerd snippet and ``make-base-spec``.
+
+The runtimes run the hook through the launcher: a script whose ``#!`` line starts
+this Python in isolated mode without site (``-IS``: no PYTHON* variables, no
+site-packages, no .pth files), which imports the hook from its package directory.
+The hook needs only the standard library, and so starts in about a third of the
+console script's time (the console script imports site-packages and their .pth
+files at every container creation). The filters ``exec_arg``, ``env_value`` and
 ``tmpfiles_path`` quote and escape a value for a unit's Exec*= or
 Environment= line and a tmpfiles.d line, so a path with a space, ``%`` or
 ``$`` means what it says; a control character is refused.
 
 ``console_scripts()`` finds the gpushare-node and gpushare-hook the units
-must run; ``shipped_files()`` renders the copies kept in the source tree
+must run, ``hook_package_dir()`` the directory the hook's package is imported
+from; ``shipped_files()`` renders the copies kept in the source tree
 (``systemd/``, ``hooks/``) for the default install, so tests can check they
-never go stale.
+never go stale. ``hook_launcher(python, package_dir)`` is the launcher's text for
+another Python (the tests' own).
 
 What it must not do: write anything, or read the files under the install root
 (``apply`` and ``files`` do that).
@@ -55,6 +64,12 @@ TMPFILES_PATH = "/etc/tmpfiles.d/gpushare.conf"
 OCI_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 CONTAINERD_DIR = "/etc/gpushare/containerd"
 CONTAINERD_BASE_SPEC = "/etc/containerd/gpushare-base-spec.json"
+# What the runtimes run: the hook in an isolated Python (see the module).
+HOOK_LAUNCHER = "/etc/gpushare/gpushare-hook"
+HOOK_PYTHON_FLAGS = "-IS"  # -I -S: one #! argument, as the kernel passes one
+# The shipped copies' Python and hook package: `pip install .` as root on Debian 12.
+SHIPPED_PYTHON = "/usr/bin/python3"
+SHIPPED_PACKAGE_DIR = "/usr/local/lib/python3.11/dist-packages"
 # Where `pip install` as root puts console scripts: the paths of the shipped copies.
 SHIPPED_SCRIPTS_DIR = "/usr/local/bin"
 # The stage of each CRI-O/podman hooks.d file.
@@ -76,15 +91,25 @@ class Target:
     """What the rendered files name: where things are on the node (absolute paths)."""
 
     node_command: str  # the gpushare-node console script
-    hook_command: str  # the gpushare-hook console script
+    hook_command: str  # the gpushare-hook console script (for runs by hand)
     config_path: str  # the config file the unit passes with --config
     run_dir: str
     state_dir: str
     hook_socket: str
     control_binary: str  # MPS control binary: a name in $PATH or an absolute path
+    hook_python: str = SHIPPED_PYTHON  # the Python the hook launcher starts
+    hook_package_dir: str = SHIPPED_PACKAGE_DIR  # where it imports the hooks package from
 
     @classmethod
-    def of(cls, settings: Settings, node_command: str, hook_command: str, config_path: str):
+    def of(
+        cls,
+        settings: Settings,
+        node_command: str,
+        hook_command: str,
+        config_path: str,
+        hook_python: str = SHIPPED_PYTHON,
+        hook_package_dir: str = SHIPPED_PACKAGE_DIR,
+    ):
         return cls(
             node_command=node_command,
             hook_command=hook_command,
@@ -93,6 +118,8 @@ class Target:
             state_dir=settings.state_dir,
             hook_socket=settings.hook_socket,
             control_binary=settings.mps.control_binary,
+            hook_python=hook_python,
+            hook_package_dir=hook_package_dir,
         )
 
 
@@ -132,6 +159,8 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
         "shm_dir": MpsLayout(target.run_dir).shm_dir,
         "pipe_dir": layout.pipe_dir("%i"),
         "log_dir": layout.log_dir("%i"),
+        "hook_launcher": HOOK_LAUNCHER,
+        "hook_options": _hook_options(target),
     }
 
     def text(template: str, **extra) -> str:
@@ -144,6 +173,7 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
         FileSpec(f"{UNIT_DIR}/{NODE_UNIT}", text("gpushare-node.service.j2"), 0o644),
         FileSpec(f"{UNIT_DIR}/{MPS_UNIT}", text("gpushare-mps@.service.j2"), 0o644),
         FileSpec(TMPFILES_PATH, text("tmpfiles.conf.j2"), 0o644),
+        FileSpec(HOOK_LAUNCHER, hook_launcher(target.hook_python, target.hook_package_dir), 0o755),
     ]
     for name, stage in OCI_HOOK_FILES.items():
         files.append(
@@ -154,6 +184,31 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
         FileSpec(f"{CONTAINERD_DIR}/make-base-spec", text("make-base-spec.j2"), 0o755),
     ]
     return files
+
+
+def _hook_options(target: Target) -> list[str]:
+    """The hook's options before its stage: the socket, and the run_dir where the socket's
+    directory is not it (the hook assumes it is)."""
+    options = ["--socket", target.hook_socket]
+    if os.path.normpath(os.path.dirname(target.hook_socket)) != os.path.normpath(target.run_dir):
+        options += ["--run-dir", target.run_dir]
+    return options
+
+
+def hook_launcher(python: str, package_dir: str) -> str:
+    """The launcher's text: ``python`` in isolated mode without site, importing the hook
+    from ``package_dir``. InstallError when ``python`` cannot stand in a ``#!`` line."""
+    if not os.path.isabs(python) or any(ch in python for ch in " \t\n") or len(python) > 200:
+        raise InstallError(
+            f"the Python at {python!r} cannot start the runtime hook from a #! line (it must "
+            "be an absolute path of at most 200 characters without spaces): install "
+            "gpushare-node into a Python at such a path"
+        )
+    return (
+        _environment()
+        .get_template("gpushare-hook.j2")
+        .render(python=python, flags=HOOK_PYTHON_FLAGS, package_dir=package_dir)
+    )
 
 
 def _default_config(env: jinja2.Environment, target: Target) -> str:
@@ -183,6 +238,7 @@ def shipped_files() -> dict[str, str]:
         CONFIG_PATH,
     )
     where = {
+        HOOK_LAUNCHER: "hooks/gpushare-hook",
         f"{UNIT_DIR}/{NODE_UNIT}": f"systemd/{NODE_UNIT}",
         f"{UNIT_DIR}/{MPS_UNIT}": f"systemd/{MPS_UNIT}",
         TMPFILES_PATH: "systemd/tmpfiles.d/gpushare.conf",
@@ -204,6 +260,7 @@ def _environment() -> jinja2.Environment:
     env.filters["env_value"] = env_value
     env.filters["tmpfiles_path"] = tmpfiles_path
     env.filters["json"] = lambda value: json.dumps(value, ensure_ascii=False)
+    env.filters["python"] = repr  # a Python literal
     env.filters["yaml"] = _yaml_scalar
     return env
 
@@ -261,3 +318,11 @@ def console_scripts() -> tuple[str, str]:
             )
         found.append(os.path.abspath(which))
     return found[0], found[1]
+
+
+def hook_package_dir() -> str:
+    """The directory this environment imports the ``hooks`` package from (site-packages,
+    or the source tree of an editable install)."""
+    import hooks
+
+    return os.path.dirname(os.path.dirname(os.path.abspath(hooks.__file__)))

@@ -518,7 +518,7 @@ def test_bad_mps_values_name_the_key(mps, key, problem):
 def test_enforcement_defaults():
     settings = load({"run_dir": "/run/gs"})
     assert settings.enforcement == schema.EnforcementSettings(
-        action="kill", interval_seconds=1.0, grace_mib=128, hook_socket=""
+        action="kill", interval_seconds=0.25, grace_mib=128, hook_socket=""
     )
     assert settings.hook_socket == "/run/gs/hook.sock"
     assert load({}).hook_socket == "/run/gpushare/hook.sock"

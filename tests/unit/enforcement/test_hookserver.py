@@ -5,7 +5,11 @@ poststop forgets it; a mismatching env, a vanished init process, a second pod on
 or a GPU container without a whole pod identity is refused (any container of the pod may use
 it); the socket is root-only (0600). Trickling clients hold the socket neither forever (a total
 deadline per connection) nor in numbers (a connection cap: the excess is closed at once,
-counted and logged once), and a real call still answers; a host cgroup is refused."""
+counted and logged once), and a real call still answers; a host cgroup is refused. A
+createRuntime request must carry well-formed spec facts (a stale hook's request without them is
+refused); a spec showing another card's MPS pipe directory or node is refused naming the mount
+and the card, one showing any GPU thing without an allocation too, and one showing only its own
+card's passes."""
 
 import os
 import shutil
@@ -20,6 +24,7 @@ import time
 import pytest
 
 from hooks import protocol
+from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
@@ -28,7 +33,7 @@ from nodemgr.enforcement import hookserver
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, MPS_PIPE, env_of, simulated_settings
+from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 PIPE = MPS_PIPE
@@ -42,7 +47,8 @@ class Node:
         self.ledger = Ledger(self.settings.state_dir)
         cards = open_inventory(self.settings.gpus).cards()
         self.allocator = Allocator(self.settings, cards, self.ledger)
-        self.registry = ContainerRegistry(self.ledger, self.allocator, PIPE)
+        self.layout = MpsLayout(self.settings.run_dir)
+        self.registry = ContainerRegistry(self.ledger, self.allocator, PIPE, mps_layout=self.layout)
         # Unix socket paths must stay under 108 bytes; pytest's tmp_path may not.
         self.socket_dir = tempfile.mkdtemp(dir="/tmp", prefix="gsn-")
         self.socket_path = os.path.join(self.socket_dir, "hook.sock")
@@ -96,6 +102,7 @@ def create(container_id, pid, env, identity=None, cgroup=None):
         "env": env,
         "identity": identity or {},
         "cgroup": cgroup,
+        "spec": {"mounts": [], "devices": [], "rules": []},
     }
 
 
@@ -128,8 +135,38 @@ def valid_fields(allocation, pid):
         ({"cgroup": None}, "cgroup must be a non-empty string"),
         ({"stage": "prestart"}, "unknown stage 'prestart'"),
         ({"stage": None}, "unknown stage None"),
+        ({"spec": None}, "spec missing: this gpushare-hook is older than the daemon"),
+        ({"spec": []}, "spec must be an object"),
+        ({"spec": {"mounts": [], "devices": []}}, "spec.rules must be a list of objects"),
+        ({"spec": {"mounts": ["/x"], "devices": [], "rules": []}}, "spec.mounts must be a list"),
+        (
+            {"spec": {"mounts": [{"destination": "/x", "sources": "/y", "nodes": []}],
+                      "devices": [], "rules": []}},
+            "spec.mounts[].sources must be a list of strings",
+        ),
+        (
+            {"spec": {"mounts": [{"destination": "/x", "sources": [], "nodes": [[195]]}],
+                      "devices": [], "rules": []}},
+            "spec.mounts[].nodes must be a list of [major, minor]",
+        ),
+        (
+            {"spec": {"mounts": [], "rules": [],
+                      "devices": [{"path": "/dev/x", "type": "c", "major": "195", "minor": 1}]}},
+            "spec.devices[].major and minor must be integers",
+        ),
+        (
+            {"spec": {"mounts": [], "devices": [],
+                      "rules": [{"allow": 1, "type": "c", "major": 195, "minor": 1,
+                                 "access": "rw"}]}},
+            "spec.rules[].allow must be true or false",
+        ),
+        (
+            {"spec": {"mounts": [{"destination": "/x", "sources": [], "nodes": []}] * 1025,
+                      "devices": [], "rules": []}},
+            "spec.mounts has 1025 entries, over 1024",
+        ),
     ],
-)
+)  # fmt: skip
 def test_bad_request_is_refused_naming_the_problem(node, child, change, fragment):
     allocation = node.allocate()
     request = valid_fields(allocation, child.pid)
@@ -274,6 +311,80 @@ def test_a_gpu_container_without_a_whole_pod_identity_is_refused(node, child, id
     allocation = node.allocate()
     answer = node.call(create("c1", child.pid, env_of(allocation), identity))
     assert_refused(answer, "the runtime gave no pod identity")
+    assert node.registered() == {}
+
+
+# --- the spec (issue 14, item 7) -------------------------------------------------------------
+
+
+def with_spec(request, mounts=(), devices=(), rules=()):
+    request["spec"] = {"mounts": list(mounts), "devices": list(devices), "rules": list(rules)}
+    return request
+
+
+def mount(destination, *sources, nodes=()):
+    return {"destination": destination, "sources": list(sources),
+            "nodes": [list(n) for n in nodes]}  # fmt: skip
+
+
+def test_a_spec_showing_its_own_card_passes(node, child):
+    """What Allocate and the NVIDIA runtime give a shared container on card 0: registered."""
+    allocation = node.allocate()
+    request = with_spec(
+        create("c1", child.pid, env_of(allocation), POD_A),
+        mounts=[
+            mount(PIPE, node.layout.client_dir(GPU0)),
+            mount("/dev/shm", node.layout.shm_dir),
+            mount("/dev/nvidia0", "/dev/nvidia0", nodes=[(195, 0)]),
+        ],
+        devices=[{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}],
+        rules=[{"allow": True, "type": "c", "major": 195, "minor": 0, "access": "rw"}],
+    )
+    assert node.call(request)["allowed"] is True
+    assert set(node.registered()) == {"c1"}
+
+
+def test_another_cards_client_directory_is_refused_naming_it(node, child):
+    """Card 1's client directory mounted at /tmp/nvidia-mps by card 0's container: refused,
+    naming the mount, card 1 and the allocation; nothing registered."""
+    allocation = node.allocate()
+    other = node.layout.client_dir(GPU1)
+    request = with_spec(
+        create("c1", child.pid, env_of(allocation), POD_A),
+        mounts=[mount(PIPE, other)],
+    )
+    answer = node.call(request)
+    assert_refused(answer, f"the mount of {other} at {PIPE} shows GPU 1 ({GPU1})'s MPS")
+    assert f"beyond allocation {allocation.id}" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_another_cards_rule_is_refused(node, child):
+    """A rule allowing c 195:1 for card 0's container: refused naming the rule and card 1."""
+    allocation = node.allocate()
+    rule = {"allow": True, "type": "c", "major": 195, "minor": 1, "access": "rw"}
+    request = with_spec(create("c1", child.pid, env_of(allocation), POD_A), rules=[rule])
+    answer = node.call(request)
+    assert_refused(answer, f"its device rule allowing c 195:1 rw shows /dev/nvidia1 (c 195:1, "
+                           f"GPU 1 ({GPU1}))")  # fmt: skip
+    assert node.registered() == {}
+
+
+def test_a_container_without_gpu_env_touching_a_gpu_is_refused(node, child):
+    """No GPU env but /dev/nvidia1 in linux.devices: refused without an allocation."""
+    device = {"path": "/dev/nvidia1", "type": "c", "major": 195, "minor": 1}
+    request = with_spec(create("c1", child.pid, {}), devices=[device])
+    answer = node.call(request)
+    assert_refused(answer, "its linux.devices node /dev/nvidia1 (c 195:1)")
+    assert "without a gpushare allocation" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_a_container_without_gpu_env_or_gpu_things_is_allowed(node, child):
+    """The spec facts of an ordinary container (a hosts file): allowed, not registered."""
+    request = with_spec(create("c1", child.pid, {}), mounts=[mount("/etc/hosts", "/etc/hosts")])
+    answer = node.call(request)
+    assert answer["allowed"] is True and "asks for no GPU" in answer["message"]
     assert node.registered() == {}
 
 

@@ -426,3 +426,43 @@ def test_an_allocation_two_pods_hold_parts_of_is_refused_and_reconciled(asking, 
     allowed, message = asking.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
     assert allowed is False and "several pods (default/a, default/b)" in message
     assert asking.allocator.reconcile_requested.is_set()
+
+
+# --- an env whose allocation ID went stale (issue 15, items 2 and 5) ------------------------
+
+
+def test_an_env_naming_a_lost_id_is_judged_against_its_pods_allocation(asking, kubelet, child):
+    """The ledger was rebuilt from kubelet's record after its loss: the pod's devices now
+    sit in an allocation with a new ID, while kubelet replays the env it cached (old ID).
+    The container is registered on its pod's allocation instead of being refused forever."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    env = env_of(allocation, GPUSHARE_ALLOCATION_ID="ga-lostlostlostlost")
+    allowed, message = asking.registry.admit("c1", child.pid, env, POD_A, CGROUP)
+    assert allowed is True, message
+    assert [r.allocation_id for r in asking.registry.registrations()] == [allocation.id]
+
+
+def test_a_split_off_pod_is_admitted_on_its_own_allocation(asking, kubelet, child):
+    """Two pods linked by mistake (no API server) were split by reconcile: the second pod's
+    env keeps the first one's ID, and it is admitted on the allocation kubelet gives it,
+    with its quota env judged against that one; the first pod keeps its own."""
+    first = asking.allocate(core_percent=10)
+    second = asking.allocate(memory_units=2, core_percent=20)
+    kubelet.report(asking, first, POD_A)
+    kubelet.report(asking, second, POD_B)
+    env = env_of(second, GPUSHARE_ALLOCATION_ID=first.id)
+    cgroup = "0::/kubepods/pod-b/c2\n"
+    allowed, message = asking.registry.admit("c2", child.pid, env, POD_B, cgroup)
+    assert allowed is True, message
+    assert [r.allocation_id for r in asking.registry.registrations()] == [second.id]
+
+
+def test_a_stale_id_gives_nothing_to_a_pod_kubelet_gives_no_allocation(asking, kubelet, child):
+    """Another pod's ID in the env of a pod that holds nothing on the card is refused, as
+    before: the search goes only through kubelet's record of the container's own pod."""
+    allocation = asking.allocate()
+    kubelet.report(asking, allocation, POD_A)
+    cgroup = "0::/kubepods/pod-b/c3\n"
+    allowed, message = asking.registry.admit("c3", child.pid, env_of(allocation), POD_B, cgroup)
+    assert allowed is False and "not to pod default/b" in message

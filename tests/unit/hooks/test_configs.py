@@ -1,14 +1,24 @@
-"""The runtime configurations shipped in hooks/: valid JSON of the right shape,
-and the CRI-O/podman hooks.d files run exactly what the containerd snippet
-runs (the runc tests run the containerd snippet itself, see runc_env.py)."""
+"""The runtime configurations shipped in hooks/: valid JSON of the right shape, the CRI-O/podman
+hooks.d files run exactly what the containerd snippet runs, the launcher they name, and that
+launcher as nodemgr install renders it: Python in isolated mode without site, importing the hook
+from the package directory it names and from nowhere else (not PYTHONPATH, not its own
+directory), with no site-packages."""
 
 import glob
 import json
 import os
+import subprocess
+import sys
 
-from tests.harness.runc_env import SHIPPED_HOOKS, SHIPPED_PATH, SHIPPED_SOCKET
+import pytest
 
-HOOKS_D = os.path.join(os.path.dirname(SHIPPED_HOOKS), "..", "oci-hooks.d")
+from nodemgr.cli.install import render
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+HOOKS = os.path.join(REPO, "hooks")
+SNIPPET = os.path.join(HOOKS, "containerd", "gpushare-hooks.json")
+HOOKS_D = os.path.join(HOOKS, "oci-hooks.d")
+SOCKET = "/run/gpushare/hook.sock"
 
 
 def load(path):
@@ -16,17 +26,20 @@ def load(path):
         return json.load(f)
 
 
-def test_containerd_snippet_runs_the_hook_at_create_and_poststop():
-    hooks = load(SHIPPED_HOOKS)["hooks"]
+def test_containerd_snippet_runs_the_launcher_at_create_and_poststop():
+    """Both stages run the launcher with the default socket; the runtime's timeout is above
+    the hook's own 2 s."""
+    hooks = load(SNIPPET)["hooks"]
     assert set(hooks) == {"createRuntime", "poststop"}
     for stage, [hook] in hooks.items():
-        assert hook["path"] == SHIPPED_PATH
-        assert hook["args"] == ["gpushare-hook", "--socket", SHIPPED_SOCKET, stage]
+        assert hook["path"] == render.HOOK_LAUNCHER
+        assert hook["args"] == ["gpushare-hook", "--socket", SOCKET, stage]
         assert 0 < hook["timeout"] <= 10  # the hook itself gives up after 2 s
 
 
 def test_hooks_d_files_match_the_containerd_snippet():
-    snippet = load(SHIPPED_HOOKS)["hooks"]
+    """CRI-O/podman run, always, exactly what containerd runs."""
+    snippet = load(SNIPPET)["hooks"]
     files = sorted(glob.glob(os.path.join(HOOKS_D, "*.json")))
     assert len(files) == 2
     stages = {}
@@ -37,3 +50,52 @@ def test_hooks_d_files_match_the_containerd_snippet():
         [stage] = config["stages"]
         stages[stage] = config["hook"]
     assert stages == {stage: hook for stage, [hook] in snippet.items()}
+
+
+def test_the_shipped_launcher_starts_python_isolated_without_site():
+    """The launcher's #! line starts the shipped Python with -IS (one argument: the kernel
+    passes one) and imports the hook from the shipped package directory."""
+    with open(os.path.join(HOOKS, "gpushare-hook")) as f:
+        text = f.read()
+    assert text.startswith(f"#!{render.SHIPPED_PYTHON} -IS\n")
+    assert f"sys.path.append({render.SHIPPED_PACKAGE_DIR!r})" in text
+    assert os.access(os.path.join(HOOKS, "gpushare-hook"), os.X_OK)
+
+
+@pytest.fixture
+def launcher(tmp_path):
+    """This environment's launcher, in a directory that also holds a decoy hooks package."""
+    path = tmp_path / "gpushare-hook"
+    path.write_text(render.hook_launcher(sys.executable, REPO))
+    path.chmod(0o755)
+    decoy = tmp_path / "hooks"
+    decoy.mkdir()
+    (decoy / "__init__.py").write_text("raise SystemExit('decoy hooks package imported')\n")
+    return str(path)
+
+
+def test_the_launcher_runs_the_hook_isolated(launcher, tmp_path):
+    """Run as the runtime runs it, with PYTHONPATH and PYTHONSTARTUP pointing at the decoy:
+    the real hook answers (usage), so neither the environment nor the launcher's own
+    directory is read, and Python ran isolated without site."""
+    probe = "import sys; print(sys.flags.isolated, sys.flags.no_site, 'site' in sys.modules)"
+    env = {"PYTHONPATH": str(tmp_path), "PYTHONSTARTUP": str(tmp_path / "hooks" / "__init__.py")}
+    done = subprocess.run(
+        [launcher, "--help"], env=env, capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: gpushare-hook")
+    with open(launcher) as f:
+        interpreter, flags = f.readline()[2:].split()
+    flagged = subprocess.run(
+        [interpreter, flags, "-c", probe], capture_output=True, text=True, timeout=30
+    )
+    assert flagged.stdout.split() == ["1", "1", "False"]
+
+
+@pytest.mark.parametrize("python", ["python3", "/opt/my python/bin/python3", "/" + "p" * 300])
+def test_a_python_that_cannot_stand_in_a_shebang_is_refused(python):
+    """A relative path, a space or an overlong path cannot be a #! interpreter: install
+    refuses, saying why."""
+    with pytest.raises(render.InstallError, match="cannot start the runtime hook from a #! line"):
+        render.hook_launcher(python, REPO)

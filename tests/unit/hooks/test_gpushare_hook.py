@@ -1,11 +1,15 @@
-"""Pins gpushare-hook as the runtime runs it (a subprocess, OCI state on stdin): containers that
-ask for no GPU start without the daemon; GPU containers are refused when the daemon is down or
-silent (fail closed, one line naming the socket and how to check the daemon) or when it says no;
-unreadable input exits 2; the request carries only GPU env names, the pod identity from the
-containerd or CRI-O annotations and the init process's cgroup text; poststop always exits 0.
-The bundle's config.json is read with a size cap: one over it (or not a regular file) is
-refused at once, without being read whole; a /proc/PID/cgroup that is not UTF-8 is refused
-with a clear message."""
+"""Pins gpushare-hook as the runtime runs it (a subprocess, OCI state on stdin, started as
+``nodemgr install`` writes it: python -I -S on the hook's file, argv[0] the console script):
+containers that ask for no GPU and whose spec touches none start without the daemon; GPU
+containers, and containers whose mounts, device nodes or device rules touch a GPU, are refused
+when the daemon is down or silent (fail closed, one line naming the socket and how to check the
+daemon) or when it says no; unreadable input exits 2; the request carries only GPU env names,
+the pod identity from the containerd or CRI-O annotations, the init process's cgroup text and
+the spec's GPU facts (mount paths also through symlinks, bind-mounted device nodes by number);
+poststop always exits 0. The bundle's config.json is read with a size cap: one over it (or not
+a regular file) is refused at once, without being read whole; a /proc/PID/cgroup that is not
+UTF-8 is refused with a clear message. Started that way it imports no json, re, socket or enum
+(their imports would double its start-up)."""
 
 import json
 import os
@@ -19,9 +23,15 @@ import time
 
 import pytest
 
-from hooks import protocol
+from hooks import gpushare_hook, protocol
+from mps.layout import MpsLayout
 
-HOOK = os.path.join(os.path.dirname(sys.executable), "gpushare-hook")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+CONSOLE_SCRIPT = os.path.join(os.path.dirname(sys.executable), "gpushare-hook")
+# As the runtime runs the hook nodemgr install configures: the interpreter, argv[0] the
+# console script (ps shows it; Python finds its environment from it), -I -S, the file.
+HOOK = [CONSOLE_SCRIPT, "-I", "-S", os.path.join(REPO, "hooks", "gpushare_hook.py")]
+NO_SPEC = {"mounts": [], "devices": [], "rules": []}
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
 GPU_ENV = [
     "PATH=/usr/bin:/bin",
@@ -111,9 +121,10 @@ def daemon():
         fake.close()
 
 
-def bundle(env, annotations=None):
+def bundle(env, annotations=None, **spec):
+    """A bundle whose config.json has this env, annotations and top-level ``spec`` fields."""
     path = short_dir()
-    config = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": env}}
+    config = {"ociVersion": "1.0.2", "process": {"args": ["sh"], "env": env}, **spec}
     if annotations is not None:
         config["annotations"] = annotations
     with open(os.path.join(path, "config.json"), "w") as f:
@@ -132,13 +143,11 @@ def state(bundle_dir, annotations=None, pid=None, id_="c1"):
     }
 
 
-def run_hook(socket_path, stage, stdin):
+def run_hook(socket_path, stage, stdin, *options, python_options=()):
     data = stdin if isinstance(stdin, bytes) else json.dumps(stdin).encode()
+    argv = [HOOK[0], *python_options, *HOOK[1:], "--socket", socket_path, *options, stage]
     return subprocess.run(
-        [HOOK, "--socket", socket_path, stage],
-        input=data,
-        capture_output=True,
-        timeout=20,
+        argv, executable=sys.executable, input=data, capture_output=True, timeout=20
     )
 
 
@@ -213,7 +222,9 @@ def test_oversized_state_exits_2():
     [[], ["createRuntime", "poststop"], ["prestart"], ["--verbose", "createRuntime"]],
 )
 def test_bad_invocation_exits_2_with_usage(args):
-    result = subprocess.run([HOOK, *args], input=b"{}", capture_output=True, timeout=20)
+    result = subprocess.run(
+        [*HOOK, *args], executable=sys.executable, input=b"{}", capture_output=True, timeout=20
+    )
     assert result.returncode == 2
     assert "usage: gpushare-hook" in result.stderr.decode()
 
@@ -222,7 +233,8 @@ def test_socket_option_with_equals_sign(daemon):
     fake = daemon({"allowed": True, "message": "registered"})
     stdin = json.dumps(state(bundle(GPU_ENV))).encode()
     result = subprocess.run(
-        [HOOK, f"--socket={fake.path}", "createRuntime"],
+        [*HOOK, f"--socket={fake.path}", "createRuntime"],
+        executable=sys.executable,
         input=stdin,
         capture_output=True,
         timeout=20,
@@ -370,6 +382,7 @@ def test_request_carries_gpu_env_containerd_identity_and_cgroup(daemon):
         },
         "identity": {"namespace": "team-a", "pod": "trainer-0", "container": "main"},
         "cgroup": cgroup,
+        "spec": NO_SPEC,
     }
 
 
@@ -446,3 +459,207 @@ def test_poststop_does_not_need_the_bundle(daemon):
     result = run_hook(fake.path, "poststop", state(gone))
     assert result.returncode == 0
     assert fake.requests == [{"stage": "poststop", "container_id": "c1"}]
+
+
+# --- the spec's GPU facts ----------------------------------------------------------------------
+
+
+def mps_root_of(socket_path):
+    """The MPS root the hook assumes without --run-dir: <socket's directory>/mps."""
+    return MpsLayout(os.path.dirname(socket_path)).root
+
+
+def test_the_hooks_mps_directory_is_the_daemons():
+    """The hook's <run_dir>/mps is mps.layout's MPS root (the hook cannot import it)."""
+    assert MpsLayout("/run/gs").root == os.path.join("/run/gs", gpushare_hook.MPS_SUBDIR)
+
+
+def touching_specs(socket_path):
+    """Specs of containers without GPU env that touch a GPU all the same."""
+    pipe = os.path.join(mps_root_of(socket_path), "GPU-b", "pipe")
+    return {
+        "device": {"linux": {"devices": [{"path": "/dev/nvidia1", "type": "c", "major": 195,
+                                          "minor": 1}]}},
+        "rule": {"linux": {"resources": {"devices": [{"allow": True, "access": "rwm"}]}}},
+        "pipe": {"mounts": [{"destination": "/tmp/nvidia-mps", "source": pipe, "type": "bind",
+                             "options": ["rbind"]}]},
+        "list": {"mounts": [{"destination": "/var/run/nvidia-container-devices/GPU-b",
+                             "source": "/dev/null", "type": "bind", "options": ["bind"]}]},
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize("kind", ["device", "rule", "pipe", "list"])
+def test_a_container_without_gpu_env_whose_spec_touches_a_gpu_asks_the_daemon(daemon, kind):
+    """No GPU env, but an NVIDIA node, a rule allowing every device, a mount of the MPS
+    directory or of the device list: the daemon is asked, with the spec facts, and its
+    refusal is the hook's."""
+    message = "gpushare-node refused container c1: it touches a GPU"
+    fake = daemon({"allowed": False, "message": message})
+    spec = touching_specs(fake.path)[kind]
+    result = run_hook(fake.path, "createRuntime", state(bundle(["HOME=/"], **spec)))
+    assert result.returncode == 1
+    assert result.stderr.decode() == f"gpushare-hook: {message}\n"
+    [request] = fake.requests
+    assert request["env"] == {}
+    assert request["spec"] != NO_SPEC
+    assert request["spec"]["mounts"] or request["spec"]["devices"] or request["spec"]["rules"]
+
+
+@pytest.mark.parametrize("kind", ["device", "rule", "pipe", "list"])
+def test_a_spec_touching_a_gpu_is_refused_when_the_daemon_is_down(kind):
+    """Fail closed: without the daemon, such a container is refused like a GPU container."""
+    socket_path = missing_socket()
+    spec = touching_specs(socket_path)[kind]
+    result = run_hook(socket_path, "createRuntime", state(bundle(["HOME=/"], **spec)))
+    assert result.returncode == 1
+    assert "or its spec touches them" in result.stderr.decode()
+
+
+def test_ordinary_mounts_devices_and_rules_start_without_the_daemon():
+    """containerd's usual mounts, /dev/null and rules (c 1:3, c *:* m) need no daemon."""
+    spec = {
+        "mounts": [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": "/etc/hosts", "type": "bind", "source": "/etc/hosts",
+             "options": ["rbind", "ro"]},
+        ],
+        "linux": {
+            "devices": [{"path": "/dev/fuse", "type": "c", "major": 10, "minor": 229}],
+            "resources": {"devices": [{"allow": False, "access": "rwm"},
+                                      {"allow": True, "type": "c", "access": "m"},
+                                      {"allow": True, "type": "c", "major": 1, "minor": 3,
+                                       "access": "rwm"}]},
+        },
+    }  # fmt: skip
+    result = run_hook(missing_socket(), "createRuntime", state(bundle(["HOME=/"], **spec)))
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b""
+
+
+def requires_root():
+    if os.geteuid() != 0:
+        if os.environ.get("GPUSHARE_REQUIRE_RUNC") == "1":
+            pytest.fail("GPUSHARE_REQUIRE_RUNC=1 but making device nodes needs root")
+        pytest.skip("making device nodes needs root")
+
+
+def test_symlinks_and_device_nodes_are_resolved(daemon):
+    """A symlink to the MPS directory and a c 195:1 node under an innocent name, bind-mounted:
+    the daemon gets their real path and the node's numbers (and the hook asks it at all)."""
+    requires_root()
+    fake = daemon({"allowed": False, "message": "no"})
+    pipe = os.path.join(mps_root_of(fake.path), "GPU-b", "pipe")
+    os.makedirs(pipe)
+    scratch = short_dir()
+    os.symlink(pipe, os.path.join(scratch, "link"))
+    os.mknod(os.path.join(scratch, "node"), 0o600 | 0o020000, os.makedev(195, 1))
+    link = {"destination": "/a", "source": f"{scratch}/link", "type": "bind", "options": ["rbind"]}
+    node = {"destination": "/b", "source": f"{scratch}//node", "type": "bind", "options": ["bind"]}
+    expected = [
+        (
+            link,
+            {
+                "destination": "/a",
+                "sources": [f"{scratch}/link", pipe],
+                "nodes": [],
+            },
+        ),
+        (
+            node,
+            {
+                "destination": "/b",
+                "sources": [f"{scratch}/node"],
+                "nodes": [[195, 1]],
+            },
+        ),
+    ]
+    for mount, fact in expected:
+        fake.requests.clear()
+        config = bundle(["HOME=/"], mounts=[mount])
+        assert run_hook(fake.path, "createRuntime", state(config)).returncode == 1
+        [request] = fake.requests
+        assert request["spec"]["mounts"] == [fact]
+
+
+def test_run_dir_option_names_the_mps_directory(daemon):
+    """--run-dir DIR makes DIR/mps the MPS root (a socket outside the run_dir); without it,
+    the socket's directory is the run_dir."""
+    fake = daemon({"allowed": False, "message": "no"})
+    mount = {"destination": "/x", "source": "/srv/gs/mps/GPU-b/pipe", "type": "bind",
+             "options": ["rbind"]}  # fmt: skip
+    stdin = state(bundle(["HOME=/"], mounts=[mount]))
+    assert run_hook(fake.path, "createRuntime", stdin).returncode == 0
+    assert run_hook(fake.path, "createRuntime", stdin, "--run-dir", "/srv/gs").returncode == 1
+    assert run_hook(fake.path, "createRuntime", stdin, "--run-dir=/srv/gs/").returncode == 1
+    assert len(fake.requests) == 2
+    relative = run_hook(fake.path, "createRuntime", stdin, "--run-dir", "srv")
+    assert (
+        relative.returncode == 2
+        and "--run-dir must be an absolute path" in relative.stderr.decode()
+    )
+
+
+def test_a_key_runc_reads_in_another_case_is_refused():
+    """config.json with "Mounts" (runc reads it as mounts, Python would not): refused, so a
+    mount cannot hide from the hook in a key Go folds."""
+    mount = {"destination": "/x", "source": "/dev/nvidia1", "type": "bind", "options": ["bind"]}
+    result = run_hook(missing_socket(), "createRuntime", state(bundle(["HOME=/"], Mounts=[mount])))
+    assert result.returncode == 1
+    assert (
+        "config.json has the key 'Mounts', which runc reads as 'mounts'" in result.stderr.decode()
+    )
+
+
+def test_a_config_with_a_key_twice_is_refused():
+    """Two "linux" objects (Go merges them, Python keeps the last): refused, exit 2."""
+    path = short_dir()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write('{"process": {"env": []}, "linux": {"devices": []}, "linux": {}}')
+    result = run_hook(missing_socket(), "createRuntime", state(path))
+    assert result.returncode == 2
+    assert "the key 'linux' appears twice" in result.stderr.decode()
+
+
+def test_a_request_over_the_protocol_limit_is_refused_unsent(daemon):
+    """Spec facts too big for the daemon to read (many long mount paths): refused by the hook
+    itself, naming the size; nothing is sent."""
+    fake = daemon({"allowed": True, "message": "ok"})
+    long = "/srv/" + "d" * 4000
+    mounts = [{"destination": f"/m{i}", "source": f"{long}{i}", "type": "bind",
+               "options": ["bind"]} for i in range(300)]  # fmt: skip
+    result = run_hook(fake.path, "createRuntime", state(bundle(GPU_ENV, mounts=mounts)))
+    assert result.returncode == 1
+    assert f"over the {protocol.MAX_MESSAGE_BYTES} the daemon reads" in result.stderr.decode()
+    assert fake.requests == []
+
+
+# --- start-up ------------------------------------------------------------------------------------
+
+
+def imported(result) -> set[str]:
+    """Module names from -X importtime output."""
+    names = set()
+    for line in result.stderr.decode().splitlines():
+        if line.startswith("import time:") and "|" in line:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_installed_hook_imports_no_slow_module(daemon, gpu):
+    """Run as installed (python -I -S), for a container without GPUs and for one the daemon
+    registers, the hook imports none of json, re, socket, enum, argparse or __future__ (each would
+    cost it milliseconds at every container creation) and no site-packages."""
+    fake = daemon({"allowed": True, "message": "registered"})
+    env = GPU_ENV if gpu else ["HOME=/"]
+    result = run_hook(
+        fake.path, "createRuntime", state(bundle(env)), python_options=("-X", "importtime")
+    )
+    assert result.returncode == 0, result.stderr
+    assert len(fake.requests) == int(gpu)
+    names = imported(result)
+    assert "hooks.gpuenv" in names and ("hooks.protocol" in names) == gpu
+    assert (
+        names & {"json", "json.decoder", "re", "socket", "enum", "argparse", "site", "__future__"}
+        == set()
+    )

@@ -14,7 +14,7 @@ REPO = os.path.dirname(
 )
 SHIPPED_HOOKS_D = os.path.join(REPO, "hooks", "oci-hooks.d")
 SHIPPED_CONTAINERD_HOOKS = os.path.join(REPO, "hooks", "containerd", "gpushare-hooks.json")
-HOOK_BIN = "/usr/local/bin/gpushare-hook"
+HOOK_BIN = "/etc/gpushare/gpushare-hook"  # the launcher the shipped hook files name
 
 
 def short_dir() -> str:

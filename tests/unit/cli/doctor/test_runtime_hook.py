@@ -215,8 +215,8 @@ def test_hooks_written_by_nodemgr_install_pass(tmp_path):
     host = fake_node(root, crio_hooks=False, hook_bin=False)
     with open(f"{root}/etc/containers/oci/hooks.d/50-gpushare-create.json") as f:
         hook_path = json.load(f)["hook"]["path"]
-    # install points at the real gpushare-hook; under the fake root it is not there yet.
+    # install writes the launcher the hook files run; without it they fail.
+    assert runtime_hook.check_runtime_hook(settings, host).status == PASS
+    os.rename(f"{root}{hook_path}", f"{root}{hook_path}.away")
     missing = runtime_hook.check_runtime_hook(settings, host)
     assert missing.status == FAIL and f"{hook_path} is not an executable file" in missing.detail
-    write(f"{root}{hook_path}", "#!/bin/sh\n", 0o755)
-    assert runtime_hook.check_runtime_hook(settings, host).status == PASS

@@ -30,6 +30,7 @@ HOOK_CREATE = "etc/containers/oci/hooks.d/50-gpushare-create.json"
 HOOK_POSTSTOP = "etc/containers/oci/hooks.d/50-gpushare-poststop.json"
 CONTAINERD_HOOKS = "etc/gpushare/containerd/gpushare-hooks.json"
 MAKE_BASE_SPEC = "etc/gpushare/containerd/make-base-spec"
+HOOK_LAUNCHER = "etc/gpushare/gpushare-hook"
 MANIFEST = "etc/gpushare/installed-files.json"
 WRITTEN = {
     NODE_UNIT: 0o644,
@@ -40,6 +41,7 @@ WRITTEN = {
     HOOK_POSTSTOP: 0o644,
     CONTAINERD_HOOKS: 0o644,
     MAKE_BASE_SPEC: 0o755,
+    HOOK_LAUNCHER: 0o755,
     MANIFEST: 0o644,
 }
 

@@ -11,12 +11,14 @@ from __future__ import annotations
 import json
 import os
 import stat
+import sys
 
 from tests.unit.cli.install.support import (
     BIN,
     CONFIG,
     CONTAINERD_HOOKS,
     HOOK_CREATE,
+    HOOK_LAUNCHER,
     HOOK_POSTSTOP,
     MANIFEST,
     MPS_UNIT,
@@ -48,7 +50,8 @@ def test_install_writes_every_file_with_its_mode_and_the_console_scripts(tmp_pat
     assert unit_values(node_unit, "ExecStart") == [
         f"{BIN}/gpushare-node --config /etc/gpushare/config.yaml"
     ]
-    hook = os.path.join(BIN, "gpushare-hook")
+    hook = "/etc/gpushare/gpushare-hook"  # the launcher: this Python, isolated, without site
+    assert read(tmp_path, HOOK_LAUNCHER).startswith(f"#!{sys.executable} -IS\n")
     for relative, stage in ((HOOK_CREATE, "createRuntime"), (HOOK_POSTSTOP, "poststop")):
         entry = json.loads(read(tmp_path, relative))["hook"]
         assert entry["path"] == hook

@@ -1,0 +1,286 @@
+"""Does a container's OCI spec stay within its allocation? (pure)
+
+The runtime hook sends, for every container whose env or spec touches a GPU, the facts of
+its config.json that may (:mod:`hooks.specfacts`): host paths its mounts show (as written,
+lexically normal, and resolved through symlinks), char device nodes among them, its
+``linux.devices`` nodes and ``linux.resources.devices`` allow rules. A container may see:
+
+- its own cards' ``/dev/nvidia<minor>`` (char 195:<minor>, the card's minor number) and the
+  control nodes (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, /dev/nvidia-uvm,
+  /dev/nvidia-uvm-tools, /dev/nvidia-caps);
+- with a shared allocation and MPS on: its card's MPS client directory (what Allocate
+  mounts) and the MPS /dev/shm;
+- entries of the NVIDIA toolkit's device list (``/var/run/nvidia-container-devices/<name>``)
+  naming its own cards (UUID or index).
+
+Everything else of a GPU is a problem, and so is anything of a GPU at all for a container
+without an allocation: a mount of another card's client, pipe or log directory, of its own
+card's pipe directory (the control daemon's own, with ``control_privileged``), of the MPS root
+or any directory above it (``<run_dir>``, ``/run``, ``/``: a parent shows all below it), of
+another card's node, of ``/dev`` or ``/``; a device node of another card's minor; a rule
+allowing another card's minor, every minor of 195 (``c 195:*``) or every char device
+(``c *:*``, ``a``); a device number outside Linux's range (runc would truncate it, maybe to
+195). The devices cgroup is what really stops a process from opening a node, whatever its
+name; this check keeps the spec from asking for more than the allocation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+
+from hooks.specfacts import (
+    CONTROL_MINORS,
+    CONTROL_NODES,
+    DEVICE_LIST_DIRS,
+    NVIDIA_MAJOR,
+    NVIDIA_NODE_PREFIX,
+    covers,
+    in_range,
+    normpath,
+    rule_may_allow_nvidia,
+    under,
+)
+
+NO_ALLOCATION_FIX = (
+    "GPUs on this node are given only through the device plugin resources (request "
+    "aliyun.com/gpu-mem, aliyun.com/gpu-core.percentage or whole cards in the pod spec)"
+)
+
+
+@dataclass(frozen=True)
+class CardNode:
+    """One card as its device node and MPS directories name it."""
+
+    uuid: str
+    index: int
+    minor: int  # /dev/nvidia<minor>: NVML's minor number, else the index (simulated cards)
+
+    def __str__(self) -> str:
+        return f"GPU {self.index} ({self.uuid})"
+
+
+@dataclass(frozen=True)
+class NodeGpus:
+    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off)."""
+
+    cards: tuple[CardNode, ...]
+    mps_root: str | None = None
+    # card UUID -> the directory its shared containers mount (mps.layout's client dir)
+    client_dirs: Mapping[str, str] = field(default_factory=dict)
+    shm_dir: str | None = None
+
+    def by_minor(self, minor: int) -> CardNode | None:
+        return next((c for c in self.cards if c.minor == minor), None)
+
+    def by_name(self, name: str) -> CardNode | None:
+        """The card a UUID or an index names."""
+        return next((c for c in self.cards if name in (c.uuid, str(c.index))), None)
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What an allocation gives: its cards (UUIDs), shared (MPS) or whole."""
+
+    allocation_id: str
+    cards: tuple[str, ...]
+    shared: bool
+
+    def holds(self, card: CardNode | None) -> bool:
+        return card is not None and card.uuid in self.cards
+
+
+@dataclass(frozen=True)
+class MountFact:
+    destination: str
+    sources: tuple[str, ...]  # host paths it shows
+    nodes: tuple[tuple[int, int], ...] = ()  # (major, minor) of char device nodes among them
+
+
+@dataclass(frozen=True)
+class DeviceFact:
+    path: str
+    type: str
+    major: int
+    minor: int
+
+
+@dataclass(frozen=True)
+class RuleFact:
+    allow: bool
+    type: str
+    major: int | None  # None: any
+    minor: int | None
+    access: str
+
+
+@dataclass(frozen=True)
+class SpecFacts:
+    mounts: tuple[MountFact, ...] = ()
+    devices: tuple[DeviceFact, ...] = ()
+    rules: tuple[RuleFact, ...] = ()
+
+
+# (what shows it, what it shows) of the first GPU thing beyond a grant; None for none.
+Shown = tuple[str, str] | None
+
+
+def spec_problem(
+    spec: SpecFacts, grant: Grant | None, node: NodeGpus, env_asks_gpus: bool = True
+) -> str | None:
+    """Why the spec shows more than ``grant`` (None: no allocation) gives; None if it does not.
+
+    ``env_asks_gpus`` False: the container holds the allocation but its env asks for no GPU;
+    it gets none through its spec either (it would not be registered, so not watched).
+    """
+    shown = _first_shown(spec, grant if env_asks_gpus else None, node)
+    if shown is None:
+        return None
+    what, thing = shown
+    if grant is None:
+        return f"{what} shows {thing} without a gpushare allocation: {NO_ALLOCATION_FIX}"
+    if not env_asks_gpus:
+        return (
+            f"{what} shows {thing} while its env asks for no GPU: a container holding "
+            f"allocation {grant.allocation_id} gets its GPUs through its env "
+            "(NVIDIA_VISIBLE_DEVICES), so that gpushare-node registers and watches it"
+        )
+    held = ", ".join(str(node.by_name(uuid) or uuid) for uuid in grant.cards)
+    return (
+        f"{what} shows {thing}, beyond allocation {grant.allocation_id} ({held}): a "
+        "container may see only its own cards' device nodes and MPS pipe directory; remove "
+        "it (gpushare-node and the NVIDIA runtime give the container what it holds)"
+    )
+
+
+def _first_shown(spec: SpecFacts, grant: Grant | None, node: NodeGpus) -> Shown:
+    for mount in spec.mounts:
+        shown = _mount_shown(mount, grant, node)
+        if shown:
+            return shown
+    for device in spec.devices:
+        shown = _device_shown(device, grant, node)
+        if shown:
+            return shown
+    for rule in spec.rules:
+        shown = _rule_shown(rule, grant, node)
+        if shown:
+            return shown
+    return None
+
+
+def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown:
+    destination = normpath(mount.destination)
+    for directory in DEVICE_LIST_DIRS:
+        if under(destination, directory):
+            what = f"the mount at {destination}"
+            return _device_list_shown(what, destination, directory, grant, node)
+    for source in mount.sources:
+        shown = _path_shown(normpath(source), destination, grant, node)
+        if shown:
+            return shown
+    for major, minor in mount.nodes:
+        what = f"the mount at {destination}"
+        if not in_range(major, minor):
+            return what, f"device {major}:{minor} (outside Linux's range)"
+        if major == NVIDIA_MAJOR:
+            shown = _minor_shown(what, minor, grant, node)
+            if shown:
+                return shown
+    return None
+
+
+def _path_shown(path: str, destination: str, grant: Grant | None, node: NodeGpus) -> Shown:
+    what = f"the mount of {path} at {destination}"
+    if node.mps_root is not None and covers(path, node.mps_root):
+        return _mps_shown(what, path, grant, node)
+    if under(NVIDIA_NODE_PREFIX, path):  # "/" or "/dev"
+        return what, "every /dev/nvidia* node (every card)"
+    if path.startswith(NVIDIA_NODE_PREFIX):
+        return _node_path_shown(what, path, grant, node)
+    for directory in DEVICE_LIST_DIRS:
+        if under(path, directory):
+            return _device_list_shown(what, path, directory, grant, node)
+    return None
+
+
+def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Shown:
+    root = node.mps_root
+    assert root is not None
+    if grant is not None and grant.shared:
+        allowed = [node.client_dirs[c] for c in grant.cards if c in node.client_dirs]
+        if node.shm_dir is not None:
+            allowed.append(node.shm_dir)
+        if any(under(path, normpath(d)) for d in allowed):
+            return None
+    if under(root, path):
+        return what, f"every card's MPS directory (it holds gpushare-node's MPS root {root})"
+    name = path[len(root) :].strip("/").split("/")[0]
+    card = node.by_name(name)
+    if card is not None:
+        return what, f"{card}'s MPS directory {path[len(root) :].strip('/')}"
+    if node.shm_dir is not None and under(path, normpath(node.shm_dir)):
+        return what, "the MPS /dev/shm (only for shared allocations)"
+    return what, f"gpushare-node's MPS directory {name}"
+
+
+def _node_path_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Shown:
+    if any(under(path, control) for control in CONTROL_NODES):
+        return None if grant is not None else (what, f"{path}, a GPU node")
+    number = path[len(NVIDIA_NODE_PREFIX) :]
+    if not (number.isascii() and number.isdigit()):
+        return what, f"{path}, not a node gpushare-node gives"
+    return _minor_shown(what, int(number), grant, node)
+
+
+def _minor_shown(what: str, minor: int, grant: Grant | None, node: NodeGpus) -> Shown:
+    """What showing c 195:<minor> shows beyond the grant."""
+    if minor in CONTROL_MINORS:
+        shown = f"{CONTROL_MINORS[minor]} (c {NVIDIA_MAJOR}:{minor})"
+        return None if grant is not None else (what, shown)
+    card = node.by_minor(minor)
+    if grant is not None and grant.holds(card):
+        return None
+    owner = str(card) if card is not None else "no card of this node"
+    return what, f"/dev/nvidia{minor} (c {NVIDIA_MAJOR}:{minor}, {owner})"
+
+
+def _device_list_shown(
+    what: str, path: str, directory: str, grant: Grant | None, node: NodeGpus
+) -> Shown:
+    name = path[len(directory) :].strip("/").split("/")[0]
+    if not name:
+        return what, f"the NVIDIA device list {directory} (every card)"
+    card = node.by_name(name)
+    if grant is not None and grant.holds(card):
+        return None
+    owner = str(card) if card is not None else "every card or none of this node"
+    return what, f"{directory}/{name} in the NVIDIA device list ({owner})"
+
+
+def _device_shown(device: DeviceFact, grant: Grant | None, node: NodeGpus) -> Shown:
+    path = normpath(device.path)
+    what = f"its linux.devices node {path} ({device.type} {device.major}:{device.minor})"
+    char = device.type in ("c", "u")
+    if char and not in_range(device.major, device.minor):
+        return what, "a device number outside Linux's range (runc would truncate it)"
+    if char and device.major == NVIDIA_MAJOR:
+        return _minor_shown(what, device.minor, grant, node)
+    if under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX) and grant is None:
+        return what, "a GPU node"
+    return None
+
+
+def _rule_shown(rule: RuleFact, grant: Grant | None, node: NodeGpus) -> Shown:
+    if not rule_may_allow_nvidia(asdict(rule)):
+        return None
+    major = "*" if rule.major is None else rule.major
+    minor = "*" if rule.minor is None else rule.minor
+    what = f"its device rule allowing {rule.type} {major}:{minor} {rule.access or 'rwm'}"
+    if rule.major is None:
+        return what, "every character device, every card's /dev/nvidia* too"
+    if not in_range(rule.major, rule.minor):
+        return what, "a device number outside Linux's range (runc would truncate it)"
+    if rule.minor is None:
+        return what, f"c {NVIDIA_MAJOR}:*, every card's /dev/nvidia*"
+    return _minor_shown(what, rule.minor, grant, node)

@@ -1,0 +1,276 @@
+"""Pins nodemgr.domain.speccheck: a container's spec may show only its own cards' device nodes
+(by minor number, whatever a node is called), the control nodes, its own card's MPS client
+directory and the MPS /dev/shm (shared allocations), and device-list entries naming
+its own cards, never the control daemon's own pipe directory; a container without an
+allocation may show none of them, and one whose env asks for no GPU none either. Paths are
+judged after ``..``, ``//`` and trailing slashes, and a parent directory shows everything below
+it; a rule allowing another card's minor, c 195:*, every char device or a number outside
+Linux's range is refused. Each refusal names the mount, node or rule and the card."""
+
+import pytest
+
+from nodemgr.domain.speccheck import (
+    CardNode,
+    DeviceFact,
+    Grant,
+    MountFact,
+    NodeGpus,
+    RuleFact,
+    SpecFacts,
+    spec_problem,
+)
+from tests.harness.cards import GPU0, GPU1
+
+RUN = "/run/gpushare"
+MPS = f"{RUN}/mps"
+NODE = NodeGpus(
+    cards=(CardNode(GPU0, 0, 0), CardNode(GPU1, 1, 1)),
+    mps_root=MPS,
+    client_dirs={GPU0: f"{MPS}/{GPU0}/client", GPU1: f"{MPS}/{GPU1}/client"},
+    shm_dir=f"{MPS}/shm",
+)
+SHARED0 = Grant("ga-1", (GPU0,), shared=True)
+WHOLE0 = Grant("ga-2", (GPU0,), shared=False)
+WHOLE01 = Grant("ga-3", (GPU0, GPU1), shared=False)
+
+
+def mounts(*pairs, nodes=()):
+    """SpecFacts with one mount per (destination, source)."""
+    return SpecFacts(mounts=tuple(MountFact(d, (s,), tuple(nodes)) for d, s in pairs))
+
+
+def devices(*numbers, path="/dev/nvidia0", type_="c"):
+    return SpecFacts(devices=tuple(DeviceFact(path, type_, ma, mi) for ma, mi in numbers))
+
+
+def rules(*entries):
+    """RuleFacts from (type, major, minor, access)."""
+    return SpecFacts(rules=tuple(RuleFact(True, t, ma, mi, a) for t, ma, mi, a in entries))
+
+
+# --- what an allocation may show -------------------------------------------------------------
+
+
+def test_a_spec_without_gpu_things_passes_with_or_without_an_allocation():
+    """Ordinary mounts, nodes and rules (hosts, /dev/null, c 1:3) are no problem for anyone."""
+    spec = SpecFacts(
+        mounts=(MountFact("/etc/hosts", ("/var/lib/kubelet/pods/x/etc-hosts",)),),
+        devices=(DeviceFact("/dev/null", "c", 1, 3),),
+        rules=(RuleFact(True, "c", 1, 3, "rwm"), RuleFact(True, "c", None, None, "m")),
+    )
+    assert spec_problem(spec, None, NODE) is None
+    assert spec_problem(spec, SHARED0, NODE) is None
+
+
+def test_a_shared_container_may_show_its_client_directory_shm_nodes_and_rules():
+    """What gpushare-node and the NVIDIA runtime give a shared container on card 0 passes."""
+    spec = SpecFacts(
+        mounts=(
+            MountFact("/tmp/nvidia-mps", (f"{MPS}/{GPU0}/client",)),
+            MountFact("/dev/shm", (f"{MPS}/shm",)),
+            MountFact("/dev/nvidia0", ("/dev/nvidia0",), ((195, 0),)),
+            MountFact("/dev/nvidiactl", ("/dev/nvidiactl",), ((195, 255),)),
+            MountFact("/dev/nvidia-uvm", ("/dev/nvidia-uvm",), ((510, 0),)),
+            MountFact(f"/var/run/nvidia-container-devices/{GPU0}", ("/dev/null",), ((1, 3),)),
+            MountFact("/var/run/nvidia-container-devices/0", ("/dev/null",), ((1, 3),)),
+        ),
+        devices=(
+            DeviceFact("/dev/nvidia0", "c", 195, 0),
+            DeviceFact("/dev/nvidia-modeset", "c", 195, 254),
+        ),
+        rules=(RuleFact(True, "c", 195, 0, "rw"), RuleFact(True, "c", 195, 255, "rw")),
+    )  # fmt: skip
+    assert spec_problem(spec, SHARED0, NODE) is None
+
+
+def test_a_whole_allocation_may_show_all_its_cards_nodes():
+    """A two-card whole allocation may show both cards' nodes (by minor) and rules."""
+    spec = SpecFacts(
+        devices=(DeviceFact("/dev/nvidia0", "c", 195, 0), DeviceFact("/dev/nvidia1", "c", 195, 1)),
+        rules=(RuleFact(True, "c", 195, 1, "rw"),),
+    )
+    assert spec_problem(spec, WHOLE01, NODE) is None
+
+
+def test_a_card_is_known_by_its_minor_number_not_its_index():
+    """The minor number decides: card 1 with minor 0 owns c 195:0, card 0 (minor 3) does not."""
+    node = NodeGpus(cards=(CardNode(GPU0, 0, 3), CardNode(GPU1, 1, 0)))
+    assert spec_problem(devices((195, 3)), WHOLE0, node) is None
+    problem = spec_problem(devices((195, 0)), WHOLE0, node)
+    assert problem is not None and f"GPU 1 ({GPU1})" in problem
+
+
+# --- another card ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("source", "shown"),
+    [
+        (f"{MPS}/{GPU1}/client", "client"),
+        (f"{MPS}/{GPU1}/client/", "client"),
+        (f"{MPS}//{GPU1}/./client", "client"),
+        (f"{MPS}/{GPU0}/client/../../{GPU1}/client", "client"),
+        (f"{MPS}/{GPU1}/pipe", "pipe"),
+        (f"{MPS}/{GPU1}/log", "log"),
+        (f"{MPS}/{GPU1}", ""),
+    ],
+)
+def test_another_cards_mps_directory_is_refused_however_written(source, shown):
+    """Card 1's client, pipe or log directory, written with //, ., .. or a trailing slash, is
+    refused for card 0's allocation, naming the mount, the directory and card 1."""
+    problem = spec_problem(mounts(("/tmp/nvidia-mps", source)), SHARED0, NODE)
+    assert problem is not None
+    assert "at /tmp/nvidia-mps" in problem
+    assert f"GPU 1 ({GPU1})'s MPS directory {GPU1}/{shown}".rstrip("/") in problem
+    assert "beyond allocation ga-1" in problem and f"GPU 0 ({GPU0})" in problem
+
+
+def test_its_own_cards_pipe_directory_is_refused():
+    """The control daemon's own pipe directory (control_privileged: quit) is the node
+    daemon's, not its card's containers'."""
+    problem = spec_problem(mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/pipe")), SHARED0, NODE)
+    assert problem is not None and f"GPU 0 ({GPU0})'s MPS directory {GPU0}/pipe" in problem
+
+
+@pytest.mark.parametrize("source", [MPS, f"{MPS}/", RUN, "/run", "/", "/run/gpushare/mps/.."])
+def test_a_parent_of_the_mps_root_shows_every_card(source):
+    """The MPS root or any directory above it shows every card's MPS directory: refused."""
+    problem = spec_problem(mounts(("/mnt", source)), SHARED0, NODE)
+    assert problem is not None and "every card's MPS directory" in problem
+
+
+def test_mps_directories_are_only_for_shared_allocations():
+    """A whole-card container may not mount its card's client directory or the MPS /dev/shm."""
+    client = spec_problem(mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client")), WHOLE0, NODE)
+    assert client is not None and f"GPU 0 ({GPU0})'s MPS directory" in client
+    shm = spec_problem(mounts(("/dev/shm", f"{MPS}/shm")), WHOLE0, NODE)
+    assert shm is not None and "the MPS /dev/shm" in shm
+
+
+def test_without_mps_the_run_dir_is_not_judged():
+    """With MPS off there are no MPS directories; a mount under the run dir is no GPU thing."""
+    node = NodeGpus(cards=NODE.cards)
+    assert spec_problem(mounts(("/mnt", f"{MPS}/{GPU1}/client")), SHARED0, node) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (devices((195, 1), path="/dev/nvidia1"), "/dev/nvidia1 (c 195:1, GPU 1"),
+        (devices((195, 1), path="/dev/innocent"), "/dev/nvidia1 (c 195:1, GPU 1"),
+        (devices((195, 7)), "/dev/nvidia7 (c 195:7, no card of this node)"),
+        (devices((195, 1), type_="u"), "c 195:1"),
+        (mounts(("/dev/x", "/dev/nvidia1")), "the mount of /dev/nvidia1 at /dev/x"),
+        (mounts(("/dev/x", "/tmp/n"), nodes=[(195, 1)]), "the mount at /dev/x shows /dev/nvidia1"),
+        (mounts(("/dev/x", "/dev/nvidia-nvswitch0")), "not a node gpushare-node gives"),
+        (rules(("c", 195, 1, "rw")), "allowing c 195:1 rw"),
+        (rules(("c", 195, 1, "")), "allowing c 195:1 rwm"),
+        (rules(("a", 195, 1, "r")), "allowing a 195:1 r"),
+    ],
+)  # fmt: skip
+def test_another_cards_node_is_refused_whatever_it_is_called(spec, fragment):
+    """A node, bind-mounted node or rule of another card's minor (or of no card) is refused,
+    named by its number; the node's name in the container does not matter."""
+    problem = spec_problem(spec, SHARED0, NODE)
+    assert problem is not None and fragment in problem, problem
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (mounts(("/host", "/")), "every card"),
+        (mounts(("/host/dev", "/dev/")), "every /dev/nvidia* node"),
+        (rules(("c", None, None, "rw")), "every character device"),
+        (rules(("a", None, None, "rwm")), "every character device"),
+        (rules(("c", None, 1, "w")), "every character device"),
+        (rules(("c", 195, None, "rw")), "c 195:*"),
+        (rules(("c", 4291, 0, "rw")), "outside Linux's range"),
+        (devices((195 + 4096, 1)), "outside Linux's range"),
+        (devices((195, 1 << 20)), "outside Linux's range"),
+        (mounts(("/dev/x", "/tmp/node"), nodes=[(-1, 0)]), "outside Linux's range"),
+    ],
+)
+def test_every_card_at_once_is_refused_even_with_an_allocation(spec, fragment):
+    """/dev or / mounted, rules allowing every char device or every minor of 195, and numbers
+    runc would truncate (4291 is 195 again) are refused even for a whole two-card allocation."""
+    problem = spec_problem(spec, WHOLE01, NODE)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_rules_that_allow_only_mknod_or_block_devices_pass():
+    """c *:* m (mknod only: containerd's default) and b *:* rwm allow no GPU use."""
+    spec = SpecFacts(
+        rules=(RuleFact(True, "c", None, None, "m"), RuleFact(True, "b", None, None, "rwm"))
+    )
+    assert spec_problem(spec, None, NODE) is None
+
+
+def test_deny_rules_are_no_problem():
+    """A rule that denies (allow false) allows nothing, whatever it names."""
+    spec = SpecFacts(rules=(RuleFact(False, "a", None, None, "rwm"),))
+    assert spec_problem(spec, None, NODE) is None
+
+
+@pytest.mark.parametrize(
+    ("path", "fragment"),
+    [
+        (f"/var/run/nvidia-container-devices/{GPU1}", f"GPU 1 ({GPU1})"),
+        ("/run/nvidia-container-devices/1", f"GPU 1 ({GPU1})"),
+        ("/var/run/nvidia-container-devices/all", "every card or none of this node"),
+        ("/var/run/nvidia-container-devices", "(every card)"),
+        ("/run/nvidia-container-devices/", "(every card)"),
+    ],
+)
+def test_device_list_entries_of_other_cards_are_refused(path, fragment):
+    """A mount at (or of) a device-list entry naming another card, all, or the whole list
+    is refused for card 0's allocation; its own card's entry passes."""
+    at = spec_problem(mounts((path, "/dev/null")), SHARED0, NODE)
+    assert at is not None and "NVIDIA device list" in at and fragment in at
+    of = spec_problem(mounts(("/mnt", path)), SHARED0, NODE)
+    assert of is not None and fragment in of
+    own = f"/var/run/nvidia-container-devices/{GPU0}"
+    assert spec_problem(mounts((own, "/dev/null")), SHARED0, NODE) is None
+
+
+# --- no allocation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client")), f"GPU 0 ({GPU0})'s MPS directory"),
+        (mounts(("/dev/shm", f"{MPS}/shm")), "the MPS /dev/shm"),
+        (mounts(("/dev/nvidiactl", "/dev/nvidiactl")), "/dev/nvidiactl, a GPU node"),
+        (mounts(("/dev/uvm", "/dev/nvidia-uvm")), "/dev/nvidia-uvm, a GPU node"),
+        (devices((195, 255), path="/dev/nvidiactl"), "/dev/nvidiactl (c 195:255)"),
+        (devices((510, 0), path="/dev/nvidia-uvm"), "a GPU node"),
+        (rules(("c", 195, 0, "rw")), f"GPU 0 ({GPU0})"),
+        (mounts((f"/run/nvidia-container-devices/{GPU0}", "/dev/null")), "NVIDIA device list"),
+    ],
+)
+def test_any_gpu_thing_without_an_allocation_is_refused(spec, fragment):
+    """Without an allocation even card 0's pipe directory, the control nodes and card 0's
+    minor are refused, naming what and saying how GPUs are given."""
+    problem = spec_problem(spec, None, NODE)
+    assert problem is not None and fragment in problem, problem
+    assert "without a gpushare allocation" in problem
+    assert "aliyun.com/gpu-mem" in problem
+
+
+def test_an_allocation_whose_env_asks_for_no_gpu_gets_none_through_its_spec():
+    """A container holding card 0's allocation whose env asks for no GPU may not show even
+    card 0's node: it would run unregistered, unwatched."""
+    problem = spec_problem(devices((195, 0)), SHARED0, NODE, env_asks_gpus=False)
+    assert problem is not None and "while its env asks for no GPU" in problem
+    assert "allocation ga-1" in problem
+    assert spec_problem(SpecFacts(), SHARED0, NODE, env_asks_gpus=False) is None
+
+
+def test_the_first_problem_is_named():
+    """With several problems, the message names the first mount (mounts, then nodes, rules)."""
+    spec = SpecFacts(
+        mounts=(MountFact("/a", (f"{MPS}/{GPU1}/client",)),),
+        devices=(DeviceFact("/dev/nvidia1", "c", 195, 1),),
+    )
+    problem = spec_problem(spec, SHARED0, NODE)
+    assert problem is not None and problem.startswith(f"the mount of {MPS}/{GPU1}/client at /a")
