@@ -9,9 +9,13 @@ That is the one case where every container on the node is gone too, and what
 it takes back is recovered: kubelet's record is adopted at the first
 reconcile, and a pod's container restarted with the env kubelet cached is tied
 to its pod's allocation whatever ID that env names (nodemgr.domain.podtie).
-The fsync per commit (FULL) cost more than all the rest of Allocate together. The file is never rewritten or deleted by
-the daemon: a corrupt ledger stops start-up with a message saying how to
-recover (move it aside; kubelet's record is adopted at the next reconcile).
+The fsync per commit (FULL) cost more than all the rest of Allocate together.
+
+The file is never rewritten or deleted by the daemon: a corrupt ledger stops
+start-up with a message saying how to recover (move it aside; kubelet's record
+is adopted at the next reconcile), and one damaged under the running daemon
+(truncated) makes every refused write say the same. A write refused because
+state_dir is full or read-only names that.
 
 A ledger file deleted or replaced while the daemon runs (``rm -rf`` of
 state_dir, an old copy restored over it) is noticed at the next write and at
@@ -27,9 +31,11 @@ enforcement say.
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import sqlite3
+import tempfile
 import threading
 import time
 from collections.abc import Iterable
@@ -380,7 +386,8 @@ class Ledger:
             try:
                 return self._db.execute(sql, params).fetchall()
             except sqlite3.Error as e:
-                raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
+                cause = _cause(e, self._state_dir)
+                raise LedgerError(f"cannot read the ledger {self.path}: {cause}") from e
 
     def _write(self, *statements) -> None:
         """Run (sql, params) pairs as one transaction."""
@@ -402,7 +409,8 @@ class Ledger:
                     self._roll_back()
                     raise
             except sqlite3.Error as e:
-                raise LedgerError(f"cannot write the ledger {self.path}: {_cause(e)}") from e
+                cause = _cause(e, self._state_dir)
+                raise LedgerError(f"cannot write the ledger {self.path}: {cause}") from e
 
     def _roll_back(self) -> None:
         """Undo the open transaction, if SQLite has not already (it does on SQLITE_FULL and
@@ -439,16 +447,39 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return info.st_dev, info.st_ino
 
 
-def _cause(error: sqlite3.Error) -> str:
+def _cause(error: sqlite3.Error, state_dir: str) -> str:
     """SQLite's message, with what to do for the causes an operator can fix."""
     text = str(error)
-    if getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "is full" in text:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code == sqlite3.SQLITE_FULL or "is full" in text:
         return (
             f"{text}: the file system of state_dir is full; free space there (nothing was written)"
         )
-    if "readonly" in text or "read-only" in text:
+    if code == sqlite3.SQLITE_CORRUPT or "malformed" in text:
+        # Damaged under the running daemon (truncated, overwritten): it says so at every
+        # refused write, not only at the next start.
+        return f"{text}: the ledger file is damaged{_RECOVERY_HINT}"
+    io_error = code is not None and code & 0xFF == sqlite3.SQLITE_IOERR
+    if "readonly" in text or "read-only" in text or (io_error and _read_only(state_dir)):
         return f"{text}: state_dir is read-only; make it writable (nothing was written)"
     return text
+
+
+def _read_only(state_dir: str) -> bool:
+    """Whether state_dir's file system refuses writes as read-only. A file system the kernel
+    turned read-only under the open ledger (a disk error with ext4's errors=remount-ro)
+    gives SQLite a bare I/O error, and on current kernels still shows rw in its mount
+    flags: only a write tells, so one is tried (asked only after a failed write)."""
+    try:
+        if os.statvfs(state_dir).f_flag & os.ST_RDONLY:
+            return True
+        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=state_dir)
+    except OSError as e:
+        return e.errno == errno.EROFS
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(probe)
+    return False
 
 
 def _ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:

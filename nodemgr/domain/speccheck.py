@@ -22,6 +22,17 @@ allowing another card's minor, every minor of 195 (``c 195:*``) or every char de
 (``c *:*``, ``a``); a device number outside Linux's range (runc would truncate it, maybe to
 195). The devices cgroup is what really stops a process from opening a node, whatever its
 name; this check keeps the spec from asking for more than the allocation.
+
+Node-wide containers are the exception, when they ask for no GPU at all (no GPU env, no
+allocation): a privileged one (a rule allowing every device: it lists every host node,
+``/dev/nvidia*`` too) or one mounting the host's ``/``, ``/dev`` or a directory above
+gpushare-node's run_dir (``/run``, ``/var``). Such a container is root on the node in all
+but name (kube-proxy, CNI agents, node-exporter, NVIDIA's own device plugin and DCGM): no
+check of its spec can fence it, and refusing it would break the node. Keeping tenants out
+of that is the cluster's job (Pod Security Admission ``baseline`` forbids privileged pods
+and hostPath volumes). What it names of a GPU in particular (another card's node, the MPS
+directories, the device list) is still refused; a container that asks for a GPU gets no
+exception.
 """
 
 from __future__ import annotations
@@ -133,6 +144,8 @@ def spec_problem(
     ``env_asks_gpus`` False: the container holds the allocation but its env asks for no GPU;
     it gets none through its spec either (it would not be registered, so not watched).
     """
+    if grant is None and not env_asks_gpus:
+        spec = _without_node_wide(spec, node)
     shown = _first_shown(spec, grant if env_asks_gpus else None, node)
     if shown is None:
         return None
@@ -151,6 +164,45 @@ def spec_problem(
         "container may see only its own cards' device nodes and MPS pipe directory; remove "
         "it (gpushare-node and the NVIDIA runtime give the container what it holds)"
     )
+
+
+def is_node_wide(spec: SpecFacts, node: NodeGpus) -> bool:
+    """Privileged (a rule allowing every device) or mounting the host's root, /dev or a
+    directory above run_dir: root on the node in all but name."""
+    return any(_allows_every_device(rule) for rule in spec.rules) or any(
+        _host_wide(mount, node) for mount in spec.mounts
+    )
+
+
+def _allows_every_device(rule: RuleFact) -> bool:
+    return rule.allow and rule.major is None and rule.minor is None and rule.type in ("a", "c")
+
+
+def _host_wide(mount: MountFact, node: NodeGpus) -> bool:
+    """A mount of the host's /, /dev or a strict ancestor of run_dir (and nothing
+    narrower of a GPU: no device node of its own, no device list)."""
+    if mount.nodes or not mount.sources:
+        return False
+    destination = normpath(mount.destination)
+    if any(under(destination, directory) for directory in DEVICE_LIST_DIRS):
+        return False
+    run_dir = normpath(node.mps_root.rsplit("/", 1)[0] or "/") if node.mps_root else None
+    for source in map(normpath, mount.sources):
+        wide = source in ("/", "/dev") or (
+            run_dir is not None and under(run_dir, source) and source != run_dir
+        )
+        if not wide:
+            return False
+    return True
+
+
+def _without_node_wide(spec: SpecFacts, node: NodeGpus) -> SpecFacts:
+    """The spec of a container that asks for no GPU, less what makes it node-wide (see the
+    module docstring): all of it for a privileged one, else its host-wide mounts."""
+    if any(_allows_every_device(rule) for rule in spec.rules):
+        return SpecFacts()
+    mounts = tuple(m for m in spec.mounts if not _host_wide(m, node))
+    return SpecFacts(mounts, spec.devices, spec.rules)
 
 
 def _first_shown(spec: SpecFacts, grant: Grant | None, node: NodeGpus) -> Shown:

@@ -274,3 +274,50 @@ def test_the_first_problem_is_named():
     )
     problem = spec_problem(spec, SHARED0, NODE)
     assert problem is not None and problem.startswith(f"the mount of {MPS}/{GPU1}/client at /a")
+
+
+# --- node-wide containers that ask for no GPU ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        rules(("a", None, None, "rwm")),
+        SpecFacts(
+            devices=devices((195, 0), path="/dev/nvidia0").devices
+            + devices((195, 1), path="/dev/nvidia1").devices,
+            rules=rules(("a", None, None, "rwm")).rules,
+        ),
+        mounts(("/host", "/")),
+        mounts(("/host/run", "/run")),
+        mounts(("/host/dev", "/dev")),
+    ],
+)
+def test_a_node_wide_container_that_asks_for_no_gpu_is_let_through(spec):
+    """A privileged container (every device allowed, every host node listed, as containerd
+    makes it) or one mounting the host's /, /run or /dev, with no GPU env and no allocation,
+    is root on the node in all but name (kube-proxy, CNI, node-exporter, DCGM): no spec
+    check fences it and refusing it would break the node, so it passes."""
+    assert spec_problem(spec, None, NODE, env_asks_gpus=False) is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "fragment"),
+    [
+        (mounts(("/host", "/"), ("/mps", MPS)), "every card's MPS directory"),
+        (mounts(("/host", "/"), ("/x", f"{MPS}/{GPU1}/pipe")), f"GPU 1 ({GPU1})"),
+        (mounts(("/host", RUN)), "every card's MPS directory"),
+        (devices((195, 1), path="/dev/nvidia1"), "/dev/nvidia1 (c 195:1"),
+    ],
+)
+def test_what_a_no_gpu_container_names_of_a_gpu_is_still_refused(spec, fragment):
+    """Without the privileged rule, a node from the GPU, the MPS directories or run_dir
+    itself named in particular are refused, host-wide mounts beside them or not."""
+    problem = spec_problem(spec, None, NODE, env_asks_gpus=False)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_a_privileged_container_asking_for_a_gpu_gets_no_exception():
+    """With GPU env (an allocation), every device allowed is refused as before."""
+    problem = spec_problem(rules(("a", None, None, "rwm")), SHARED0, NODE)
+    assert problem is not None and "every character device" in problem
