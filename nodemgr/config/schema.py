@@ -126,7 +126,7 @@ class EnforcementSettings:
     # processes, newest first, until the container is within quota) or "log".
     action: str = "kill"
     # Period of the full scan of GPU processes while any run (memory grows without an
-    # event); with none running and process events flowing, a scan every 5 s at most.
+    # event); with none running and process events flowing, a scan every 1 s at most.
     interval_seconds: float = 0.25
     # >= 0: MiB a container may hold above its quota before it is a violation;
     # covers the driver's per-context overhead that NVML counts for the process.

@@ -99,11 +99,8 @@ class ContainerRegistry:
         who = f"container {container_id}" + (f" ({identity})" if identity else "")
         if not gpuenv.needs_daemon(env):
             return self._no_gpu_answer(who, spec)
-        allocation, record = self._judged_allocation(who, identity, env)
-        # check_container finds a problem whenever there is no live allocation.
-        problem = check_container(
-            env, allocation, self._card_uuids_by_index, self._mps_pipe_directory
-        ) or self._spec_problem(spec, allocation, env)
+        allocation, record, alias = self._judged_allocation(who, identity, env)
+        problem = self._env_problem(env, allocation, spec, alias)
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
         if problem is None and allocation is not None:
@@ -163,6 +160,22 @@ class ContainerRegistry:
         )
         return True, f"{who} registered on allocation {allocation.id}"
 
+    def _env_problem(
+        self,
+        env: dict[str, str],
+        allocation: Allocation | None,
+        spec: SpecFacts | None,
+        alias: str | None,
+    ) -> str | None:
+        """Why the env and spec are beyond ``allocation`` (check_container finds a problem
+        whenever there is none live); ``alias``: why it is not the one the env names."""
+        problem = check_container(
+            env, allocation, self._card_uuids_by_index, self._mps_pipe_directory
+        ) or self._spec_problem(spec, allocation, env)
+        if problem is not None and allocation is not None and alias is not None:
+            problem = f"{alias}; judged against its pod's own allocation {allocation.id}: {problem}"
+        return problem
+
     def _no_gpu_answer(self, who: str, spec: SpecFacts | None) -> tuple[bool, str]:
         """A container without GPU env: refused if its spec touches a GPU all the same."""
         problem = self._spec_problem(spec, None, {})
@@ -186,14 +199,16 @@ class ContainerRegistry:
 
     def _judged_allocation(
         self, who: str, identity: ContainerRef | None, env: dict[str, str]
-    ) -> tuple[Allocation | None, KubeletRecord | str | None]:
-        """(the allocation to judge the container against, kubelet's record read now)."""
+    ) -> tuple[Allocation | None, KubeletRecord | str | None, str | None]:
+        """(the allocation to judge the container against, kubelet's record read now, why
+        that is not the allocation its env names or None)."""
         allocation_id = env.get(gpuenv.ALLOCATION_ID)
         allocation = self._allocator.allocation(allocation_id) if allocation_id else None
         record = self._read_record(identity, env)  # outside the lock: a local RPC
         if allocation_id and identity is not None and not isinstance(record, str):
-            allocation = self._own_allocation(who, identity, env, allocation, record)
-        return allocation, record
+            own, alias = self._own_allocation(who, identity, env, allocation, record)
+            return own, record, alias
+        return allocation, record, None
 
     def _read_record(
         self, identity: ContainerRef | None, env: dict[str, str]
@@ -220,23 +235,28 @@ class ContainerRegistry:
         env: dict[str, str],
         named: Allocation | None,
         record: KubeletRecord | None,
-    ) -> Allocation | None:
-        """The allocation to judge the container against: the one its env names, unless
-        kubelet's record does not give that one to its pod but gives the pod exactly one
-        on the cards it asks for (its env's ID went stale: ledger rebuilt, a mislink split;
-        see nodemgr.domain.podtie.pods_allocation)."""
+    ) -> tuple[Allocation | None, str | None]:
+        """(the allocation to judge the container against, why it is not the named one):
+        the one its env names, unless kubelet's record does not give that one to its pod
+        but gives the pod exactly one on the cards it asks for (its env's ID went stale:
+        ledger rebuilt, a mislink split; see nodemgr.domain.podtie.pods_allocation)."""
         if record is None:
-            return named
+            return named, None
         names = self._allocator.resource_names
-        if named is not None and pod_of(identity) in {
-            pod_of(ref) for ref in holders(named, record, names)
-        }:
-            return named
+        pods = {pod_of(ref) for ref in holders(named, record, names)} if named else set()
+        if pod_of(identity) in pods:
+            return named, None
         requested = gpuenv.requested_gpus(env) or []
         cards = {self._card_uuids_by_index.get(item, item) for item in requested}
         own = pods_allocation(identity, self._allocator.allocations(), record, names, cards)
         if own is None:
-            return named
+            return named, None
+        alias = f"its env names allocation {env.get(gpuenv.ALLOCATION_ID)}, which " + (
+            f"kubelet's record gives to pod {', '.join(sorted(pods))}, not to pod "
+            f"{pod_of(identity)}"
+            if pods
+            else "is not live here (the ledger was rebuilt, or the allocation split)"
+        )
         log.warning(
             "%s: its env names allocation %s, which kubelet's record does not give to pod %s; "
             "it holds allocation %s (%s): judged against that one (the env's ID went stale: "
@@ -247,7 +267,7 @@ class ContainerRegistry:
             own.id,
             ", ".join(own.cards),
         )
-        return own
+        return own, alias
 
     def _tie_problem(
         self,

@@ -71,8 +71,10 @@ log = logging.getLogger(__name__)
 # needs a moment to create its GPU context before NVML lists it.
 EXEC_RESCAN_SECONDS = 0.2
 # With no GPU process on the node there is nothing to police: while process events
-# arrive (an exec in a registered container brings the scan forward), scan this rarely.
-IDLE_SCAN_SECONDS = 5.0
+# arrive (an exec in a registered container brings the scan forward), scan this often
+# (a process on a shared card outside any container, or one that gets its GPU context a
+# while after its exec, is still met within about a second).
+IDLE_SCAN_SECONDS = 1.0
 # Registrations whose init process is gone without a poststop are dropped this often
 # (one /proc read per registered container), and at once when the init's exit is seen.
 PRUNE_SECONDS = 10.0
