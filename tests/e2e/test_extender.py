@@ -201,8 +201,10 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
     # two Allocate calls: wait for the final state, not the first sign of the pods.
     gpus_a = cluster.wait_gpus(
         "node-a",
-        lambda g: [(c["memory_allocated_mib"], c["core_allocated_percent"]) for c in g]
-        == list(zip(memory_a, core_a, strict=True)),
+        lambda g: (
+            [(c["memory_allocated_mib"], c["core_allocated_percent"]) for c in g]
+            == list(zip(memory_a, core_a, strict=True))
+        ),
     )
     assert [c["core_allocated_percent"] for c in gpus_a] == core_a
     memory_b, core_b = expected_per_card(cluster, placed, "node-b")
