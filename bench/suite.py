@@ -308,7 +308,7 @@ def _scale_curve(settings: Settings, plot_path: str | None) -> list[Figure]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="a smoke run of about 3 minutes")
+    parser.add_argument("--quick", action="store_true", help="a smoke run of about 7 minutes")
     parser.add_argument(
         "--plot",
         default=DEFAULT_PLOT,
