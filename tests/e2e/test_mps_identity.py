@@ -14,7 +14,6 @@ not."""
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import time
@@ -22,133 +21,18 @@ import time
 import pytest
 
 from tests.harness import real_parts, runc_env
-from tests.harness.daemon_proc import CORE, GPU0, MEMORY, MPS_STANDIN, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from tests.harness.daemon_proc import GPU0, MPS_STANDIN
+from tests.harness.mps_tenant import (
+    IN_CONTAINER_BINARY,
+    NO_PRIVILEGE,
+    MpsNode,
+    children,
+    host_network,
+    scratch_at,
+    write_impostor,
+)
 
 pytestmark = pytest.mark.e2e
-
-IN_CONTAINER_BINARY = "/usr/bin/nvidia-cuda-mps-control"
-NO_PRIVILEGE = "Not enough privilege to execute quit command"
-DAEMON_LINE = re.compile(r"\[[^]]* Control +(\d+)\] Starting control daemon using socket")
-READY_LINE = re.compile(r"GPU0: MPS ready \(control daemon pid (\d+),")
-# Rewritten at each use into the rootfs: poses as the control daemon (its argv holds
-# nvidia-cuda-mps-control and -d, its env the card's host pipe directory) and keeps a
-# child that would be exempt if the pose worked.
-IMPOSTOR = "#!/bin/sh\nsleep 1000 &\nwait\n"
-
-
-class MpsNode(runc_env.EnforcementNode):
-    """runc_env.EnforcementNode, with the control binary given (it always runs the
-    stand-in): the daemon, the test kubelet, runc with the hook."""
-
-    def __init__(self, control_binary: str):
-        runc_env.require()
-        self.node = Node(control_binary)
-        self.usage_file = os.path.join(self.node.root, "usage.json")
-        self.set_usage([])
-        self.node.rewrite_config(
-            lambda c: c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file)
-        )
-        self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
-        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
-        self.kubelet.start()
-        self.node.start()
-        for resource in (MEMORY, CORE):
-            self.kubelet.wait_for_resource(resource, timeout=30)
-        self.runtime = runc_env.Runtime(self.node.root, self.hook_socket)
-        self.binary = control_binary
-
-    def pipe_dir(self) -> str:
-        return os.path.join(self.node.root, "run", "mps", GPU0, "pipe")
-
-    def daemon_pid(self) -> int:
-        """The card's control daemon as its own control.log names it (the last start)."""
-        log = os.path.join(self.node.root, "run", "mps", GPU0, "log", "control.log")
-        pids = DAEMON_LINE.findall(open(log).read()) if os.path.exists(log) else []
-        return int(pids[-1]) if pids else 0
-
-    def ready_pids(self) -> list[int]:
-        """The control daemons gpushare-node verified and set up, in order."""
-        return [int(pid) for pid in READY_LINE.findall(self.node.log())]
-
-    def tenant(self, name: str, edits=()) -> str:
-        """A shared container made from a real Allocate response (its read-only mounts
-        read-only), with NVIDIA's binary and its libraries bind-mounted read-only."""
-        result = self.kubelet.admit_pod("default", name, [ContainerSpec("main", {MEMORY: 4})])
-        assert result.ok, result.error
-        admitted = result.containers[0]
-        read_only = {m.container_path for m in admitted.mounts if m.read_only}
-        mounts = sorted({(m.container_path, m.host_path) for m in admitted.mounts})
-
-        def edit(config: dict) -> None:
-            for mount in config["mounts"]:
-                if mount["destination"] in read_only:
-                    mount["options"] = ["rbind", "ro"]
-            config["mounts"] += [
-                bind(self.binary, IN_CONTAINER_BINARY),
-                bind(os.path.realpath("/lib/x86_64-linux-gnu"), "/lib/x86_64-linux-gnu"),
-                bind(os.path.realpath("/lib64"), "/lib64"),
-            ]
-            for change in edits:
-                change(config)
-
-        done = self.start_in_pod(name, name, dict(admitted.envs), mounts, edit=edit)
-        assert done.returncode == 0, done.stdout
-        return name
-
-    def run_in(self, container: str, script: str) -> subprocess.CompletedProcess:
-        """``script`` in the container (as root, its env), waited for, output captured."""
-        return subprocess.run(
-            ["runc", "--root", self.runtime.state_root, "exec", container, "/bin/sh", "-c", script],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    def control(self, container: str, command: str) -> subprocess.CompletedProcess:
-        return self.run_in(container, f"echo '{command}' | {IN_CONTAINER_BINARY}")
-
-    def card_health(self) -> set[str]:
-        return {d.health for d in self.kubelet.devices(MEMORY) if d.id.startswith(GPU0)}
-
-    def restart_daemon(self) -> int:
-        """Kill the card's daemon from the host (a crash); the PID of the one that
-        gpushare-node starts instead, once it is set up and the card Healthy again."""
-        old = self.daemon_pid()
-        os.kill(old, signal.SIGKILL)
-        self.node.wait_for(lambda: self.daemon_pid() not in (0, old), 20, "a restarted daemon")
-        new = self.daemon_pid()
-        self.node.wait_for(lambda: new in self.ready_pids(), 20, f"daemon {new} set up")
-        self.kubelet.wait_for_devices(
-            MEMORY, lambda ds: {d.health for d in ds if d.id.startswith(GPU0)} == {"Healthy"}
-        )
-        return new
-
-
-def bind(source: str, destination: str) -> dict:
-    return {
-        "destination": destination,
-        "source": source,
-        "type": "bind",
-        "options": ["rbind", "ro"],
-    }
-
-
-def host_network(config: dict) -> None:
-    """As a hostNetwork pod: its unix sockets show in the host's /proc/net/unix."""
-    namespaces = config["linux"]["namespaces"]
-    config["linux"]["namespaces"] = [n for n in namespaces if n["type"] != "network"]
-
-
-def scratch_at(path: str):
-    """A tmpfs at ``path`` in the container, so it can make the host's pipe path its own."""
-
-    def change(config: dict) -> None:
-        config["mounts"].append(
-            {"destination": path, "type": "tmpfs", "source": "tmpfs", "options": ["mode=755"]}
-        )
-
-    return change
 
 
 @pytest.fixture
@@ -172,11 +56,6 @@ def wait_gone(pid: int, seconds: float) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def children(pid: int) -> list[int]:
-    with open(f"/proc/{pid}/task/{pid}/children") as f:
-        return [int(p) for p in f.read().split()]
 
 
 def test_root_container_cannot_quit_mps_and_its_queries_still_work(real_cluster):
@@ -216,15 +95,11 @@ def test_a_container_posing_as_the_control_daemon_is_never_exempt(real_cluster):
     GPU process under the script impostor is killed like any other."""
     cluster = real_cluster
     pipe = cluster.pipe_dir()
-    forge = os.path.join(cluster.runtime.rootfs, "opt", "forge")
-    os.makedirs(forge, exist_ok=True)
-    with open(os.path.join(forge, "nvidia-cuda-mps-control"), "w") as f:
-        f.write(IMPOSTOR)
-    os.chmod(os.path.join(forge, "nvidia-cuda-mps-control"), 0o755)
+    script = write_impostor(cluster.runtime.rootfs)
     cluster.node.wait_for(lambda: cluster.daemon_pid() in cluster.ready_pids(), 20, "MPS ready")
     attacker = cluster.tenant("attacker", (host_network, scratch_at(cluster.node.root)))
     pose = ("env", f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_VISIBLE_DEVICES={GPU0}")
-    impostor = cluster.runtime.exec(attacker, *pose, "/opt/forge/nvidia-cuda-mps-control", "-d")
+    impostor = cluster.runtime.exec(attacker, *pose, script, "-d")
     assert cluster.run_in(attacker, f"mkdir -p {pipe}").returncode == 0
     cluster.runtime.exec(attacker, *pose, IN_CONTAINER_BINARY, "-d")
     listening = cluster.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix").stdout

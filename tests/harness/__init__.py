@@ -8,6 +8,9 @@
   held to NVIDIA's real binary by a contract test;
 - ``daemon_proc``: the real ``gpushare-node`` process on a simulated node;
 - ``runc_env``: real runc containers with the shipped OCI hook;
+- ``mps_tenant``: a node with NVIDIA's real MPS control binary whose containers act as
+  tenants (bind-mounted binary, host network, impostors);
+- ``outcome_table``: README tables rendered from what a test module observed;
 - small helpers: simulated ``cards``, a hand-moved ``clock``, a systemd
   ``notify_listener`` and ledger rows.
 
