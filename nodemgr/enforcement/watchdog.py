@@ -78,6 +78,9 @@ IDLE_SCAN_SECONDS = 1.0
 # Registrations whose init process is gone without a poststop are dropped this often
 # (one /proc read per registered container), and at once when the init's exit is seen.
 PRUNE_SECONDS = 10.0
+# A batch of more execs than this is not read one by one (a /proc read each): a flood from
+# any pod on the node must not keep the watchdog from scanning; it brings a scan forward.
+MAX_EXECS_JUDGED = 64
 
 
 class ProcessEventBatch(Protocol):
@@ -241,6 +244,8 @@ class Watchdog(ThreadWorker):
             return True
         if not news.execs:
             return False
+        if len(news.execs) > MAX_EXECS_JUDGED:
+            return True  # an exec flood: one scan (bounded by the GPU processes) beats a read each
         index = index_registrations(self._registry.registrations())  # once per batch
         for pid in news.execs:
             try:

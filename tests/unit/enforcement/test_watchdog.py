@@ -396,3 +396,20 @@ def test_one_failing_violation_report_does_not_spare_the_others(parts, monkeypat
         for p in (first, second):
             p.kill()
             p.wait()
+
+
+def test_an_exec_flood_brings_one_scan_forward_without_reading_each_process():
+    """Hundreds of execs in one batch (a fork-and-exec storm in any pod) are not read one
+    /proc/PID/cgroup at a time: the batch just brings the next scan forward."""
+    from types import SimpleNamespace
+
+    from nodemgr.enforcement import watchdog as module
+
+    reads = []
+    dog = module.Watchdog.__new__(module.Watchdog)
+    dog._cache = {}
+    dog._registry = SimpleNamespace(registrations=lambda: [])
+    dog._in_registered_container = lambda pid, index: reads.append(pid) or False
+    flood = SimpleNamespace(execs=set(range(1000, 1000 + 500)), exits=set(), lost=False)
+    assert dog._news_wants_a_scan(flood) is True
+    assert reads == []
