@@ -72,7 +72,13 @@ def test_enable_now_returns_once_registered_with_kubelet(node):
             enable.wait()
     assert enable.returncode == 0, err
     assert "Created symlink" in err
-    assert sorted(node.kubelet_registrations()) == sorted(RESOURCES)
+    # READY=1 follows the last registration at once; the test kubelet writes what it saw
+    # to its state file every 0.2 s.
+    node.wait_for(
+        lambda: sorted(node.kubelet_registrations()) == sorted(RESOURCES),
+        10,
+        "the test kubelet's record of the registrations",
+    )
     assert node.show("ActiveState", "SubState", "UnitFileState", "StatusText") == {
         "ActiveState": "active",
         "SubState": "running",
