@@ -13,7 +13,7 @@ calls the daemon's own GetDevicePluginOptions, which splits the gap into
 work Allocate cannot skip, one fsync'd ledger commit, alone in this process.
 
 Reported: p50/p99 of Allocate (memory and share calls pooled), of the floor,
-and their ratios; the issue's target is Allocate p99 within 3x the floor p99.
+and their ratios; issue 16's target: Allocate p50 and p99 within 2x the floor's.
 
 Steady state: at most ``window`` pods are held; each admission past that
 deletes the oldest pod, as a node that keeps admitting. The test kubelet does
@@ -44,7 +44,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from tests.harness.daemon_proc import CORE, MEMORY
 from tests.harness.kubelet_sim import TestKubelet
 
-RATIO_TARGET = 3.0
+RATIO_TARGET = 2.0  # issue 16: Allocate p50 and p99 within 2x the floor's
 POD = {MEMORY: 2, CORE: 1}  # 2 GiB and 1 % of one card: memory fills a card first (70 < 100)
 WARMUP_ADMISSIONS = 50  # connections, caches and the first ledger pages: not steady state
 # The daemon's log line when kubelet hands out a device the ledger still holds.
@@ -164,7 +164,13 @@ def figures(samples: Samples) -> list[Figure]:
             target=f"<= {RATIO_TARGET:g}",
             met=ratio <= RATIO_TARGET,
         ),
-        Figure("allocate_p50_ratio", allocate.p50 / floor.p50, "Allocate p50 / floor p50"),
+        Figure(
+            "allocate_p50_ratio",
+            allocate.p50 / floor.p50,
+            "Allocate p50 / floor p50",
+            target=f"<= {RATIO_TARGET:g}",
+            met=allocate.p50 / floor.p50 <= RATIO_TARGET,
+        ),
         Figure("daemon_options_p99_us", options.p99, "daemon GetDevicePluginOptions p99 (us)"),
         Figure("preferred_p99_us", preferred.p99, "GetPreferredAllocation p99 (us)"),
         Figure("ledger_commit_p50_us", commit.p50, "ledger commit alone, p50 (us, no gRPC)"),

@@ -51,7 +51,7 @@ def measure(runs: int) -> list[float]:
 
 
 # The design's promise: a process over its quota runs at most 2 s more.
-PROMISE_MS = 2000
+PROMISE_MS = 500  # issue 16: over quota to killed, p99 <= 0.5 s (the design's promise: 2 s)
 
 
 def figures(reactions_ms: list[float]) -> list[Figure]:
@@ -63,8 +63,8 @@ def figures(reactions_ms: list[float]) -> list[Figure]:
             "enforcement_p99_ms",
             summary.p99,
             "over quota to killed, p99 (ms)",
-            target=f"< {PROMISE_MS} (design)",
-            met=summary.p99 < PROMISE_MS,
+            target=f"<= {PROMISE_MS}",
+            met=summary.p99 <= PROMISE_MS,
         ),
         Figure("enforcement_max_ms", summary.max, "over quota to killed, max (ms)"),
     ]

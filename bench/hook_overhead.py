@@ -27,6 +27,8 @@ from bench.report import Figure, machine_lines
 from bench.stats import percentile
 from tests.harness.runc_env import EnforcementNode, cri_annotations
 
+OVERHEAD_TARGET_MS = 15.0  # issue 16: the hook adds at most 15 ms to runc run -d, p50
+
 
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:
     node = EnforcementNode()
@@ -73,6 +75,8 @@ def figures(times: dict[str, dict[str, list[float]]]) -> list[Figure]:
             "hook_overhead_p50_ms",
             p50("hook, GPU", "create") - p50("no hook", "create"),
             "hook adds to creation, GPU container, p50 (ms)",
+            target=f"<= +{OVERHEAD_TARGET_MS:g}",
+            met=p50("hook, GPU", "create") - p50("no hook", "create") <= OVERHEAD_TARGET_MS,
         ),
         Figure(
             "hook_overhead_nogpu_p50_ms",
