@@ -90,7 +90,7 @@ def synthetic_figures() -> list[Figure]:
     ]
     refusal = listandwatch_size.Refusal(2, "... use 68 MiB or more ...", 68)
     full = footprint.FullNode(node=None, kubelet=None, per_card={i: 48 for i in range(8)})
-    usage = footprint.Usage(30.0, 0.5, 2.0, 60.0, 64.0)
+    usage = footprint.Usage(30.0, 0.3, 2.0, 60.0, 64.0)
     busy = footprint.Busy(usage, admitted=500, refused=0, rate_per_second=50.0)
     hook_times = {
         variant: {"create": [30.0, 40.0], "delete": [100.0, 110.0]}
