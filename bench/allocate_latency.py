@@ -18,8 +18,8 @@ and their ratios; issue 16's target: Allocate p50 and p99 within 2x the floor's.
 Steady state: at most ``window`` pods are held; each admission past that
 deletes the oldest pod, as a node that keeps admitting. The test kubelet does
 not report the bench's pods in PodResources, so the daemon releases each
-allocation ``allocation_grace_seconds`` after it was made (reconcile every
-second): the window keeps a pod's devices out of reuse longer than that, so
+allocation ``allocation_grace_seconds`` (1 s) after it was made (reconcile every
+0.5 s): the window keeps a pod's devices out of reuse longer than that, so
 kubelet never hands out a device the ledger still holds (their count is
 reported; it should be 0).
 
@@ -92,7 +92,9 @@ def measure(admissions: int, window: int = 400) -> Samples:
     # The Kubernetes adapter is off (bench/nodes.py): with it, the daemon names the pod
     # being admitted from the API and kubelet's PodResources record, which the bench's
     # own client bypasses; bench/footprint.py admits through the test kubelet with it on.
-    node = h200_node(kubelet={"reconcile_interval_seconds": 1, "allocation_grace_seconds": 2})
+    # Released within 1.5 s of being made (grace 1 s, reconcile every 0.5 s): the window of
+    # held pods must outlast that at the rate Allocate now runs (~100 admissions/s: 4 s).
+    node = h200_node(kubelet={"reconcile_interval_seconds": 0.5, "allocation_grace_seconds": 1})
     kubelet = TestKubelet(node.device_plugin_dir, node.pod_resources_socket)
     kubelet.start()
     node.start()
