@@ -343,3 +343,16 @@ def test_a_stale_socket_is_replaced_at_start(resources, socket_dir):
     finally:
         channel.close()
         server.stop()
+
+
+def test_list_and_watch_reads_the_devices_only_when_the_card_state_moved(stub, resources):
+    """Between changes the stream only wakes to notice a stop (every second): it does not
+    rebuild the device list then (thousands of devices on a big node, per stream)."""
+    stream = stub.ListAndWatch(dp.Empty(), timeout=10)
+    next(stream)
+    assert resources.device_reads.get(timeout=5) is MEM
+    with pytest.raises(queue.Empty):
+        resources.device_reads.get(timeout=2.5)  # two idle wake-ups pass: no read
+    resources.device_changes.bump()
+    assert resources.device_reads.get(timeout=5) is MEM
+    stream.cancel()
