@@ -273,6 +273,10 @@ class Watchdog(ThreadWorker):
         if processes is None:
             return []
         self._policing = bool(processes)
+        if not processes:  # nothing to judge: no walk over every allocation at idle
+            self._set_last_usage(self._usage_view(processes))
+            self._active = set()
+            return []
         allocations = {a.id: a for a in self._allocator.allocations()}
         shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
         violations = find_violations(
@@ -313,6 +317,8 @@ class Watchdog(ThreadWorker):
         card_used: Counter[str] = Counter()
         for entry in self._raw_usage:  # every process, our MPS servers included
             card_used[entry.gpu_uuid] += entry.used_mib
+        if not processes:
+            return UsageView(dict(card_used), {})
         # Exactly the sum the memory check judges (its own cards, live allocations only).
         allocation_used = allocation_used_mib(
             self._registry.registrations(),
