@@ -199,6 +199,12 @@ def test_the_watchdog_restarts_a_hung_daemon(running):
             60,
             "systemd to kill the hung daemon and start a new one",
         )
+        # PID 1's own lines may reach the journal after the new daemon is active.
+        node.wait_for(
+            lambda: "Failed with result 'watchdog'." in node.journal_since(cursor),
+            10,
+            "systemd's watchdog lines in the journal",
+        )
         log = node.journal_since(cursor)
         assert "Watchdog timeout (limit 3s)!" in log
         assert f"Killing process {hung} (gpushare-node) with signal SIGABRT." in log
