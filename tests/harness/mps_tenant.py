@@ -16,8 +16,8 @@ import signal
 import subprocess
 
 from tests.harness import runc_env
-from tests.harness.daemon_proc import CORE, GPU0, MEMORY, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from tests.harness.daemon_proc import GPU0, MEMORY
+from tests.harness.kubelet_sim import ContainerSpec
 
 IN_CONTAINER_BINARY = "/usr/bin/nvidia-cuda-mps-control"
 NO_PRIVILEGE = "Not enough privilege to execute quit command"
@@ -34,23 +34,7 @@ class MpsNode(runc_env.EnforcementNode):
     stand-in): the daemon, the test kubelet, runc with the hook."""
 
     def __init__(self, control_binary: str, action: str = "kill"):
-        runc_env.require()
-        self.node = Node(control_binary)
-        self.usage_file = os.path.join(self.node.root, "usage.json")
-        self.set_usage([])
-        self.node.rewrite_config(
-            lambda c: (
-                c["gpus"]["simulated"].__setitem__("usage_file", self.usage_file),
-                c.__setitem__("enforcement", {"action": action}),
-            )
-        )
-        self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
-        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
-        self.kubelet.start()
-        self.node.start()
-        for resource in (MEMORY, CORE):
-            self.kubelet.wait_for_resource(resource, timeout=30)
-        self.runtime = runc_env.Runtime(self.node.root, self.hook_socket)
+        super().__init__(action, control_binary)
         self.binary = control_binary
 
     def pipe_dir(self) -> str:

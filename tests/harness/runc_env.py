@@ -21,7 +21,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
-from tests.harness.daemon_proc import CORE, MEMORY, Node
+from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 BUSYBOX_CANDIDATES = ("/bin/busybox", "/usr/bin/busybox")
@@ -225,9 +225,10 @@ def running(pid: int) -> bool:
 class EnforcementNode:
     """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
 
-    def __init__(self, action: str = "kill"):
+    def __init__(self, action: str = "kill", control_binary: str = MPS_STANDIN):
+        """``control_binary``: the MPS control binary (the stand-in, or NVIDIA's real one)."""
         require()
-        self.node = Node()
+        self.node = Node(control_binary)
         self.usage_file = os.path.join(self.node.root, "usage.json")
         self.set_usage([])
         self.node.rewrite_config(
