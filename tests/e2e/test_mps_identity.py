@@ -23,13 +23,9 @@ import pytest
 from tests.harness import real_parts, runc_env
 from tests.harness.daemon_proc import GPU0, MPS_STANDIN
 from tests.harness.mps_tenant import (
-    IN_CONTAINER_BINARY,
     NO_PRIVILEGE,
     MpsNode,
     children,
-    host_network,
-    scratch_at,
-    write_impostor,
 )
 
 pytestmark = pytest.mark.e2e
@@ -94,16 +90,7 @@ def test_a_container_posing_as_the_control_daemon_is_never_exempt(real_cluster):
     Whatever restarts the real daemon, gpushare-node verifies the real one only, and a
     GPU process under the script impostor is killed like any other."""
     cluster = real_cluster
-    pipe = cluster.pipe_dir()
-    script = write_impostor(cluster.runtime.rootfs)
-    cluster.node.wait_for(lambda: cluster.daemon_pid() in cluster.ready_pids(), 20, "MPS ready")
-    attacker = cluster.tenant("attacker", (host_network, scratch_at(cluster.node.root)))
-    pose = ("env", f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_VISIBLE_DEVICES={GPU0}")
-    impostor = cluster.runtime.exec(attacker, *pose, script, "-d")
-    assert cluster.run_in(attacker, f"mkdir -p {pipe}").returncode == 0
-    cluster.runtime.exec(attacker, *pose, IN_CONTAINER_BINARY, "-d")
-    listening = cluster.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix").stdout
-    assert int(listening) == 2  # the real daemon's and the impostor's, in one namespace
+    attacker, impostor = cluster.pose_as_daemon()
     # A crash of the real daemon: gpushare-node must identify it anew, with both impostors
     # running (started before it, they have the lower PIDs).
     real = cluster.restart_daemon()

@@ -98,6 +98,24 @@ class MpsNode(runc_env.EnforcementNode):
     def card_health(self) -> set[str]:
         return {d.health for d in self.kubelet.devices(MEMORY) if d.id.startswith(GPU0)}
 
+    def pose_as_daemon(self) -> tuple[str, int]:
+        """Two impostors in a shared container with the host's network (issue 14, item 1):
+        a script whose argv and env are the card's daemon's, and NVIDIA's own binary run
+        with -d on the card's host pipe path (a listening socket bound there).
+        (the attacker container, the script impostor's PID); both sockets are checked
+        to listen in one namespace."""
+        pipe = self.pipe_dir()
+        script = write_impostor(self.runtime.rootfs)
+        self.wait_mps_ready()
+        attacker = self.tenant("attacker", (host_network, scratch_at(self.node.root)))
+        pose = ("env", f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_VISIBLE_DEVICES={GPU0}")
+        impostor = self.runtime.exec(attacker, *pose, script, "-d")
+        assert self.run_in(attacker, f"mkdir -p {pipe}").returncode == 0
+        self.runtime.exec(attacker, *pose, IN_CONTAINER_BINARY, "-d")
+        listening = self.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix").stdout
+        assert int(listening) == 2  # the real daemon's and the impostor's, in one namespace
+        return attacker, impostor
+
     def restart_daemon(self) -> int:
         """Kill the card's daemon from the host (a crash); the PID of the one that
         gpushare-node starts instead, once it is set up and the card Healthy again."""

@@ -31,13 +31,10 @@ from nodemgr.enforcement import hookserver
 from tests.harness import real_parts, runc_env
 from tests.harness.daemon_proc import GPU0, GPU1
 from tests.harness.mps_tenant import (
-    IN_CONTAINER_BINARY,
     NO_PRIVILEGE,
     MpsNode,
     children,
     host_network,
-    scratch_at,
-    write_impostor,
 )
 from tests.harness.outcome_table import OutcomeTable
 from tests.hostile import attacks, tenant
@@ -136,16 +133,7 @@ def test_posing_as_the_control_daemon_gets_no_exemption(site):
     The supervisor verifies only the real one again, and a GPU process under the impostor is
     judged (and killed) like any other."""
     cluster = site.cluster
-    pipe = cluster.pipe_dir()
-    script = write_impostor(cluster.runtime.rootfs)
-    cluster.wait_mps_ready()
-    attacker = cluster.tenant("attacker", (host_network, scratch_at(cluster.node.root)))
-    pose = ("env", f"CUDA_MPS_PIPE_DIRECTORY={pipe}", f"CUDA_VISIBLE_DEVICES={GPU0}")
-    impostor = cluster.runtime.exec(attacker, *pose, script, "-d")
-    assert cluster.run_in(attacker, f"mkdir -p {pipe}").returncode == 0
-    cluster.runtime.exec(attacker, *pose, IN_CONTAINER_BINARY, "-d")
-    listening = cluster.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix").stdout
-    assert int(listening) == 2  # the real daemon's and the impostor's, in one namespace
+    attacker, impostor = cluster.pose_as_daemon()
     real = cluster.restart_daemon()
     assert cluster.ready_pids()[-1] == real
     started = re.findall(r"GPU0: started MPS control daemon \(pid (\d+)", cluster.node.log())
