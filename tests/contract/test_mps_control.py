@@ -147,12 +147,18 @@ class Mps:
         test's own lookup, independent of how mps.CardDaemon verifies it)."""
         name = os.path.basename(self.binary)
 
+        def argv(p: psutil.Process) -> list[str]:
+            # A process may exit between the listing and this read (a short-lived client).
+            try:
+                return p.cmdline()
+            except psutil.NoSuchProcess:
+                return []
+
         def one():
             found = [
                 p
                 for p in processes_under(self.root)
-                if name in map(os.path.basename, p.cmdline()[:2])
-                and {"-d", "-f"} & set(p.cmdline())
+                if name in map(os.path.basename, argv(p)[:2]) and {"-d", "-f"} & set(argv(p))
             ]
             return found[0] if len(found) == 1 else None
 
@@ -663,7 +669,9 @@ def test_card_daemon_verifies_the_daemon_by_the_socket_it_holds(mps):
     try:
         card = card_daemon(mps)
         card.start()
-        pid = int(LOG_LINE.fullmatch(mps.log().splitlines()[0]).group(1))
+        # The daemon listens before its first log line is written: wait for the line.
+        first = wait_until(lambda: mps.log().splitlines()[:1], what="control.log's first line")
+        pid = int(LOG_LINE.fullmatch(first[0]).group(1))
         assert pid != impostor.pid
         assert card.identify() == DaemonIdentity(pid, start_time(pid))
         os.kill(pid, signal.SIGKILL)

@@ -95,7 +95,9 @@ STORM_SECONDS = 30.0
 # or the connection dropped): the daemon is down, not refusing.
 PLUGIN_GONE = re.compile(
     r"unregistered device|has been stopped|devices unavailable|Socket closed|CANCELLED|"
-    r"failed to connect|Connection reset|Broken pipe|connection refused|Connection refused"
+    r"failed to connect|Connection reset|Broken pipe|connection refused|Connection refused|"
+    # kubelet's stand-in closes its channel to a plugin whose socket went away
+    r"Channel closed"
 )
 GHOST_CARD = "GPU-0000dead-0000-4000-8000-00000000dead"
 
