@@ -652,3 +652,16 @@ def test_human_age_as_kubectl_prints_it(seconds, age):
     now = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
     created = (now - datetime.timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
     assert human_age(created, now) == age
+
+
+def test_connections_are_served_with_tcp_nodelay(server, v1):
+    """Every accepted connection has TCP_NODELAY, as kube-apiserver's (Go sets it on every
+    TCP connection): without it a response body, written after its headers, waits out the
+    client's delayed ACK, and a benchmark would time the stand-in's Nagle stalls."""
+    import socket
+
+    v1.list_namespaced_pod("default")  # the client keeps its connection open (keep-alive)
+    with server._cond:
+        conns = list(server._conns)
+    assert conns, "no connection held open after a request"
+    assert all(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for c in conns)
