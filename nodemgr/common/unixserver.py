@@ -27,11 +27,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from nodemgr.common.serveloop import ServeLoop
+
 log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
-# How often the serving thread looks for a stop (the most a stop waits for it).
-POLL_SECONDS = 0.1
 # Defaults: a request and its answer take milliseconds; these bound hostile clients.
 MAX_CONNECTIONS = 32
 DEADLINE_SECONDS = 30.0
@@ -141,7 +141,8 @@ class UnixServer:
         self._burst = 0  # of those, since a connection was last served
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
-        self._stopping: threading.Thread | None = None  # runs the server's shutdown
+        self._loop: ServeLoop | None = None
+        self._stopped = False
 
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.socket_path), mode=0o755, exist_ok=True)
@@ -163,26 +164,24 @@ class UnixServer:
             server.server_close()
             raise
         self._server = server
+        self._stopped = False
         self._deadlines.start()
-        self._thread = threading.Thread(
-            target=server.serve_forever, args=(POLL_SECONDS,), name=self.name, daemon=True
-        )
+        self._loop = ServeLoop(server)
+        self._thread = threading.Thread(target=self._loop.serve, name=self.name, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop accepting: the socket file is removed at once; the serving thread ends
-        within its poll interval (``join`` waits for it), so servers stop side by side."""
-        server = self._server
-        if server is None or self._stopping is not None:
+        """Stop accepting: the socket file is removed and the serving thread told to end, at
+        once (``join`` waits for it), so servers stop side by side."""
+        if self._server is None or self._stopped:
             return
+        self._stopped = True
         try:
             os.unlink(self.socket_path)  # no new client finds us from now on
         except FileNotFoundError:
             pass
-        self._stopping = threading.Thread(
-            target=server.shutdown, name=f"{self.name}-stop", daemon=True
-        )
-        self._stopping.start()
+        if self._loop is not None:
+            self._loop.stop()
         self._deadlines.stop()
 
     def join(self, timeout_seconds: float) -> bool:
@@ -193,8 +192,6 @@ class UnixServer:
             self._thread.join(max(timeout_seconds, 0.0))
             if self._thread.is_alive():
                 return False
-        if self._stopping is not None:
-            self._stopping.join()  # shutdown() returns as soon as the serving thread ended
         self._deadlines.join(timeout_seconds)
         self._server.server_close()
         self._server = None
@@ -204,7 +201,7 @@ class UnixServer:
     def alive(self) -> bool:
         return (
             self._server is not None
-            and self._stopping is None
+            and not self._stopped
             and self._thread is not None
             and self._thread.is_alive()
         )

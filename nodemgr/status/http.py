@@ -17,6 +17,7 @@ from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import WSGIApplication
 
+from nodemgr.common.serveloop import ServeLoop
 from nodemgr.errors import BindError
 
 
@@ -48,21 +49,14 @@ def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
 class MetricsServer:
     """The running endpoint: ``.port`` (the bound port) and ``.stop()``."""
 
-    # serve_forever checks for shutdown this often: stop() returns within it.
-    POLL_SECONDS = 0.05
-
     def __init__(self, httpd: WSGIServer):
         self.name = "metrics-http"
         self._httpd = httpd
         self.port: int = httpd.server_address[1]
         self.url_host_port = ""  # host:port as a URL shows it (set by bind_wsgi)
         self._stopped = False
-        self._thread = threading.Thread(
-            target=httpd.serve_forever,
-            kwargs={"poll_interval": self.POLL_SECONDS},
-            name=self.name,
-            daemon=True,
-        )
+        self._loop = ServeLoop(httpd)
+        self._thread = threading.Thread(target=self._loop.serve, name=self.name, daemon=True)
 
     def start(self) -> None:
         """Serve on the socket ``Metrics.bind`` bound (once; later calls do nothing)."""
@@ -75,7 +69,10 @@ class MetricsServer:
             return
         self._stopped = True
         if self._thread.is_alive():
-            self._httpd.shutdown()
+            self._loop.stop()
+            self._thread.join()  # the loop ends at once: no request is mid-accept on close
+        else:
+            self._loop.close()
         self._httpd.server_close()
 
     def join(self, timeout_seconds: float) -> bool:

@@ -17,6 +17,7 @@ import time
 import pytest
 
 from nodemgr.common.unixserver import SOCKET_MODE, UnixServer
+from tests.harness.threadstats import wakeups_while_idle
 
 
 def umask_now() -> int:
@@ -85,6 +86,15 @@ def test_socket_is_root_only_even_with_a_permissive_umask(make_server):
     mode = os.stat(server.socket_path).st_mode
     assert stat.S_ISSOCK(mode)
     assert stat.S_IMODE(mode) == SOCKET_MODE == 0o600
+
+
+def test_an_idle_server_never_wakes_up(make_server):
+    """Between connections the serving thread sleeps in select with no timeout (the old
+    0.1 s poll woke the hook and status servers 10 times a second each)."""
+    server = make_server()
+    server.start()
+    assert ask(server.socket_path) == b"echo:hi"
+    assert wakeups_while_idle(server._thread) == 0
 
 
 def test_a_stale_file_is_replaced(make_server, socket_dir):

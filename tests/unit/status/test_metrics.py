@@ -45,6 +45,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.servicer import PluginServer
 from nodemgr.status.metrics import Metrics
 from tests.harness.cards import GPU0, GPU1
+from tests.harness.threadstats import wakeups_while_idle
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "gpushare-node.json"
 MIB = 1024 * 1024
@@ -419,6 +420,17 @@ def test_stop_closes_the_socket_promptly_and_frees_the_port():
     finally:
         again.stop()
     server.stop()  # a second stop is harmless
+
+
+def test_an_idle_metrics_server_never_wakes_up():
+    """Between scrapes the serving thread sleeps in select with no timeout (the old poll
+    interval woke it 20 times a second, on every node, for nothing)."""
+    server = Metrics(document).serve("127.0.0.1:0")
+    try:
+        scrape_text(server.port)
+        assert wakeups_while_idle(server._thread) == 0
+    finally:
+        server.stop()
 
 
 def _ipv6_loopback() -> bool:
