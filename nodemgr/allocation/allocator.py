@@ -126,6 +126,10 @@ class Allocator:
             self._usage.add(allocation)
         # kind -> (generation, device list): every ListAndWatch stream shares one build.
         self._device_lists: dict[ResourceKind, tuple[int, list[DeviceInfo]]] = {}
+        # (changes.generation, kubelet's record) of the last reconcile that found nothing to
+        # change with every allocation confirmed: the same record against the same state
+        # plans nothing again, at any time, so the periodic reconcile skips the plan.
+        self._settled: tuple[int, dict] | None = None
         self._check_memory_unit()
 
     def _check_memory_unit(self) -> None:
@@ -456,6 +460,8 @@ class Allocator:
                             ref,
                         )
         with self._lock:
+            if not hints and self._settled == (self.changes.generation, reported):
+                return ReconcilePlan()
             plan = plan_reconcile(
                 list(self._allocations.values()),
                 reported,
@@ -468,6 +474,12 @@ class Allocator:
             self._id_hints = {}  # adopted once; later adoptions are new pods
             if not plan.empty:
                 self._apply(plan.put, plan.delete)
+            # Only a confirmed allocation's fate is independent of the clock (an unconfirmed
+            # one is released once its grace runs out, with the same record).
+            settled = plan.empty and all(
+                a.confirmed_at is not None for a in self._allocations.values()
+            )
+            self._settled = (self.changes.generation, reported) if settled else None
         for note in plan.notes:
             log.info("reconcile: %s", note)
         return plan

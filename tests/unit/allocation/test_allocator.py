@@ -209,6 +209,57 @@ def test_reconcile_fills_owner_from_kubelet(allocator):
     assert confirmed.id == result.allocation_id and confirmed.owner == ref
 
 
+def planned(allocator, monkeypatch) -> list[int]:
+    """Counts the reconcile plans the allocator makes from now on (one item per plan)."""
+    import nodemgr.allocation.allocator as module
+
+    calls: list[int] = []
+    real = module.plan_reconcile
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "plan_reconcile", counting)
+    return calls
+
+
+def test_an_unchanged_record_against_an_unchanged_settled_ledger_is_not_planned_again(
+    allocator, clock, monkeypatch
+):
+    """The periodic reconcile of an idle node costs no plan: once a reconcile changed
+    nothing with every allocation confirmed, the same record is skipped (later, too); an
+    Allocate or a different record plans again."""
+    admit(allocator, [(MEM, 4)])
+    [allocation] = allocator.allocations()
+    ref = ContainerRef("ml", "notebook-0", "jupyter")
+    record = {ref: {"aliyun.com/gpu-mem": list(allocation.devices[MEM])}}
+    allocator.reconcile(record)  # confirms it (a change)
+    plans = planned(allocator, monkeypatch)
+    assert allocator.reconcile(record).empty  # nothing to change: settled
+    assert len(plans) == 1
+    clock.now += 3600
+    assert allocator.reconcile(record).empty
+    assert len(plans) == 1
+    admit(allocator, [(MEM, 2)])
+    allocator.reconcile(record)
+    assert len(plans) == 2
+    assert allocator.reconcile({}).delete  # the pods are gone: released, not skipped
+
+
+def test_an_unconfirmed_allocation_is_released_after_its_grace_with_the_same_record(
+    allocator, clock
+):
+    """Nothing is skipped while an allocation waits for kubelet: with an unchanged (empty)
+    record it is kept within the grace and released after it."""
+    admit(allocator, [(MEM, 2)])
+    assert allocator.reconcile({}).empty  # fresh: within the grace
+    assert allocator.reconcile({}).empty
+    clock.now += 3600
+    assert len(allocator.reconcile({}).delete) == 1
+    assert allocator.allocations() == []
+
+
 def test_changing_the_memory_unit_under_live_allocations_is_refused(tmp_path, clock):
     allocator = make(simulated_settings(str(tmp_path)), clock)
     admit(allocator, [(MEM, 2)])
