@@ -195,7 +195,7 @@ class Watchdog(ThreadWorker):
         if events_source is not None:
             try:
                 events = events_source()
-            except Exception as e:  # ProcEventsUnavailable, or an unexpected pyroute2 failure
+            except Exception as e:  # ProcEventsUnavailable, or an unexpected socket failure
                 log.warning("%s: the watchdog relies on its periodic scan alone", e)
         self._events = events  # stop() wakes a read blocked on it
         if stop.is_set() and events is not None:
