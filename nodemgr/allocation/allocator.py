@@ -33,12 +33,11 @@ from nodemgr.allocation.admission import (
     PodSource,
     carried_allocation,
     carry_refusal,
-    held_resources,
     place_demand,
 )
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.allocation.resources import AllocateResult, DeviceInfo
-from nodemgr.allocation.usage import CardUsage, single_request, take_over_devices
+from nodemgr.allocation.usage import CardUsage, HeldByName, single_request, take_over_devices
 from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import (
@@ -546,7 +545,8 @@ class Allocator:
         with self._lock:
             if self._open is not None and self._open_allocation(kind, size) is not None:
                 return self._open.demand  # the container's second resource: its first's demand
-            held = held_resources(self._allocations.values(), self.resource_names)
+            # A copy of the running index (no walk of the allocations), read after the lock.
+            held = HeldByName(dict(self._usage.held_kinds), self.resource_names)
         return self._demands.find(kind, size, held)
 
     def _refused(self, demand: Demand | None, message: str) -> None:

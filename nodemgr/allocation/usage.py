@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 
 from nodemgr.domain.deviceids import CORE_DEVICES_PER_CARD, ResourceKind
@@ -29,6 +29,11 @@ class CardUsage:
         self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
         self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
         self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
+        # (namespace, pod, container) -> the shared kinds its allocations hold, and how many
+        # of them hold each: what admission asks per Allocate, kept here instead of walking
+        # every allocation (admission.held_resources is the same from scratch).
+        self.held_kinds: dict[tuple[str, str, str], frozenset[ResourceKind]] = {}
+        self._held_counts: dict[tuple[str, str, str], Counter[ResourceKind]] = {}
 
     def add(self, allocation: Allocation, sign: int = 1) -> None:
         """Count an allocation in (sign 1) or out (sign -1)."""
@@ -37,6 +42,8 @@ class CardUsage:
                 self.holders[key] = allocation.id
             elif self.holders.get(key) == allocation.id:
                 del self.holders[key]
+        if allocation.owner is not None and not allocation.whole and allocation.devices:
+            self._count_held(allocation, sign)
         if allocation.whole:
             for card_uuid in allocation.cards:
                 self.whole_allocations[card_uuid] += sign
@@ -45,6 +52,20 @@ class CardUsage:
             self.shared_allocations[card_uuid] += sign
             self.memory_units[card_uuid] += sign * allocation.memory_units
             self.core_percent[card_uuid] += sign * allocation.core_percent
+
+    def _count_held(self, allocation: Allocation, sign: int) -> None:
+        owner = allocation.owner
+        assert owner is not None
+        key = (owner.namespace, owner.pod, owner.container)
+        counts = self._held_counts.setdefault(key, Counter())
+        for kind in allocation.devices:
+            counts[kind] += sign
+        kinds = frozenset(kind for kind, n in counts.items() if n > 0)
+        if kinds:
+            self.held_kinds[key] = kinds
+        else:
+            del self._held_counts[key]
+            self.held_kinds.pop(key, None)
 
     def shared_cards(self) -> set[str]:
         return {card for card, n in self.shared_allocations.items() if n > 0}
@@ -83,6 +104,28 @@ class CardUsage:
                 )
             )
         return loads
+
+
+class HeldByName(Mapping[tuple[str, str, str], frozenset[str]]):
+    """A snapshot of ``CardUsage.held_kinds`` as admission reads it (resource names), each
+    entry translated when looked up: admission looks up a few containers, not all."""
+
+    def __init__(
+        self,
+        held_kinds: Mapping[tuple[str, str, str], frozenset[ResourceKind]],
+        resource_names: Mapping[ResourceKind, str],
+    ):
+        self._kinds = held_kinds
+        self._names = resource_names
+
+    def __getitem__(self, key: tuple[str, str, str]) -> frozenset[str]:
+        return frozenset(self._names[kind] for kind in self._kinds[key])
+
+    def __iter__(self) -> Iterator[tuple[str, str, str]]:
+        return iter(self._kinds)
+
+    def __len__(self) -> int:
+        return len(self._kinds)
 
 
 def single_request(kind: ResourceKind, size: int) -> SharedRequest:

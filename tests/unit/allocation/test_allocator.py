@@ -273,10 +273,12 @@ def test_whole_resource_can_be_switched_off(tmp_path, clock):
 
 
 def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
-    """Admission reads running per-card totals; they must never drift from the ledger."""
+    """Admission reads running per-card totals and which shared resources each container
+    holds; they must never drift from a full recount of the ledger."""
     import random
 
-    from nodemgr.allocation.usage import CardUsage
+    from nodemgr.allocation.admission import held_resources
+    from nodemgr.allocation.usage import CardUsage, HeldByName
 
     rng = random.Random(7)
     refs = {}
@@ -308,6 +310,9 @@ def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
         assert usage.holders == fresh.holders
         for field in ("memory_units", "core_percent", "shared_allocations", "whole_allocations"):
             assert +getattr(usage, field) == +getattr(fresh, field), field
+        recount = held_resources(allocator.allocations(), allocator.resource_names)
+        held = HeldByName(usage.held_kinds, allocator.resource_names)
+        assert dict(held) == {key: names for key, names in recount.items() if names}
 
 
 # --- with the pods of the node known (the Kubernetes API's pod cache) ------------------------
