@@ -1,17 +1,19 @@
 """What the daemon costs a node: RSS and CPU, idle and while admitting 100 containers/s.
 
 The real gpushare-node on 8 simulated H200 cards with the production defaults
-for its periodic work (reconcile every 10 s, MPS health check every 5 s per
-card, watchdog scan every 1 s), MPS through the stand-in control binary. The
-test kubelet admits 384 containers of 2 GiB + 2 %, spread over the cards: 48
-per card, MPS's client limit, so a full node. Then:
+for its periodic work (reconcile every 10 s, MPS control-command check every 30 s
+per card, watchdog scan every 1 s at idle), MPS through NVIDIA's real control
+binary where this machine has it (scripts/setup-real-parts; it runs without a
+GPU), else through the stand-in. The test kubelet admits 384 containers of
+2 GiB + 2 %, spread over the cards: 48 per card, MPS's client limit, so a full
+node. Then:
 
-- idle: the daemon's CPU time over a window (user + system, from
-  /proc/PID/stat) divided by the window, in % of one core, and its RSS. The
-  MPS health checks run the control binary as a child process; its CPU is
-  reported on its own (``children``): here it is the stand-in, a Python
-  script, whose start-up costs far more than NVIDIA's C binary would (that
-  figure needs a GPU node);
+- idle, once the fill's after-effects are over (``settle``: the annotation
+  writes queued while filling have drained): the daemon's CPU time over a
+  window (user + system, from /proc/PID/stat) divided by the window, in % of
+  one core, and its RSS. The MPS health checks run the control binary as a
+  child process; its CPU is reported on its own (``children``): with the
+  stand-in, a Python script, each costs ~100 times NVIDIA's C binary;
 - busy: pods of 1 GiB + 1 % admitted (and deleted, oldest first) at 100 per
   second through the test kubelet, rate-limited, on top of the 384; the
   daemon's CPU and RSS over that window, and the rate really reached (the
@@ -42,8 +44,9 @@ from bench.nodes import CARD_COUNT, h200_node, node_name
 from bench.report import Figure, table
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.enforcement.procevents import ProcEvents, ProcEventsUnavailable
+from tests.harness import real_parts
 from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
 MPS_CLIENTS_PER_CARD = 48
@@ -92,8 +95,20 @@ class FullNode:
             self.api.stop()
 
 
+def mps_control_binary() -> tuple[str, str]:
+    """(kind, path) of the MPS control binary a node runs: NVIDIA's real one where this
+    machine has it (what a GPU node runs; scripts/setup-real-parts installs it), else the
+    stand-in, whose every command is a Python start-up."""
+    real = real_parts.find()
+    if isinstance(real, real_parts.RealParts):
+        return "real", real.mps_control
+    return "standin", MPS_STANDIN
+
+
 def full_node(
-    allocations: int = CARD_COUNT * MPS_CLIENTS_PER_CARD, kubernetes: bool = False
+    allocations: int = CARD_COUNT * MPS_CLIENTS_PER_CARD,
+    kubernetes: bool = False,
+    control_binary: str = MPS_STANDIN,
 ) -> FullNode:
     """The daemon with ``allocations`` containers admitted, production intervals.
 
@@ -104,7 +119,12 @@ def full_node(
     if kubernetes:
         api = TestApiServer()
         api.start()
-    node = h200_node(production_intervals=True, resources={"placement": "spread"}, api=api)
+    node = h200_node(
+        production_intervals=True,
+        resources={"placement": "spread"},
+        api=api,
+        control_binary=control_binary,
+    )
     kubelet = TestKubelet(node.device_plugin_dir, node.pod_resources_socket)
     full = FullNode(node, kubelet, {}, api)
     kubelet.start()
@@ -225,6 +245,26 @@ class EventCounter:
         self._stop.set()
         self._thread.join()
         return self.events if self.available else None
+
+
+def settle(full: FullNode, quiet_seconds: float = 2.0, timeout_seconds: float = 60.0) -> None:
+    """Wait until the admissions' after-effects are over: with the adapter on, until the
+    API server has had no request for ``quiet_seconds`` (the annotation writes queued
+    while filling have drained), else ``quiet_seconds``. Idle starts after that."""
+    api = full.api
+    if api is None:
+        time.sleep(quiet_seconds)
+        return
+    deadline = time.monotonic() + timeout_seconds
+    seen, quiet_since = len(api.requests), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
+        now_seen = len(api.requests)
+        if now_seen != seen:
+            seen, quiet_since = now_seen, time.monotonic()
+        elif time.monotonic() - quiet_since >= quiet_seconds:
+            return
+    raise RuntimeError(f"the API server never went quiet for {quiet_seconds:g} s")
 
 
 def idle(full: FullNode, seconds: float) -> tuple[Usage, float | None]:
@@ -380,9 +420,9 @@ def main() -> None:
     parser.add_argument("--busy-seconds", type=float, default=10)
     parser.add_argument("--kubernetes", action="store_true", help="adapter on, test API server")
     args = parser.parse_args()
-    full = full_node(kubernetes=args.kubernetes)
+    full = full_node(kubernetes=args.kubernetes, control_binary=mps_control_binary()[1])
     try:
-        time.sleep(2)  # the admissions' after-effects (ListAndWatch, reconcile) settle
+        settle(full)
         idle_usage, events_per_s = idle(full, args.idle_seconds)
         busy_usage = busy(full, args.busy_seconds)
     finally:

@@ -1,7 +1,8 @@
 """How fast the daemon serves again: after its own restart, and after kubelet's.
 
 On the full node of bench/footprint.py (384 allocations in the ledger, the
-test kubelet still holding those pods, 8 MPS control daemons left running):
+test kubelet still holding those pods, 8 MPS control daemons left running,
+NVIDIA's real control binary where installed):
 
 - daemon restart: SIGTERM, then start gpushare-node under a stand-in
   systemd (a real AF_UNIX datagram socket as $NOTIFY_SOCKET) and time from
@@ -25,7 +26,7 @@ import datetime
 import statistics
 import time
 
-from bench.footprint import FullNode, full_node
+from bench.footprint import FullNode, full_node, mps_control_binary
 from bench.report import Figure, table
 from tests.harness.daemon_proc import CORE, MEMORY, WHOLE
 from tests.harness.notify_listener import Listener
@@ -150,7 +151,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
-    full = full_node()
+    full = full_node(control_binary=mps_control_binary()[1])
     try:
         ready_s, ready_phases = daemon_restarts(full, args.runs)
         reregister_s = kubelet_restarts(full, args.runs)

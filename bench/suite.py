@@ -187,9 +187,10 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         # The daemon as deployed: its Kubernetes adapter on (a test API server holds
         # the pods). Restarts come before the busy phase, whose pods the ledger keeps
         # until their grace ends: READY is timed with exactly the 384 allocations.
-        full = footprint.full_node(kubernetes=True)
+        binary_kind, binary = footprint.mps_control_binary()
+        full = footprint.full_node(kubernetes=True, control_binary=binary)
         try:
-            time.sleep(2)  # the admissions' after-effects (ListAndWatch, reconcile) settle
+            footprint.settle(full)  # the admissions' after-effects (writes, reconcile) end
             idle, events_per_s = footprint.idle(full, settings.idle_seconds)
             ready_s, ready_phases = restart.daemon_restarts(full, settings.restarts)
             reregister_s = restart.kubelet_restarts(full, settings.restarts)
@@ -197,15 +198,20 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             busy = footprint.busy(full, settings.busy_seconds)
         finally:
             full.close()
-        return footprint.figures(full, idle, events_per_s, busy) + restart.figures(
-            ready_s, ready_phases, reregister_s, allocations
-        )
+        used = Figure("mps_control_binary", binary_kind, "MPS control binary the node ran")
+        return [
+            used,
+            *footprint.figures(full, idle, events_per_s, busy),
+            *restart.figures(ready_s, ready_phases, reregister_s, allocations),
+        ]
 
     def plain_node() -> list[Figure]:
         # The same with the adapter off: what the device plugin alone costs.
-        full = footprint.full_node(kubernetes=False)
+        full = footprint.full_node(
+            kubernetes=False, control_binary=footprint.mps_control_binary()[1]
+        )
         try:
-            time.sleep(2)
+            footprint.settle(full)
             idle, events_per_s = footprint.idle(full, settings.idle_seconds)
             busy = footprint.busy(full, settings.busy_seconds)
         finally:

@@ -384,3 +384,44 @@ def test_h200_nodes_take_a_card_count_and_keep_eight_by_default():
             assert [d["uuid"] for d in devices] == [c.uuid for c in nodes.h200_cards(expected)]
         finally:
             node.cleanup()
+
+
+class _Api:
+    def __init__(self):
+        self.requests: list = []
+
+
+def test_settle_returns_only_once_the_api_server_went_quiet():
+    """Idle starts after the fill's queued writes drained: settle waits while requests
+    arrive and returns once none came for the quiet spell; an API server that never goes
+    quiet is an error, not an idle window."""
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    api = _Api()
+    done = threading.Event()
+
+    def writes(count):
+        for _ in range(count):
+            api.requests.append(("PATCH", "/pods", {}))
+            time.sleep(0.05)
+        done.set()
+
+    threading.Thread(target=writes, args=(10,), daemon=True).start()
+    footprint.settle(SimpleNamespace(api=api), quiet_seconds=0.3, timeout_seconds=10)
+    assert done.is_set()
+    forever = _Api()
+    stop = threading.Event()
+
+    def busy():
+        while not stop.is_set():
+            forever.requests.append(("PATCH", "/pods", {}))
+            time.sleep(0.05)
+
+    threading.Thread(target=busy, daemon=True).start()
+    try:
+        with pytest.raises(RuntimeError, match="never went quiet"):
+            footprint.settle(SimpleNamespace(api=forever), quiet_seconds=0.3, timeout_seconds=1)
+    finally:
+        stop.set()
