@@ -194,7 +194,7 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             idle, events_per_s = footprint.idle(full, settings.idle_seconds)
             ready_s, ready_phases = restart.daemon_restarts(full, settings.restarts)
             reregister_s = restart.kubelet_restarts(full, settings.restarts)
-            allocations = restart.ledger_allocations(full)
+            allocations, mismatch = restart.ledger_allocations(full)
             busy = footprint.busy(full, settings.busy_seconds)
         finally:
             full.close()
@@ -202,7 +202,7 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
         return [
             used,
             *footprint.figures(full, idle, events_per_s, busy),
-            *restart.figures(ready_s, ready_phases, reregister_s, allocations),
+            *restart.figures(ready_s, ready_phases, reregister_s, allocations, mismatch),
         ]
 
     def plain_node() -> list[Figure]:

@@ -425,3 +425,31 @@ def test_settle_returns_only_once_the_api_server_went_quiet():
             footprint.settle(SimpleNamespace(api=forever), quiet_seconds=0.3, timeout_seconds=1)
     finally:
         stop.set()
+
+
+def test_a_ledger_count_off_kubelets_record_is_explained_and_dumped():
+    """Issue 15 item 6 (385 allocations for 384 pods, seen once): when the count is off, the
+    figure's note names the allocations kubelet does not hold and those sharing a
+    container, and the whole ledger and record are dumped to a file it names."""
+    import json
+    import re
+
+    def row(i, pod):
+        return {"id": f"a{i}", "namespace": "full", "pod": pod, "container": "main"}
+
+    rows = [row(0, "p0"), row(1, "p1"), row(2, "p1"), row(3, None)]
+    record = {("full", "p0", "main"): {"gpu": ["x"]}, ("full", "p1", "main"): {"gpu": ["y"]}}
+    line = restart.describe_mismatch(rows, set(record), record)
+    assert "4 allocations for 2 containers" in line
+    assert "not held by kubelet [['a3']]" in line
+    assert "several for one container [['a1', 'a2']]" in line
+    path = re.search(r"dump: (\S+)", line).group(1)
+    with open(path) as f:
+        dumped = json.load(f)
+    assert dumped["allocations"] == rows and dumped["kubelet"]["full/p0/main"] == {"gpu": ["x"]}
+    figure = next(
+        f
+        for f in restart.figures([1.0], [], [0.5], 385, mismatch=line)
+        if f.name == "ledger_allocations_after_restarts"
+    )
+    assert figure.met is False and figure.note == line
