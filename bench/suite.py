@@ -95,7 +95,7 @@ FULL = Settings(
     law_units=listandwatch_size.UNITS_MIB,
     law_repeats=3,
     idle_seconds=30,
-    busy_seconds=10,
+    busy_seconds=60,  # issue 16: admissions/s sustained for 60 s
     restarts=5,
     enforcement_runs=40,
     hook_rounds=40,
@@ -106,7 +106,7 @@ FULL = Settings(
     scale_cards=scale.CARDS,
     scale_allocations=scale.ALLOCATIONS,
     scale_idle_seconds=10,
-    scale_admissions=80,
+    scale_admissions=240,  # 480 Allocate calls a point: a p99 that is not one outlier
     mps_probes=50,
     mps_idle_seconds=20,
 )
