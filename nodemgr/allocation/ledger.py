@@ -11,97 +11,96 @@ reconcile, and a pod's container restarted with the env kubelet cached is tied
 to its pod's allocation whatever ID that env names (nodemgr.domain.podtie).
 The fsync per commit (FULL) cost more than all the rest of Allocate together.
 
-The file is never rewritten or deleted by the daemon: a corrupt ledger stops
-start-up with a message saying how to recover (move it aside; kubelet's record
-is adopted at the next reconcile), and one damaged under the running daemon
-(truncated) makes every refused write say the same. A write refused because
-state_dir is full or read-only names that.
+A corrupt ledger stops start-up with a message saying how to recover. A write
+refused because state_dir is full or read-only names that. While the daemon
+runs, the file is kept whole (checked by ``check_file`` at every tick and
+before every write: a stat, and its header read when the file changed), and
+what is done is said at CRITICAL:
 
-A ledger file deleted or replaced while the daemon runs (``rm -rf`` of
-state_dir, an old copy restored over it) is noticed at the next write and at
-every ``check_file`` (the run loop calls it each tick): the daemon's open
-connection still reads the lost file, so the whole ledger is copied from it
-into a new file at the same path (a replacement is first kept aside as
-``ledger.sqlite.replaced-<time>``), and that is logged at CRITICAL.
+- deleted or replaced (``rm -rf`` of state_dir, an old copy restored over it):
+  the daemon's open connection still reads the lost file, so it is copied into
+  a new file at the path (a replacement kept as ``ledger.sqlite.replaced-<time>``);
+- damaged (truncated, overwritten): found when a write meets a damaged page, or
+  when the file is shorter than its own header says (SQLite never shrinks it:
+  no VACUUM, no auto_vacuum), confirmed by a fresh reader. The open copy is the
+  damaged file, so the ledger is rebuilt from ``_Held``, this daemon's copy of
+  everything it committed (what the allocator and the registry hold; kept here
+  because Allocate commits under the allocator's lock, which a rebuild asking
+  the allocator would wait on for ever). The damaged file is kept as
+  ``ledger.sqlite.damaged-<time>`` (never deleted); the violation history, which
+  only the file held, is lost; the write is tried once more on the new file.
+  When the rebuild cannot be written either, the write is refused naming both.
 
 What it must not do: decide anything; it stores what the allocator and the
 enforcement say.
+
+The schema, the rows as SQL and the facts about the file (its header, the causes
+of SQLite's errors) are in nodemgr.allocation.ledgerfile.
+
+Why this module is longer than 400 lines: every way the file can be lost or
+damaged under the running daemon is handled under the one lock every write
+takes, next to the writes it protects.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
 import os
 import sqlite3
-import tempfile
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
-from nodemgr.domain.deviceids import ResourceKind
-from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.allocation.ledgerfile import (
+    RECOVERY_HINT,
+    SCHEMA,
+    FileHandle,
+    error_cause,
+    is_damage,
+    put_allocation,
+    put_devices,
+    put_registration,
+    read_allocations,
+    read_registrations,
+    ref_columns,
+    remove,
+    stat,
+    unused_name,
+    write_new_ledger,
+)
+from nodemgr.domain.model import Allocation, Registration
 from nodemgr.domain.violations import Violation
 from nodemgr.errors import LedgerError
 
 SCHEMA_VERSION = "1"
 LEDGER_FILE = "ledger.sqlite"
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS meta (
-    key TEXT PRIMARY KEY,
-    value TEXT NOT NULL
-);
-CREATE TABLE IF NOT EXISTS allocations (
-    id TEXT PRIMARY KEY,
-    memory_mib INTEGER NOT NULL,
-    created_at REAL NOT NULL,
-    namespace TEXT,
-    pod TEXT,
-    container TEXT,
-    confirmed_at REAL
-);
-CREATE TABLE IF NOT EXISTS devices (
-    kind TEXT NOT NULL,
-    device_id TEXT NOT NULL,
-    allocation_id TEXT NOT NULL REFERENCES allocations(id) ON DELETE CASCADE,
-    PRIMARY KEY (kind, device_id)
-);
-CREATE INDEX IF NOT EXISTS devices_by_allocation ON devices(allocation_id);
-CREATE TABLE IF NOT EXISTS containers (
-    id TEXT PRIMARY KEY,
-    allocation_id TEXT NOT NULL,
-    cgroup_hierarchy TEXT NOT NULL,
-    cgroup_path TEXT NOT NULL,
-    init_pid INTEGER NOT NULL,
-    init_start_ticks INTEGER NOT NULL,
-    namespace TEXT,
-    pod TEXT,
-    container TEXT,
-    registered_at REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS violations (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT,
-    at REAL NOT NULL,
-    kind TEXT NOT NULL,
-    action TEXT NOT NULL,
-    card TEXT NOT NULL,
-    allocation_id TEXT,
-    container_id TEXT,
-    namespace TEXT,
-    pod TEXT,
-    container TEXT,
-    pids TEXT NOT NULL,
-    used_mib INTEGER NOT NULL,
-    quota_mib INTEGER NOT NULL,
-    detail TEXT NOT NULL
-);
-"""
 # The violation history keeps this many rows, oldest dropped first.
 VIOLATION_HISTORY_ROWS = 10000
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Held:
+    """What this daemon committed, as the file must hold it: a damaged file is rebuilt
+    from it. Changed only under the ledger's lock, after a commit went through."""
+
+    allocations: dict[str, Allocation] = field(default_factory=dict)
+    registrations: dict[str, Registration] = field(default_factory=dict)
+    meta: dict[str, str] = field(default_factory=dict)
+
+    def committed(self, put: list[Allocation], delete: list[str]) -> None:
+        """As ``Ledger.commit``'s SQL does: deletes first; an update keeps created_at."""
+        for allocation_id in delete:
+            self.allocations.pop(allocation_id, None)
+        for allocation in put:
+            old = self.allocations.get(allocation.id)
+            if old is not None and old.created_at != allocation.created_at:
+                allocation = replace(allocation, created_at=old.created_at)
+            self.allocations[allocation.id] = allocation
 
 
 class Ledger:
@@ -112,9 +111,12 @@ class Ledger:
         self._state_dir = state_dir
         self._read_only = read_only
         self._lock = threading.Lock()
-        self._file_id: tuple[int, int] | None = None  # (st_dev, st_ino) of the file we write
+        self._file: FileHandle | None = None  # the file we write (None: read-only)
+        # (size, mtime) the file was last found whole at: unchanged, it is not read again.
+        self._whole_at: tuple[int, int] | None = None
         # True when this open made the ledger (none was there: a first start, or one lost).
         self.created = False
+        self._held = _Held()
         try:
             if read_only:
                 uri = f"file:{self.path}?mode=ro"
@@ -126,10 +128,15 @@ class Ledger:
                 self._db = self._connect()
             self._check_integrity()
             if not read_only:
-                self._db.executescript(_SCHEMA)
+                self._db.executescript(SCHEMA)
                 self._check_schema_version()
+                self._held = _Held(
+                    {a.id: a for a in read_allocations(self._db, self.path)},
+                    {r.container_id: r for r in read_registrations(self._db)},
+                    dict(self._db.execute("SELECT key, value FROM meta").fetchall()),
+                )
         except sqlite3.Error as e:
-            raise LedgerError(f"cannot open the ledger {self.path}: {e}{_RECOVERY_HINT}") from e
+            raise LedgerError(f"cannot open the ledger {self.path}: {e}{RECOVERY_HINT}") from e
         except OSError as e:  # state_dir cannot be made: a file in the path, no permission
             raise LedgerError(
                 f"cannot open the ledger {self.path}: cannot create its directory "
@@ -142,25 +149,54 @@ class Ledger:
         db.execute("PRAGMA synchronous=NORMAL")  # why: see the module docstring
         db.execute("PRAGMA foreign_keys=ON")
         db.execute("PRAGMA busy_timeout=5000")
-        self._file_id = _file_id(self.path)
+        self._file = FileHandle(self.path)
         return db
 
     def check_file(self) -> str | None:
-        """Why the ledger file had to be rewritten just now (deleted or replaced under
-        the running daemon); None when it is still the file this daemon writes."""
+        """Why the ledger file had to be rewritten or rebuilt just now (deleted, replaced
+        or damaged under the running daemon); None when it is still the file this daemon
+        writes, whole. The run loop calls it every tick."""
         if self._read_only:
             return None
         with self._lock:
-            return self._check_file_locked()
+            try:
+                return self._check_file_locked()
+            except LedgerError as e:  # logged at CRITICAL; tried again at the next check
+                return str(e)
 
     def _check_file_locked(self) -> str | None:
-        found = _file_id(self.path)
-        if found is not None and found == self._file_id:
+        """As ``check_file``; raises LedgerError when the file is damaged and could not be
+        rebuilt (a write must not go into it). Costs a stat; a 100-byte read when the file
+        changed (a checkpoint, or a cut)."""
+        if self._file is None:
             return None
-        what = "deleted" if found is None else "replaced by another file"
+        info = stat(self.path)
+        found = (info.st_dev, info.st_ino) if info is not None else None
+        if info is None or found != self._file.file_id:
+            return self._rewrite_lost_file(replaced=found is not None)
+        seen = (info.st_size, info.st_mtime_ns)
+        if seen == self._whole_at:
+            return None
+        if not self._file.cut_short(info.st_size):
+            self._whole_at = seen
+            return None
+        try:
+            damage = self._damage_on_disk()
+        except sqlite3.Error as e:  # cannot tell now: asked again at the next check
+            log.warning("the ledger %s looks cut short; checking it failed: %s", self.path, e)
+            return None
+        if damage is None:  # shorter, yet whole: what was cut is still in the WAL
+            self._whole_at = seen
+            return None
+        cut = f"{info.st_size} bytes, shorter than its header says; {damage}"
+        self._rebuild_locked(cut)
+        return f"the ledger {self.path} was damaged under gpushare-node ({cut}); rebuilt"
+
+    def _rewrite_lost_file(self, replaced: bool) -> str:
+        what = "replaced by another file" if replaced else "deleted"
         problem = f"the ledger {self.path} was {what} while gpushare-node ran"
         try:
-            aside = self._rewrite_from_open_copy(replaced=found is not None)
+            aside = self._rewrite_from_open_copy(replaced)
         except (OSError, sqlite3.Error) as e:
             log.critical(
                 "%s; rewriting it from the daemon's open copy failed (%s): writes go on into "
@@ -203,15 +239,93 @@ class Ledger:
         finally:
             copy.close()
         os.replace(tmp, self.path)
-        old, self._db = self._db, self._connect()
+        self._switch_to_new_file()
+        return aside
+
+    def _switch_to_new_file(self) -> None:
+        """Connect to the file now at ``self.path``. The old connection is closed after: its
+        file is no longer at that path, so SQLite neither checkpoints into it nor deletes
+        a -wal or -shm by that name (they are the new file's)."""
+        old, old_file = self._db, self._file
+        self._db = self._connect()
         with contextlib.suppress(sqlite3.Error):
             old.close()
+        if old_file is not None:
+            old_file.close()  # after the connection: no lock of SQLite's is dropped
+
+    def _damage_on_disk(self) -> str | None:
+        """What a fresh reader finds wrong with the file; None when it is whole. Fresh:
+        this connection's page cache may still hold pages the file lost. Raises
+        sqlite3.Error when it cannot tell (not damage: busy, cannot open)."""
+        try:
+            uri = f"file:{self.path}?mode=ro"
+            with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+                rows = db.execute("PRAGMA quick_check").fetchall()
+        except sqlite3.Error as e:
+            if is_damage(e):
+                return str(e)
+            raise
+        problems = [str(row[0]) for row in rows if row[0] != "ok"]
+        return "; ".join(problems[:3]) or None
+
+    def _rebuild_locked(self, damage: str) -> None:
+        """Keep the damaged file aside and put a ledger rebuilt from memory in its place
+        (the caller holds the lock, so no write interleaves). LedgerError, naming the
+        damage, why the rebuild failed and how to recover, when it cannot be done."""
+        try:
+            aside = self._swap_in_rebuilt()
+        except (OSError, sqlite3.Error) as e:
+            why = error_cause(e, self._state_dir) if isinstance(e, sqlite3.Error) else str(e)
+            message = (
+                f"{damage}: the ledger file is damaged, and rebuilding it from the daemon's "
+                f"memory failed ({why}); nothing was written; the daemon still holds every "
+                f"allocation and rebuilds the file at the next write{RECOVERY_HINT}"
+            )
+            log.critical("the ledger %s: %s", self.path, message)
+            raise LedgerError(f"cannot write the ledger {self.path}: {message}") from e
+        held = self._held
+        log.critical(
+            "the ledger %s was damaged under gpushare-node (%s); rebuilt it from the daemon's "
+            "memory (%d allocations, %d registered containers, %d meta keys); the damaged "
+            "file is kept at %s for a bug report (gpushare-node never deletes it); lost for "
+            "good: the violation history, which only the file held",
+            self.path,
+            damage,
+            len(held.allocations),
+            len(held.registrations),
+            len(held.meta),
+            aside,
+        )
+
+    def _swap_in_rebuilt(self) -> str:
+        """Write the ledger from memory to a new file beside it, then move the damaged one
+        (with its -wal and -shm) aside and the new one in. Returns where the damaged file
+        is kept. Nothing is moved unless the new file was written whole."""
+        tmp = f"{self.path}.rebuild-{os.getpid()}"
+        remove(tmp, tmp + "-journal")
+        try:
+            write_new_ledger(
+                tmp,
+                self._held.meta,
+                self._held.allocations.values(),
+                self._held.registrations.values(),
+            )
+        except BaseException:
+            remove(tmp, tmp + "-journal")
+            raise
+        aside = unused_name(f"{self.path}.damaged-{int(time.time())}")
+        os.replace(self.path, aside)
+        for suffix in ("-wal", "-shm"):  # the damaged file's: never replayed into the new one
+            with contextlib.suppress(FileNotFoundError):
+                os.replace(self.path + suffix, aside + suffix)
+        os.replace(tmp, self.path)
+        self._switch_to_new_file()
         return aside
 
     def _check_integrity(self) -> None:
         result = self._db.execute("PRAGMA quick_check").fetchone()
         if not result or result[0] != "ok":
-            raise LedgerError(f"the ledger {self.path} is corrupt ({result}){_RECOVERY_HINT}")
+            raise LedgerError(f"the ledger {self.path} is corrupt ({result}){RECOVERY_HINT}")
 
     def _check_schema_version(self) -> None:
         found = self.get_meta("schema_version")
@@ -227,47 +341,19 @@ class Ledger:
     def load(self) -> list[Allocation]:
         with self._lock:
             try:
-                rows = self._db.execute(
-                    "SELECT id, memory_mib, created_at, namespace, pod, container, confirmed_at"
-                    " FROM allocations ORDER BY created_at, id"
-                ).fetchall()
-                device_rows = self._db.execute(
-                    "SELECT allocation_id, kind, device_id FROM devices"
-                ).fetchall()
+                return read_allocations(self._db, self.path)
             except sqlite3.Error as e:
                 raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
-        devices: dict[str, dict[ResourceKind, list[str]]] = {}
-        for allocation_id, kind, device_id in device_rows:
-            try:
-                resource_kind = ResourceKind(kind)
-            except ValueError as e:
-                raise LedgerError(
-                    f"the ledger {self.path} holds device {device_id} of unknown kind {kind!r}"
-                ) from e
-            devices.setdefault(allocation_id, {}).setdefault(resource_kind, []).append(device_id)
-        allocations = []
-        for id_, memory_mib, created_at, namespace, pod, container, confirmed_at in rows:
-            owner = ContainerRef(namespace, pod, container) if pod is not None else None
-            allocations.append(
-                Allocation(
-                    id=id_,
-                    devices={k: tuple(sorted(v)) for k, v in devices.get(id_, {}).items()},
-                    memory_mib=memory_mib,
-                    created_at=created_at,
-                    owner=owner,
-                    confirmed_at=confirmed_at,
-                )
-            )
-        return allocations
 
     def commit(self, put: Iterable[Allocation] = (), delete: Iterable[str] = ()) -> None:
         """Store new or changed allocations and drop released ones, all or nothing."""
         put, delete = list(put), list(delete)
-        with self._transaction():
+
+        def write() -> None:
             for allocation_id in delete:
                 self._db.execute("DELETE FROM allocations WHERE id = ?", (allocation_id,))
             for allocation in put:
-                self._write_allocation(allocation)
+                put_allocation(self._db, allocation)
             # All old device rows go first: a device may move between
             # two allocations of this same change.
             self._db.executemany(
@@ -276,68 +362,31 @@ class Ledger:
             for allocation in put:
                 self._write_devices(allocation)
 
-    def _write_allocation(self, allocation: Allocation) -> None:
-        self._db.execute(
-            "INSERT INTO allocations (id, memory_mib, created_at, namespace, pod, container,"
-            " confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
-            " ON CONFLICT(id) DO UPDATE SET memory_mib = excluded.memory_mib,"
-            " namespace = excluded.namespace, pod = excluded.pod,"
-            " container = excluded.container, confirmed_at = excluded.confirmed_at",
-            (
-                allocation.id,
-                allocation.memory_mib,
-                allocation.created_at,
-                *_ref_columns(allocation.owner),
-                allocation.confirmed_at,
-            ),
-        )
+        self._write_through(write, lambda: self._held.committed(put, delete))
 
     def _write_devices(self, allocation: Allocation) -> None:
-        self._db.executemany(
-            "INSERT INTO devices (kind, device_id, allocation_id) VALUES (?, ?, ?)",
-            [
-                (str(kind), device_id, allocation.id)
-                for kind, device_id in allocation.device_pairs()
-            ],
-        )
+        put_devices(self._db, allocation)
 
     def load_registrations(self) -> list[Registration]:
-        rows = self._read(
-            "SELECT id, allocation_id, cgroup_hierarchy, cgroup_path, init_pid, init_start_ticks,"
-            " namespace, pod, container, registered_at FROM containers ORDER BY registered_at, id"
-        )
-        return [
-            Registration(
-                container_id=row[0],
-                allocation_id=row[1],
-                cgroup=CgroupKey(row[2], row[3]),
-                init_pid=row[4],
-                init_start_ticks=row[5],
-                identity=ContainerRef(row[6], row[7], row[8]) if row[7] is not None else None,
-                registered_at=row[9],
-            )
-            for row in rows
-        ]
+        with self._lock:
+            try:
+                return read_registrations(self._db)
+            except sqlite3.Error as e:
+                cause = error_cause(e, self._state_dir)
+                raise LedgerError(f"cannot read the ledger {self.path}: {cause}") from e
 
     def put_registration(self, registration: Registration) -> None:
-        self._write(
-            "INSERT OR REPLACE INTO containers (id, allocation_id, cgroup_hierarchy, cgroup_path,"
-            " init_pid, init_start_ticks, namespace, pod, container, registered_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                registration.container_id,
-                registration.allocation_id,
-                registration.cgroup.hierarchy,
-                registration.cgroup.path,
-                registration.init_pid,
-                registration.init_start_ticks,
-                *_ref_columns(registration.identity),
-                registration.registered_at,
-            ),
-        )
+        def remember() -> None:
+            self._held.registrations[registration.container_id] = registration
+
+        self._write_through(lambda: put_registration(self._db, registration), remember)
 
     def delete_registration(self, container_id: str) -> None:
-        self._write("DELETE FROM containers WHERE id = ?", (container_id,))
+        self._write(
+            "DELETE FROM containers WHERE id = ?",
+            (container_id,),
+            then=lambda: self._held.registrations.pop(container_id, None),
+        )
 
     def add_violation(self, violation: Violation, action: str, at: float) -> None:
         """Append to the violation history (bounded: the oldest rows go first)."""
@@ -352,7 +401,7 @@ class Ledger:
                 violation.card_uuid,
                 violation.allocation_id,
                 violation.container_id,
-                *_ref_columns(violation.owner),
+                *ref_columns(violation.owner),
                 ",".join(str(pid) for pid in violation.pids),
                 violation.used_mib,
                 violation.quota_mib,
@@ -386,31 +435,51 @@ class Ledger:
             try:
                 return self._db.execute(sql, params).fetchall()
             except sqlite3.Error as e:
-                cause = _cause(e, self._state_dir)
+                cause = error_cause(e, self._state_dir)
                 raise LedgerError(f"cannot read the ledger {self.path}: {cause}") from e
 
-    def _write(self, *statements) -> None:
-        """Run (sql, params) pairs as one transaction."""
-        with self._transaction():
+    def _write(self, *statements, then: Callable[[], object] | None = None) -> None:
+        """Run (sql, params) pairs as one transaction; ``then`` once it is committed."""
+
+        def run() -> None:
             for sql, params in zip(statements[::2], statements[1::2], strict=True):
                 self._db.execute(sql, params)
 
-    @contextlib.contextmanager
-    def _transaction(self):
-        """One write transaction under the lock: committed whole, or rolled back."""
+        self._write_through(run, then)
+
+    def _write_through(self, work: Callable[[], None], then: Callable[[], object] | None) -> None:
+        """``work`` as one write transaction under the lock, committed whole or rolled back;
+        then ``then`` (what memory keeps of it). A file found damaged is rebuilt from
+        memory and ``work`` tried once more on the new one."""
         with self._lock:
-            self._check_file_locked()  # a lost file is rewritten before the change goes in
+            self._check_file_locked()  # a lost or cut file is replaced before the change
             try:
-                self._db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield
-                    self._db.execute("COMMIT")
-                except BaseException:
-                    self._roll_back()
-                    raise
+                self._attempt(work)
             except sqlite3.Error as e:
-                cause = _cause(e, self._state_dir)
-                raise LedgerError(f"cannot write the ledger {self.path}: {cause}") from e
+                if not is_damage(e):
+                    cause = error_cause(e, self._state_dir)
+                    raise LedgerError(f"cannot write the ledger {self.path}: {cause}") from e
+                self._rebuild_locked(str(e))
+                try:
+                    self._attempt(work)
+                except sqlite3.Error as again:
+                    cause = error_cause(again, self._state_dir)
+                    raise LedgerError(
+                        f"cannot write the ledger {self.path}: {cause} (on the file rebuilt "
+                        f"from memory just now, after {e})"
+                    ) from again
+            if then is not None:
+                then()
+
+    def _attempt(self, work: Callable[[], None]) -> None:
+        """One write transaction: committed whole, or rolled back."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            work()
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._roll_back()
+            raise
 
     def _roll_back(self) -> None:
         """Undo the open transaction, if SQLite has not already (it does on SQLITE_FULL and
@@ -427,67 +496,15 @@ class Ledger:
         return row[0] if row else None
 
     def set_meta(self, key: str, value: str) -> None:
-        with self._lock:
-            self._db.execute(
-                "INSERT INTO meta (key, value) VALUES (?, ?)"
-                " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
-                (key, value),
-            )
+        self._write(
+            "INSERT INTO meta (key, value) VALUES (?, ?)"
+            " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
+            (key, value),
+            then=lambda: self._held.meta.__setitem__(key, value),
+        )
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
-
-
-def _file_id(path: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(path)
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
-
-
-def _cause(error: sqlite3.Error, state_dir: str) -> str:
-    """SQLite's message, with what to do for the causes an operator can fix."""
-    text = str(error)
-    code = getattr(error, "sqlite_errorcode", None)
-    if code == sqlite3.SQLITE_FULL or "is full" in text:
-        return (
-            f"{text}: the file system of state_dir is full; free space there (nothing was written)"
-        )
-    if code == sqlite3.SQLITE_CORRUPT or "malformed" in text:
-        # Damaged under the running daemon (truncated, overwritten): it says so at every
-        # refused write, not only at the next start.
-        return f"{text}: the ledger file is damaged{_RECOVERY_HINT}"
-    io_error = code is not None and code & 0xFF == sqlite3.SQLITE_IOERR
-    if "readonly" in text or "read-only" in text or (io_error and _read_only(state_dir)):
-        return f"{text}: state_dir is read-only; make it writable (nothing was written)"
-    return text
-
-
-def _read_only(state_dir: str) -> bool:
-    """Whether state_dir's file system refuses writes as read-only. A file system the kernel
-    turned read-only under the open ledger (a disk error with ext4's errors=remount-ro)
-    gives SQLite a bare I/O error, and on current kernels still shows rw in its mount
-    flags: only a write tells, so one is tried (asked only after a failed write)."""
-    try:
-        if os.statvfs(state_dir).f_flag & os.ST_RDONLY:
-            return True
-        fd, probe = tempfile.mkstemp(prefix=".write-check-", dir=state_dir)
-    except OSError as e:
-        return e.errno == errno.EROFS
-    os.close(fd)
-    with contextlib.suppress(OSError):
-        os.unlink(probe)
-    return False
-
-
-def _ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:
-    """The namespace, pod and container columns of a container reference (NULLs for none)."""
-    return (ref.namespace, ref.pod, ref.container) if ref else (None, None, None)
-
-
-_RECOVERY_HINT = (
-    "; to recover, stop gpushare-node, move the file aside (keep it for a bug report) and "
-    "start again: allocations kubelet still reports are adopted from its PodResources record"
-)
+            if self._file is not None:
+                self._file.close()

@@ -84,7 +84,8 @@ class RunLoop:
     clock: Callable[[], float] = time.monotonic
     # Names of the background workers that are down (nodemgr.common.workers.Workers.dead).
     dead_workers: Callable[[], list[str]] = list
-    # Ledger.check_file: a ledger file deleted or replaced under us is rewritten at once.
+    # Ledger.check_file: a ledger file deleted, replaced or damaged under us is rewritten
+    # at once (from its open copy, or rebuilt from what the daemon committed).
     check_ledger_file: Callable[[], str | None] = lambda: None
     _held: _HeldStatus | None = field(default=None, init=False, repr=False)
 

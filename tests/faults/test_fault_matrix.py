@@ -23,6 +23,7 @@ the README table, each fault next to what it observed; the helpers live apart.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -277,48 +278,56 @@ class TestOneNode:
         )
 
     def test_ledger_truncated_to_half_while_running(self, site):
-        """The ledger file cut to half its size under the running daemon: writes it cannot make are
-        refused with a message saying how to recover; after that recovery (stop, move
-        the file aside, start) kubelet's record and the containers' cgroup marks give
-        back every allocation under its ID."""
+        """The ledger file cut to half its size under the running daemon: it keeps running and
+        heals the ledger itself (the damaged file kept aside as found, a new one rebuilt from
+        what it holds in memory, said at CRITICAL); the next Allocate is admitted; every
+        allocation keeps its ID and every registration is kept; the violation history, which
+        only the file held, is lost."""
         cluster = site.cluster
         state = survival.state_dir(cluster)
         path = os.path.join(state, "ledger.sqlite")
+        allocations, registrations = survival.read_ledger(cluster)
+        history = cluster.node.violations()
         # Everything into the main file first, as any checkpoint leaves it: the cut then
         # removes committed allocations, not pages a WAL still covers.
-        with sqlite3.connect(path) as db:
+        with contextlib.closing(sqlite3.connect(path)) as db:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        os.truncate(path, os.path.getsize(path) // 2)
-        # Which writes fail depends on which pages the cut took: Allocate's did, every time
-        # it was tried; a container's registration sometimes still fits (not judged here).
-        allocate = allocate_refused(site, "trunc")
-        assert "move the file aside" in allocate, allocate
-        running = cluster.node.process.poll() is None
-        # The documented recovery: stop, move the file aside, start.
-        cluster.node.stop()
-        aside = os.path.join(cluster.node.root, "ledger-aside")
-        os.makedirs(aside)
-        for name in os.listdir(state):
-            shutil.move(os.path.join(state, name), aside)
         mark = site.log_mark()
-        start_daemon(cluster)
-        found = cluster.node.wait_for(
+        os.truncate(path, os.path.getsize(path) // 2)
+        new = admit(cluster, "trunc-new", 1, 5, runner=False)  # Allocate, right after the cut
+        rebuilt = cluster.node.wait_for(
             lambda: re.search(
-                r"recovered (\d+) of (\d+) container registrations", site.log_since(mark)
+                r"CRITICAL \S+: the ledger \S+ was damaged under gpushare-node \(.*?\); rebuilt "
+                r"it from the daemon's memory \((\d+) allocations, (\d+) registered containers, "
+                r"\d+ meta keys\); the damaged file is kept at (\S+) ",
+                site.log_since(mark),
             ),
-            what="the registrations recovered",
+            what="the ledger rebuilt",
         )
-        # "N of M": M counts every marked cgroup on the host (other nodes' containers on a
-        # test machine, not given back by this kubelet); N must be this node's runners.
-        assert int(found.group(1)) == len(site.pods), found.group(0)
+        assert os.path.isfile(rebuilt.group(3)), os.listdir(state)
+        assert os.path.basename(rebuilt.group(3)).startswith("ledger.sqlite.damaged-")
+        running = cluster.node.process.poll() is None
+        healed, kept = survival.read_ledger(cluster)
+        assert {a.id for a in healed} == {a.id for a in allocations} | {new.allocation_id}
+        assert {r.container_id for r in kept} == {r.container_id for r in registrations}
+        assert cluster.node.violations() == []
+        lost = (
+            "the violation history (only the file held it) is lost"
+            if history
+            else "no violation history was there to lose"
+        )
+        try:
+            kept_row = site.after("truncated", extra=[new])
+        finally:
+            cluster.kubelet.remove_pod(NAMESPACE, new.name)
+        survival.settle(cluster)  # its allocation released again: the next faults see 3 pods
         TABLE.record(
             "ledger truncated to half while running",
-            f"{'keeps running' if running else 'exits'}, refusing what it cannot record: "
-            f"Allocate refused ({ledger_cause(allocate)}, saying how to recover: move the file "
-            "aside); after that recovery, allocations adopted "
-            f"from kubelet's record and the {found.group(1)} running containers' "
-            "registrations from their cgroup marks",
-            site.after("truncated"),
+            f"{'keeps running' if running else 'exits'}; keeps the damaged file aside "
+            "(ledger.sqlite.damaged-<time>) and rebuilds the ledger from its memory "
+            f"({rebuilt.group(1)} allocations, {rebuilt.group(2)} registrations), logged "
+            f"CRITICAL; the next Allocate is admitted; {lost}",
+            kept_row,
         )
 
     def test_ledger_deleted_while_running(self, site):

@@ -1,22 +1,36 @@
 """Pins the ledger: allocations survive reopening, changes are all-or-nothing even
-when the writing process is killed -9 in the middle, corruption is refused loudly;
-registered containers round-trip, and the violation history lists newest first and
-keeps only its newest VIOLATION_HISTORY_ROWS rows."""
+when the writing process is killed -9 in the middle, corruption found at start is refused
+loudly; registered containers round-trip, and the violation history lists newest first and
+keeps only its newest VIOLATION_HISTORY_ROWS rows. A file deleted or replaced under the
+running daemon is rewritten from its open copy; one damaged under it (truncated,
+overwritten) is kept aside and rebuilt from what the daemon holds.
 
+Why this module is longer than 400 lines: every way the ledger file can be lost or damaged
+under the running daemon is pinned next to the others, on one fixture of a busy ledger."""
+
+import contextlib
+import dataclasses
+import logging
 import os
+import pathlib
+import resource
 import signal
+import sqlite3
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
 from nodemgr.allocation import ledger as ledger_module
+from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.domain.deviceids import ResourceKind
-from nodemgr.domain.model import CgroupKey, ContainerRef, Registration
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
 from nodemgr.domain.violations import MEMORY, UNALLOCATED, Violation
 from nodemgr.errors import LedgerError
+from nodemgr.inventory import open_inventory
 from tests.harness.ledger_rows import allocation
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
@@ -45,6 +59,8 @@ def test_a_device_held_twice_is_refused_and_nothing_changes(tmp_path):
     with pytest.raises(LedgerError, match="UNIQUE"):
         ledger.commit(put=[allocation("ga-2", units=1, percent=0)])
     assert [a.id for a in ledger.load()] == ["ga-1"]
+    # A refusal that is not damage sets nothing aside and rebuilds nothing.
+    assert sorted(os.listdir(tmp_path)) == [LEDGER_FILE, LEDGER_FILE + "-shm", LEDGER_FILE + "-wal"]
 
 
 def test_kill_9_in_the_middle_of_a_write_leaves_no_partial_allocation(tmp_path):
@@ -281,3 +297,225 @@ def test_a_replaced_ledger_file_is_set_aside_and_rewritten_by_check_file(tmp_pat
     assert len([n for n in aside if not n.endswith(("-wal", "-shm"))]) == 1
     ledger.close()
     assert [a.id for a in Ledger(str(tmp_path)).load()] == ["ga-live"]
+
+
+# --- a ledger damaged under the running daemon -------------------------------------------------
+
+HELD = 60  # allocations of the busy ledger: enough pages that half the file loses rows
+
+
+def _held(n: int) -> Allocation:
+    """Allocation n of a busy node: memory and share devices of its own, a pod of its own."""
+    return Allocation(
+        id=f"ga-{n:03d}",
+        devices={MEM: (f"GPU-a-_-{n}",), CORE: (f"GPU-a-_-c{n}",)},
+        memory_mib=1024,
+        created_at=1000.0 + n,
+        owner=ContainerRef("ns", f"pod-{n}", "main"),
+        confirmed_at=1100.0 + n,
+    )
+
+
+def _checkpoint(state_dir) -> None:
+    """Everything into the main file, as any checkpoint leaves it: a cut then takes committed
+    rows, not pages a WAL still covers (another connection, as the fault matrix does it)."""
+    with contextlib.closing(sqlite3.connect(state_dir / LEDGER_FILE)) as db:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _busy_ledger(state_dir) -> tuple[Ledger, list[Allocation], list[Registration]]:
+    """A daemon's ledger with HELD allocations less one released, one changed (its
+    created_at stays the first one's, as the file keeps it), a registered container on each,
+    one moved and one gone, a meta key and a violation history, checkpointed; with the
+    allocations and registrations a fresh reader finds in it (what a rebuild must hold)."""
+    ledger = Ledger(str(state_dir))
+    held = [_held(n) for n in range(HELD)]
+    ledger.commit(put=held)
+    for n, one in enumerate(held):
+        ledger.put_registration(_reg(f"c{n:03d}", one.id))
+    changed = dataclasses.replace(held[0], created_at=1.0, confirmed_at=1234.0)
+    ledger.commit(put=[changed], delete=[held[1].id])
+    ledger.put_registration(_reg("c002", held[3].id))
+    ledger.delete_registration("c001")
+    ledger.set_meta("memory_unit_mib", "1024")
+    for n in range(20):
+        ledger.add_violation(violation(n), "kill", 100.0 + n)
+    _checkpoint(state_dir)
+    allocations, registrations, reader = _on_disk(state_dir)
+    reader.close()
+    assert allocations[0].created_at == held[0].created_at and len(allocations) == HELD - 1
+    return ledger, allocations, registrations
+
+
+def _cut_to_half(state_dir) -> int:
+    path = state_dir / LEDGER_FILE
+    half = path.stat().st_size // 2
+    os.truncate(path, half)
+    return half
+
+
+def _damaged_copies(state_dir) -> list[str]:
+    """The damaged ledger files kept aside (their -wal and -shm apart)."""
+    return [
+        name
+        for name in sorted(os.listdir(state_dir))
+        if name.startswith(LEDGER_FILE + ".damaged-") and not name.endswith(("-wal", "-shm"))
+    ]
+
+
+def _on_disk(state_dir) -> tuple[list[Allocation], list[Registration], Ledger]:
+    """What a fresh reader (nodemgr, the next start) finds in the file."""
+    reader = Ledger(str(state_dir), read_only=True)
+    return reader.load(), reader.load_registrations(), reader
+
+
+def test_a_ledger_truncated_under_the_daemon_is_rebuilt_from_memory_at_the_next_write(
+    tmp_path, caplog
+):
+    """The file cut to half under the running daemon used to refuse every write that met a
+    lost page until an operator stopped the daemon: now the next write keeps the damaged
+    file aside as found, rebuilds the ledger from what the daemon holds, says so at CRITICAL
+    with the counts and what is lost for good, and commits; a fresh reader finds every
+    allocation, registration and meta key, and no violation history (it was only in the
+    file)."""
+    state = tmp_path / "state"
+    ledger, held, registrations = _busy_ledger(state)
+    half = _cut_to_half(state)
+    ledger.commit(put=[_held(HELD)])
+    [damaged] = _damaged_copies(state)
+    assert (state / damaged).stat().st_size == half  # kept as it was found
+    [said] = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
+    assert (
+        f"rebuilt it from the daemon's memory ({HELD - 1} allocations, {HELD - 1} registered"
+        in said
+    )
+    assert str(state / damaged) in said and "violation history" in said
+    allocations, on_disk_registrations, reader = _on_disk(state)
+    assert allocations == [*held, _held(HELD)]
+    assert on_disk_registrations == registrations
+    assert reader.get_meta("memory_unit_mib") == "1024"
+    assert reader.violations() == []
+    ledger.delete_registration("c000")  # and it writes on into the new file
+    assert [r.container_id for r in reader.load_registrations()] == [
+        r.container_id for r in registrations[1:]
+    ]
+
+
+def test_a_ledger_overwritten_under_the_daemon_is_rebuilt_when_a_write_finds_it_malformed(
+    tmp_path, caplog
+):
+    """Garbage over every page but the first (its size unchanged: only SQLite can tell): the
+    write that meets it ("database disk image is malformed") is not refused but retried once
+    on the ledger rebuilt from memory, and commits."""
+    state = tmp_path / "state"
+    ledger, held, registrations = _busy_ledger(state)
+    path = state / LEDGER_FILE
+    page_size = ledger._db.execute("PRAGMA page_size").fetchone()[0]
+    size = path.stat().st_size
+    with open(path, "r+b") as f:
+        f.seek(page_size)  # page 1 (the header and the schema) stays readable
+        f.write(b"\xa5" * (size - page_size))
+    late = _reg("c-late", "ga-000")
+    ledger.put_registration(late)
+    assert len(_damaged_copies(state)) == 1
+    assert "malformed" in caplog.text and "rebuilt it from the daemon's memory" in caplog.text
+    allocations, on_disk_registrations, _ = _on_disk(state)
+    assert allocations == held
+    assert on_disk_registrations == sorted([*registrations, late], key=lambda r: r.container_id)
+
+
+def test_a_rebuild_that_fails_refuses_the_write_with_its_cause_and_loses_nothing(tmp_path):
+    """When the rebuilt ledger cannot be written either (a file size limit of one page: no
+    room for a new file, as on a full disk), the write is refused naming the damage, why the
+    rebuild failed and how to recover; the damaged file stays in place and nothing half-built
+    is left; the daemon's memory is intact, so the next write, once there is room, rebuilds
+    it with everything."""
+    state = tmp_path / "state"
+    ledger, held, registrations = _busy_ledger(state)
+    _cut_to_half(state)
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, hard))
+    try:
+        with pytest.raises(LedgerError) as refused:
+            ledger.commit(put=[_held(HELD)])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    message = str(refused.value)
+    assert "damaged" in message and "rebuilding it from the daemon's memory failed" in message
+    assert "disk I/O error" in message and "move the file aside" in message
+    assert sorted(os.listdir(state)) == [LEDGER_FILE, LEDGER_FILE + "-shm", LEDGER_FILE + "-wal"]
+    ledger.commit(put=[_held(HELD + 1)])
+    assert len(_damaged_copies(state)) == 1
+    allocations, on_disk_registrations, _ = _on_disk(state)
+    assert allocations == [*held, _held(HELD + 1)]  # the refused one is not there
+    assert on_disk_registrations == registrations
+
+
+def test_check_file_rebuilds_a_truncated_ledger_without_waiting_for_a_write(tmp_path):
+    """The run loop's check (every tick) notices a cut the moment after a checkpoint, which no
+    stat of the daemon's saw (the file is shorter than the database size its own header
+    records), confirms the damage with a fresh reader (the daemon's page cache can hide it)
+    and rebuilds at once: a daemon restarted before its next write finds its ledger whole
+    instead of refusing to start."""
+    state = tmp_path / "state"
+    ledger, held, registrations = _busy_ledger(state)
+    _cut_to_half(state)
+    problem = ledger.check_file()
+    assert problem is not None and "damaged" in problem and "shorter than its header" in problem
+    assert ledger.check_file() is None  # said once: the file is whole again
+    ledger.close()
+    restarted = Ledger(str(state))  # start-up's integrity check passes
+    assert restarted.load() == held
+    assert restarted.load_registrations() == registrations
+
+
+def test_a_write_that_meets_no_damaged_page_still_rebuilds_a_cut_file_first(tmp_path):
+    """A write whose pages the cut spared (a meta key: the first table) would go through into
+    the damaged file, which then refuses the next start: the file shorter than its own
+    header says (read at every write) makes that write rebuild it first."""
+    state = tmp_path / "state"
+    ledger, held, registrations = _busy_ledger(state)
+    _cut_to_half(state)
+    ledger.set_meta("memory_unit_mib", "2048")
+    assert len(_damaged_copies(state)) == 1
+    allocations, on_disk_registrations, reader = _on_disk(state)
+    assert (allocations, on_disk_registrations) == (held, registrations)
+    assert reader.get_meta("memory_unit_mib") == "2048"
+
+
+def test_an_allocate_meeting_a_damaged_ledger_commits_and_the_file_holds_what_memory_holds(
+    settings,
+):
+    """Allocate commits while it holds the allocator's lock, so the rebuild must not ask the
+    allocator for its state (it would wait on that lock for ever): it is admitted, and the
+    rebuilt file holds exactly the allocator's allocations."""
+    ledger = Ledger(settings.state_dir)
+    allocator = Allocator(settings, open_inventory(settings.gpus).cards(), ledger)
+
+    def admit_one() -> None:
+        for kind, size in ((MEM, 1), (CORE, 5)):
+            held = {key for a in allocator.allocations() for key in a.device_pairs()}
+            free = [d.id for d in allocator.devices(kind) if (kind, d.id) not in held]
+            allocator.allocate(kind, allocator.preferred(kind, free, [], size))
+
+    for _ in range(12):
+        admit_one()
+    state = pathlib.Path(settings.state_dir)
+    _checkpoint(state)
+    _cut_to_half(state)
+    failed: list[BaseException] = []
+
+    def admit_recording_failure() -> None:
+        try:
+            admit_one()
+        except BaseException as e:  # re-raised below, in the test's thread
+            failed.append(e)
+
+    worker = threading.Thread(target=admit_recording_failure, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), "Allocate hangs: the rebuild waits on the allocator's lock"
+    assert not failed, failed
+    assert len(_damaged_copies(state)) == 1
+    allocations, _, _ = _on_disk(state)
+    assert allocations == allocator.allocations() and len(allocations) == 13
