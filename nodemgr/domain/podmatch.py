@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import cached_property
 
 # Annotations of the gpushare scheduler extender (see docs/gpushare-compat.md).
 IDX_ANNOTATION = "ALIYUN_COM_GPU_MEM_IDX"
@@ -63,6 +64,18 @@ class PodInfo:
     containers: tuple[ContainerRequest, ...]  # spec.containers, in order
     init_containers: tuple[ContainerRequest, ...] = ()  # spec.initContainers, in order
     resource_version: str = ""
+
+    @cached_property
+    def admission_time(self) -> float:
+        """When the pod was scheduled here: the extender's assume time (ns), else creation.
+
+        Computed once per PodInfo (an Allocate compares it for every pod asking the same
+        size); kept in the instance's __dict__, not a field, so equality is unchanged.
+        """
+        assumed = self.annotations.get(ASSUME_TIME_ANNOTATION, "")
+        if assumed.isascii() and assumed.isdigit():
+            return int(assumed) / 1e9
+        return self.created_at
 
 
 @dataclass(frozen=True)
@@ -112,6 +125,20 @@ def is_candidate_pod(pod: PodInfo, resources: tuple[str, ...]) -> bool:
     )
 
 
+def asked_sizes(pod: PodInfo) -> frozenset[tuple[str, int]]:
+    """Every (resource, size) some container or init container of ``pod`` requests (> 0).
+
+    The pod cache indexes candidates by these pairs: kubelet asks for one container's
+    request of one resource, so only the pods asking that exact pair can match.
+    """
+    return frozenset(
+        (resource, size)
+        for container in (*pod.init_containers, *pod.containers)
+        for resource, size in container.requests.items()
+        if size > 0
+    )
+
+
 def find_demand(
     pods: Iterable[PodInfo],
     resource: str,
@@ -122,7 +149,8 @@ def find_demand(
 ) -> Demand | None:
     """The container kubelet is most likely admitting for ``size`` devices of ``resource``.
 
-    ``pods``: the candidate pods (see is_candidate_pod). ``held``: (namespace,
+    ``pods``: the candidate pods (see is_candidate_pod), or only those whose
+    ``asked_sizes`` hold ``(resource, size)``: the others never match. ``held``: (namespace,
     pod, container) -> the shared resources it already holds (from the
     ledger). A container that holds some of its resources but not this one
     comes first: kubelet finishes one container before the next. None when no
@@ -132,7 +160,7 @@ def find_demand(
     for pod in pods:
         if pod.deleting or pod.phase in FINISHED_PHASES:
             continue
-        order = _admission_time(pod)
+        order = pod.admission_time
         specs = [(-1 - i, c) for i, c in enumerate(pod.init_containers)]
         specs += list(enumerate(pod.containers))
         for position, (index, container) in enumerate(specs):
@@ -157,11 +185,3 @@ def find_demand(
         pod_memory_units=sum(c.requests.get(memory_resource, 0) for c in pod.containers),
         pod_uid=pod.uid,
     )
-
-
-def _admission_time(pod: PodInfo) -> float:
-    """When the pod was scheduled here: the extender's assume time (ns), else creation."""
-    assumed = pod.annotations.get(ASSUME_TIME_ANNOTATION, "")
-    if assumed.isascii() and assumed.isdigit():
-        return int(assumed) / 1e9
-    return pod.created_at

@@ -254,6 +254,11 @@ class KubeAdapter:
         """The cached pods ``candidate_filter`` accepts, kept per event: no walk of the cache."""
         return () if self._watch is None else self._watch.candidates()
 
+    def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
+        """The candidates some container of which requests exactly ``size`` of ``resource``
+        (an index kept per event); none without a watch."""
+        return () if self._watch is None else self._watch.candidates_asking(resource, size)
+
     @property
     def generation(self) -> int:
         """Bumps on every change of the cache."""

@@ -10,6 +10,10 @@ version expired (410) or went back.
 
 The cache is an immutable snapshot replaced whole on each change, so
 readers (the Allocate path) take it without a lock and never wait on I/O.
+Two indexes ride along, updated per event (an event touches only its pod's
+entries): the candidates (pods the allocator may match) and, by what they
+ask, ``(resource, size) -> candidates`` some container of which requests
+exactly that, so an Allocate reads only the pods that can match it.
 ``pod_info`` turns a pod of the API into the ``PodInfo`` the admission
 match reads.
 
@@ -21,13 +25,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from datetime import UTC, datetime
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from nodemgr.common.changes import ChangeCounter
-from nodemgr.domain.podmatch import ContainerRequest, PodInfo
+from nodemgr.domain.podmatch import ContainerRequest, PodInfo, asked_sizes
 from nodemgr.kubernetes.client import ApiSession
 from nodemgr.kubernetes.kubeclient import parse_quantity
 from nodemgr.kubernetes.listwatch import ListWatch
@@ -36,6 +40,9 @@ from nodemgr.kubernetes.writes import Backoff
 log = logging.getLogger("nodemgr.kubernetes.adapter")
 
 PodKey = tuple[str, str]  # (namespace, name)
+Ask = tuple[str, int]  # (resource name, size): one container's request of one resource
+# The candidates by what they ask; a bucket's order means nothing (find_demand orders).
+AskIndex = dict[Ask, tuple[PodInfo, ...]]
 
 
 class PodWatch:
@@ -55,6 +62,7 @@ class PodWatch:
         self._candidate = candidate or (lambda pod: True)
         self._candidates: tuple[PodInfo, ...] = ()
         self._candidate_keys: dict[PodKey, PodInfo] = {}
+        self._asking: AskIndex = {}
         self._node_name = node_name
         self._stop = stop
         self._cache: tuple[dict[PodKey, PodInfo], tuple[PodInfo, ...]] = ({}, ())
@@ -88,6 +96,11 @@ class PodWatch:
         """The cached pods the candidate filter accepts (all pods without a filter)."""
         return self._candidates
 
+    def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
+        """The candidates some container (or init container) of which requests exactly
+        ``size`` of ``resource``: the only ones an Allocate of that size can be for."""
+        return self._asking.get((resource, size), ())
+
     @property
     def generation(self) -> int:
         return self.changes.generation
@@ -116,26 +129,30 @@ class PodWatch:
         for item in items:
             info = pod_info(item)
             pods[(info.namespace, info.name)] = info
-        self._publish(pods, synced=True)
+        candidates = {key: pod for key, pod in pods.items() if self._candidate(pod)}
+        self._publish(pods, synced=True, index=(candidates, _ask_index(candidates.values())))
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         """One ADDED, MODIFIED or DELETED pod (one moved to another node is gone)."""
         info = pod_info(obj)
         key = (info.namespace, info.name)
         pods = dict(self._cache[0])  # copy on write: readers keep their snapshot
-        candidates = self._candidate_keys
         gone = kind == "DELETED" or (info.node_name and info.node_name != self._node_name)
         if gone:
             pods.pop(key, None)
         else:
             pods[key] = info
-        if key in candidates or (not gone and self._candidate(info)):
-            candidates = dict(candidates)  # small: the pending GPU pods only
-            if gone or not self._candidate(info):
-                candidates.pop(key, None)
-            else:
-                candidates[key] = info
-        self._publish(pods, candidates=candidates)
+        old = self._candidate_keys.get(key)
+        new = None if gone or not self._candidate(info) else info
+        if old is None and new is None:
+            self._publish(pods)  # neither was nor is a candidate: the indexes stay
+            return
+        candidates = dict(self._candidate_keys)  # small: the pending GPU pods only
+        if new is None:
+            del candidates[key]
+        else:
+            candidates[key] = new
+        self._publish(pods, index=(candidates, _reindexed(self._asking, key, old, new)))
 
     def _unsync(self) -> None:
         """The watch's version expired: the cache may miss changes until the next LIST."""
@@ -146,20 +163,51 @@ class PodWatch:
         self,
         pods: dict[PodKey, PodInfo],
         synced: bool | None = None,
-        candidates: dict[PodKey, PodInfo] | None = None,
+        index: tuple[dict[PodKey, PodInfo], AskIndex] | None = None,
     ) -> None:
+        """Make ``pods`` the cache; ``index``, the candidates and their ask index, when
+        they changed (None: kept as they are)."""
         if self._stop.is_set():
             return  # nothing changes after stop
-        if candidates is None:
-            candidates = {key: pod for key, pod in pods.items() if self._candidate(pod)}
         with self._cache_lock:
             self._cache = (pods, tuple(pods.values()))
-            if candidates is not self._candidate_keys:
-                self._candidate_keys = candidates
-                self._candidates = tuple(candidates.values())
+            if index is not None:
+                self._candidate_keys, self._asking = index
+                self._candidates = tuple(index[0].values())
             if synced is not None:
                 self._synced = synced
         self.changes.bump()
+
+
+# --- the ask index ---------------------------------------------------------------
+
+
+def _ask_index(candidates: Iterable[PodInfo]) -> AskIndex:
+    """The candidates by each (resource, size) they ask (podmatch.asked_sizes)."""
+    buckets: dict[Ask, list[PodInfo]] = {}
+    for pod in candidates:
+        for ask in asked_sizes(pod):
+            buckets.setdefault(ask, []).append(pod)
+    return {ask: tuple(bucket) for ask, bucket in buckets.items()}
+
+
+def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo | None) -> AskIndex:
+    """A copy of ``index`` with the pod ``key`` as ``new`` instead of ``old`` (None: not a
+    candidate). Only the buckets of what either asks are rebuilt; readers keep theirs."""
+    old_asks = asked_sizes(old) if old is not None else frozenset()
+    new_asks = asked_sizes(new) if new is not None else frozenset()
+    if not old_asks and not new_asks:
+        return index
+    index = dict(index)  # small: one entry per distinct (resource, size) pending
+    for ask in old_asks | new_asks:
+        bucket = tuple(p for p in index.get(ask, ()) if (p.namespace, p.name) != key)
+        if new is not None and ask in new_asks:
+            bucket += (new,)  # a MODIFIED pod's fresh info, never the stale one
+        if bucket:
+            index[ask] = bucket
+        else:
+            index.pop(ask, None)
+    return index
 
 
 # --- pods from the API -------------------------------------------------------

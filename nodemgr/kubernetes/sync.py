@@ -74,6 +74,10 @@ class CandidatePods:
     def candidates(self) -> list[PodInfo]:
         return list(self._adapter.candidates())
 
+    def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
+        """The adapter's index bucket itself: an immutable snapshot, no copy per Allocate."""
+        return self._adapter.candidates_asking(resource, size)
+
 
 def candidate_filter(resources: tuple[str, ...]):
     """The adapter's index filter: pods kubelet may still admit for one of ``resources``."""

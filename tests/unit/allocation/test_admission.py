@@ -1,9 +1,10 @@
 """Pins nodemgr.allocation.admission: which open container a second shared request is
 carried onto (its pod's exact request, else a request within the admission window);
 which shared resources each known container holds; DemandFinder finding the admitted
-container in the pod cache and waiting for the watch only while it is live, and never
-past POD_WAIT_SECONDS; place_demand honouring the scheduler extender's card or refusing
-it clearly (stale view, no such GPU); and the refusal text of a carried request."""
+container in the pod cache (reading only the pods asking that resource and size) and
+waiting for the watch only while it is live, and never past POD_WAIT_SECONDS;
+place_demand honouring the scheduler extender's card or refusing it clearly (stale
+view, no such GPU); and the refusal text of a carried request."""
 
 import logging
 
@@ -23,7 +24,7 @@ from nodemgr.allocation.admission import (
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.placement import CardLoad, NoFitDescriber
-from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo
+from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo, asked_sizes, find_demand
 from nodemgr.errors import NoFitError
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
@@ -133,7 +134,10 @@ def pod(name, requests, created=100.0):
 
 
 class FakePods:
-    """A PodSource: ``arrivals`` come in at the nth wait_for_change; waits advance ``now``."""
+    """A PodSource: ``arrivals`` come in at the nth wait_for_change; waits advance ``now``.
+
+    Its ``candidates`` (every pending pod) fails the test: DemandFinder must read only the
+    index of the pods asking (``candidates_asking``), which ``asked`` records."""
 
     def __init__(self, pods=(), live=True, arrivals=None):
         self.pods = list(pods)
@@ -142,9 +146,14 @@ class FakePods:
         self.now = 0.0
         self.waits: list[float] = []
         self._arrivals = dict(arrivals or {})
+        self.asked: list[tuple[str, int]] = []
 
     def candidates(self):
-        return list(self.pods)
+        raise AssertionError("DemandFinder walked every candidate pod")
+
+    def candidates_asking(self, resource, size):
+        self.asked.append((resource, size))
+        return tuple(p for p in self.pods if (resource, size) in asked_sizes(p))
 
     def wait_for_change(self, seen_generation, timeout):
         self.waits.append(timeout)
@@ -205,6 +214,29 @@ def test_a_miss_waits_at_most_pod_wait_seconds_and_says_so(caplog):
     assert record.getMessage() == (
         f"{MEM_NAME}: no pod bound to node-a asks for 4; admitting without pod identity"
     )
+
+
+def test_the_finder_reads_only_the_pods_asking_that_size():
+    """Allocate's match reads the index of pods asking (resource, size), never every
+    candidate (400 pending pods made each Allocate walk them all), for the resource and
+    size kubelet asked, also on each re-check after a wait; the demand is the one the
+    match over every pod finds."""
+    every = [
+        pod("big", {MEM_NAME: 8, CORE_NAME: 50}, created=1.0),
+        pod("share", {CORE_NAME: 30}, created=2.0),
+        pod("train", {MEM_NAME: 4, CORE_NAME: 30}, created=3.0),
+        pod("twin", {MEM_NAME: 4, CORE_NAME: 20}, created=4.0),
+    ]
+    pods = FakePods(every)
+    for kind, name, size in ((MEM, MEM_NAME, 4), (CORE, CORE_NAME, 30), (CORE, CORE_NAME, 20)):
+        pods.asked.clear()
+        expected = find_demand(every, name, size, MEM_NAME, CORE_NAME, {})
+        assert expected is not None
+        assert finder(pods).find(kind, size, {}) == expected
+        assert pods.asked == [(name, size)]
+    late = FakePods([pod("other", {MEM_NAME: 2})], arrivals={1: pod("late", {MEM_NAME: 4})})
+    assert finder(late).find(MEM, 4, {}).pod == "late"
+    assert late.asked == [(MEM_NAME, 4), (MEM_NAME, 4)]
 
 
 def test_a_container_holding_this_resource_is_skipped():

@@ -336,6 +336,13 @@ class Pods:
     def candidates(self):
         return list(self.pods)
 
+    def candidates_asking(self, resource, size):
+        return tuple(
+            p
+            for p in self.pods
+            if any(c.requests.get(resource) == size for c in (*p.init_containers, *p.containers))
+        )
+
     def add(self, pod):
         with self.changed:
             self.pods.append(pod)

@@ -5,14 +5,21 @@ first (extender assume time, else creation), containers in order; a container
 already holding part of its demand comes first; finished, deleting and
 non-pending pods are no candidates; the extender's card comes from the
 per-container allocation annotation, else ALIYUN_COM_GPU_MEM_IDX, and garbage
-there counts as not said.
+there counts as not said; what (resource, size) pairs a pod asks (the pod cache's
+index key), the match over only the pods asking that pair equalling the match over all,
+and the admission time computed once per PodInfo without changing its equality.
 """
 
 from __future__ import annotations
 
+import hypothesis
+from hypothesis import strategies as st
+
 from nodemgr.domain.podmatch import (
+    ASSUME_TIME_ANNOTATION,
     ContainerRequest,
     PodInfo,
+    asked_sizes,
     find_demand,
     is_candidate_pod,
     parse_extender_index,
@@ -21,7 +28,9 @@ from nodemgr.domain.podmatch import (
 MEM, CORE = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
 
 
-def pod(name, *containers, created=100.0, annotations=None, phase="Pending", deleting=False):
+def pod(
+    name, *containers, created=100.0, annotations=None, phase="Pending", deleting=False, init=()
+):
     return PodInfo(
         namespace="ns",
         name=name,
@@ -32,6 +41,7 @@ def pod(name, *containers, created=100.0, annotations=None, phase="Pending", del
         deleting=deleting,
         annotations=annotations or {},
         containers=tuple(ContainerRequest(n, r) for n, r in containers),
+        init_containers=tuple(ContainerRequest(n, r) for n, r in init),
     )
 
 
@@ -104,3 +114,79 @@ def test_garbage_extender_annotations_count_as_not_said():
         {"scheduler.framework.gpushare.allocation": "[1, 2]"},
     ):
         assert parse_extender_index(pod("p", ("a", {MEM: 1}), annotations=given), 0) is None
+
+
+# --- what a pod asks: the key of the pod cache's index ------------------------------
+
+
+def test_asked_sizes_are_every_containers_positive_requests():
+    """Each (resource, size) some container or init container requests, once; a zero
+    request asks for nothing; the pod total is no pair of its own."""
+    p = pod(
+        "p",
+        ("a", {MEM: 4, CORE: 30}),
+        ("b", {MEM: 2, "nvidia.com/gpu": 0}),
+        ("c", {MEM: 4}),
+        init=[("fetch", {MEM: 1})],
+    )
+    assert asked_sizes(p) == frozenset({(MEM, 4), (CORE, 30), (MEM, 2), (MEM, 1)})
+    assert asked_sizes(pod("empty", ("m", {}))) == frozenset()
+
+
+RESOURCES = (MEM, CORE)
+CONTAINER = st.dictionaries(st.sampled_from(RESOURCES), st.integers(0, 3), max_size=2)
+POD = st.builds(
+    lambda name, containers, init, created, assumed, phase, deleting: pod(
+        name,
+        *[(f"c{i}", r) for i, r in enumerate(containers)],
+        init=[(f"i{i}", r) for i, r in enumerate(init)],
+        created=created,
+        annotations={ASSUME_TIME_ANNOTATION: str(assumed * 10**9)} if assumed else None,
+        phase=phase,
+        deleting=deleting,
+    ),
+    st.sampled_from("abcdef"),
+    st.lists(CONTAINER, max_size=3),
+    st.lists(CONTAINER, max_size=2),
+    st.sampled_from([1.0, 2.0, 3.0]),
+    st.sampled_from([0, 1, 2, 4]),
+    st.sampled_from(["Pending", "Pending", "Running", "Failed"]),
+    st.booleans(),
+)
+HELD = st.dictionaries(
+    st.tuples(st.just("ns"), st.sampled_from("abcdef"), st.sampled_from(["c0", "c1", "i0"])),
+    st.frozensets(st.sampled_from(RESOURCES)),
+    max_size=4,
+)
+
+
+@hypothesis.settings(max_examples=300, deadline=None)
+@hypothesis.given(
+    pods=st.lists(POD, max_size=6, unique_by=lambda p: p.name),
+    resource=st.sampled_from(RESOURCES),
+    size=st.integers(1, 3),
+    held=HELD,
+)
+def test_the_match_over_the_pods_asking_equals_the_match_over_all(pods, resource, size, held):
+    """Giving find_demand only the pods whose asked_sizes hold (resource, size) (what the
+    pod cache's index returns) finds exactly the demand it finds among all pods."""
+    asking = [p for p in pods if (resource, size) in asked_sizes(p)]
+    everything = find_demand(pods, resource, size, MEM, CORE, held)
+    assert find_demand(asking, resource, size, MEM, CORE, held) == everything
+
+
+def test_admission_time_is_computed_once_and_leaves_equality_alone():
+    """The assume time (ns) wins over creation, garbage falls back to creation; the value
+    is kept on the PodInfo (computed once) and two equal PodInfos stay equal whether or
+    not one of them has computed it."""
+    assumed = pod(
+        "p", ("m", {MEM: 1}), created=50.0, annotations={ASSUME_TIME_ANNOTATION: "40000000000"}
+    )
+    assert assumed.admission_time == 40.0
+    assert "admission_time" in vars(assumed)  # cached on the instance: computed once
+    garbage = pod("p", ("m", {MEM: 1}), created=50.0, annotations={ASSUME_TIME_ANNOTATION: "soon"})
+    assert garbage.admission_time == 50.0
+    twin = pod(
+        "p", ("m", {MEM: 1}), created=50.0, annotations={ASSUME_TIME_ANNOTATION: "40000000000"}
+    )
+    assert twin == assumed and "admission_time" not in vars(twin)

@@ -2,7 +2,9 @@
 extended resources only, a limit standing in for a missing request, whole-number
 quantities); and, against the test API server (tests/harness/apiserver_sim.py), the
 cache of this node's pods: filled from one LIST (field selector spec.nodeName) and kept by
-a WATCH of ADDED/MODIFIED/DELETED; the candidate index per event; a clean watch end
+a WATCH of ADDED/MODIFIED/DELETED; the candidate index per event, and the index of
+candidates by what they ask ((resource, size) -> pods), always the candidates filtered by
+podmatch.asked_sizes, over random event sequences and re-LISTs; a clean watch end
 resumes without a LIST, an expired one (410) or a server whose versions went back lists
 again; ``abort`` ends a blocked read at once and nothing changes after a stop."""
 
@@ -10,9 +12,11 @@ import threading
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kubernetes.client import V1Pod
 
-from nodemgr.domain.podmatch import ContainerRequest, is_candidate_pod
+from nodemgr.domain.podmatch import ContainerRequest, asked_sizes, is_candidate_pod
 from nodemgr.kubernetes.client import ApiSession, find_credentials, new_api_client
 from nodemgr.kubernetes.podwatch import PodWatch, extended_requests, is_extended_resource, pod_info
 from nodemgr.kubernetes.writes import Backoff
@@ -233,6 +237,133 @@ def test_candidate_index_follows_events_without_walking_the_cache(api, make_watc
     api.delete_pod("ml", "new-gpu")
     wait_until(lambda: candidates() == [], what="DELETED candidate")
     assert len(watch.pods()) == 3  # the cache itself still holds the other pods
+
+
+def test_asking_index_follows_watch_events(api, make_watch):
+    """Against the test API server: candidates_asking(resource, size) holds the pending
+    pods some container (or init container) of which asks exactly that, and follows a
+    changed request, Running, a deletionTimestamp, a DELETED and a move to another node."""
+    api.add_pod(
+        "ml",
+        "a",
+        NODE,
+        containers=[{"name": "m", "requests": {MEM: "2", CORE: "30"}}],
+        init_containers=[{"name": "i", "requests": {MEM: "1"}}],
+    )
+    api.add_pod("ml", "b", NODE, containers=[{"name": "m", "requests": {MEM: "2"}}])
+    api.add_pod("ml", "cpu", NODE, containers=[{"name": "m", "requests": {"cpu": "1"}}])
+    watch = make_watch(candidate=lambda pod: is_candidate_pod(pod, (MEM, CORE)))
+
+    def asking(resource, size):
+        return sorted(p.name for p in watch.candidates_asking(resource, size))
+
+    assert (asking(MEM, 2), asking(MEM, 1), asking(CORE, 30)) == (["a", "b"], ["a"], ["a"])
+    assert asking(MEM, 4) == [] and asking("cpu", 1) == []  # cpu is no extended resource
+
+    def ask(size):
+        def change(p):
+            p["spec"]["containers"][0]["resources"] = {
+                "requests": {MEM: size},
+                "limits": {MEM: size},
+            }
+
+        return change
+
+    api.update_pod("ml", "b", ask("4"))  # the request changed: old bucket left, new entered
+    wait_until(lambda: asking(MEM, 4) == ["b"], what="MODIFIED request")
+    assert asking(MEM, 2) == ["a"]
+    api.set_pod_phase("ml", "a", "Running")
+    wait_until(lambda: asking(CORE, 30) == [], what="admitted pod leaves its buckets")
+    assert asking(MEM, 2) == [] and asking(MEM, 1) == []
+    api.add_pod("ml", "c", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}])
+    wait_until(lambda: asking(MEM, 4) == ["b", "c"], what="ADDED")
+    api.delete_pod("ml", "b", graceful=True)
+    wait_until(lambda: asking(MEM, 4) == ["c"], what="terminating pod leaves")
+    api.update_pod("ml", "c", lambda p: p["spec"].update(nodeName="node-b"))
+    wait_until(lambda: asking(MEM, 4) == [], what="moved to another node")
+    api.add_pod("ml", "d", NODE, containers=[{"name": "m", "requests": {CORE: "30"}}])
+    wait_until(lambda: asking(CORE, 30) == ["d"], what="ADDED")
+    api.delete_pod("ml", "d")
+    wait_until(lambda: asking(CORE, 30) == [], what="DELETED")
+
+
+PHASES = ("Pending", "Pending", "Running", "Succeeded")
+REQUEST = st.dictionaries(st.sampled_from([MEM, CORE, "example.com/nic"]), st.integers(0, 3))
+
+
+def event_pod(name, node, phase, deleting, containers, init):
+    def spec(requests, i):
+        return {
+            "name": f"c{i}",
+            "resources": {"requests": {k: str(v) for k, v in requests.items()}},
+        }
+
+    metadata = {"namespace": "ml", "name": name, "creationTimestamp": "2024-01-02T03:04:05Z"}
+    if deleting:
+        metadata["deletionTimestamp"] = "2024-01-02T03:05:00Z"
+    return {
+        "metadata": metadata,
+        "spec": {
+            "nodeName": node,
+            "containers": [spec(r, i) for i, r in enumerate(containers)],
+            "initContainers": [spec(r, i) for i, r in enumerate(init)],
+        },
+        "status": {"phase": phase},
+    }
+
+
+EVENT_POD = st.builds(
+    event_pod,
+    st.sampled_from("abcde"),
+    st.sampled_from([NODE, NODE, NODE, "node-b"]),
+    st.sampled_from(PHASES),
+    st.booleans(),
+    st.lists(REQUEST, max_size=2),
+    st.lists(REQUEST, max_size=1),
+)
+EVENT = st.one_of(
+    st.tuples(st.sampled_from(["ADDED", "MODIFIED", "MODIFIED", "DELETED"]), EVENT_POD),
+    st.tuples(
+        st.just("LIST"),
+        st.lists(EVENT_POD.filter(lambda p: p["spec"]["nodeName"] == NODE), max_size=4),
+    ),
+)
+ASKS = [(resource, size) for resource in (MEM, CORE, "example.com/nic") for size in range(5)]
+
+
+def test_asking_index_is_the_candidates_filtered_by_what_they_ask(api, make_watch):
+    """Over random sequences of ADDED/MODIFIED/DELETED events (requests, phase, deletion,
+    another node) and re-LISTs fed to the watch's handler: after each, every bucket
+    candidates_asking(resource, size) holds exactly the candidates whose asked_sizes contain
+    (resource, size), and a snapshot a reader took before the event is left as it was."""
+    watch = make_watch(candidate=lambda pod: is_candidate_pod(pod, (MEM, CORE)), start=False)
+
+    def keys(pods):  # the PodInfos themselves (a stale one differs), in a fixed order
+        return sorted(pods, key=lambda p: (p.namespace, p.name))
+
+    def check():
+        for resource, size in ASKS:
+            expected = [p for p in watch.candidates() if (resource, size) in asked_sizes(p)]
+            found = watch.candidates_asking(resource, size)
+            assert isinstance(found, tuple)  # a snapshot, not a view of the index
+            assert keys(found) == keys(expected), (resource, size)
+
+    @settings(max_examples=150, deadline=None)
+    @given(events=st.lists(EVENT, max_size=12))
+    def run(events):
+        watch.replace(iter(()))
+        for version, (kind, obj) in enumerate(events):
+            taken = {ask: watch.candidates_asking(*ask) for ask in ASKS}
+            before = {ask: keys(pods) for ask, pods in taken.items()}
+            if kind == "LIST":
+                watch.replace(iter(obj))
+            else:
+                obj["metadata"]["resourceVersion"] = str(version)
+                watch.apply(kind, obj)
+            check()
+            assert {ask: keys(pods) for ask, pods in taken.items()} == before  # copy on write
+
+    run()
 
 
 def test_relist_after_expired_watch(api, make_watch):

@@ -1,6 +1,7 @@
 """Pins nodemgr.kubernetes.sync, between the allocator and the adapter: CandidatePods gives
-the allocator the adapter's candidate index and says the cache is live only when synced
-and watching; candidate_filter keeps pending pods asking for a shared resource; the
+the allocator the adapter's candidate index and its index by what the candidates ask (also
+through a real KubeAdapter on the test API server), and says the cache is live only when
+synced and watching; candidate_filter keeps pending pods asking for a shared resource; the
 Publisher hands the adapter only what differs from what it last sent (pod annotations per
 pod, node labels, the node annotation and gpu-count together), forgets released pods,
 publishes at start and after an allocation change, and survives a failing publish;
@@ -10,11 +11,13 @@ import json
 import threading
 
 from nodemgr.common.changes import ChangeCounter
+from nodemgr.config.schema import KubernetesSettings
 from nodemgr.domain.deviceids import ResourceKind, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
-from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo
+from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo, asked_sizes
 from nodemgr.domain.violations import MEMORY, Violation
 from nodemgr.inventory import Card
+from nodemgr.kubernetes.adapter import KubeAdapter
 from nodemgr.kubernetes.publish import GPU_COUNT_RESOURCE
 from nodemgr.kubernetes.sync import (
     REFUSAL_REASON,
@@ -25,7 +28,7 @@ from nodemgr.kubernetes.sync import (
     post_refusal,
     post_violation,
 )
-from tests.unit.kubernetes.support import CORE, MEM, PREFIX
+from tests.unit.kubernetes.support import CORE, MEM, NODE, PREFIX, TIMEOUT_SECONDS, wait_until
 
 CARDS = (Card(0, "GPU-a", "Tesla T4", 15360), Card(1, "GPU-b", "Tesla T4", 15360))
 
@@ -102,6 +105,9 @@ class FakeAdapter:
     def candidates(self):
         return tuple(p for p in self.pod_list if p.phase == "Pending")
 
+    def candidates_asking(self, resource, size):
+        return tuple(p for p in self.candidates() if (resource, size) in asked_sizes(p))
+
     def wait_for_change(self, seen_generation, timeout):
         return seen_generation + 1
 
@@ -122,12 +128,48 @@ def kinds(calls):
 
 
 def test_candidate_pods_are_the_adapters_index():
-    """The allocator's PodSource reads the adapter's candidates, generation and waits."""
-    adapter = FakeAdapter([pod("a"), pod("b", phase="Running")])
+    """The allocator's PodSource reads the adapter's candidates, its index of them by
+    what they ask, generation and waits."""
+    adapter = FakeAdapter([pod("a"), pod("b", phase="Running"), pod("c", requests={MEM: 2})])
     source = CandidatePods(adapter)
-    assert [p.name for p in source.candidates()] == ["a"]
+    assert [p.name for p in source.candidates()] == ["a", "c"]
+    assert [p.name for p in source.candidates_asking(MEM, 4)] == ["a"]
+    assert [p.name for p in source.candidates_asking(MEM, 2)] == ["c"]
     assert source.generation == 7
     assert source.wait_for_change(7, 1.0) == 8
+
+
+def test_candidates_asking_is_the_real_adapters_pod_watch_index(api, tmp_path):
+    """Through a real KubeAdapter on the test API server (the daemon's wiring, with
+    candidate_filter): the pending pods asking exactly (resource, size), following the
+    watch; an adapter without a watch (kubernetes disabled) has none."""
+    api.add_pod("ml", "a", NODE, containers=[{"name": "m", "requests": {MEM: "4", CORE: "30"}}])
+    api.add_pod("ml", "b", NODE, containers=[{"name": "m", "requests": {MEM: "2"}}])
+    api.add_pod(
+        "ml", "done", NODE, phase="Running", containers=[{"name": "m", "requests": {MEM: "4"}}]
+    )
+    settings = KubernetesSettings(
+        kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"),
+        request_timeout_seconds=TIMEOUT_SECONDS,
+    )
+    adapter = KubeAdapter(settings, NODE, candidate_filter=candidate_filter((MEM, CORE)))
+    adapter.start()
+    try:
+        wait_until(lambda: adapter.synced, what="initial LIST")
+        source = CandidatePods(adapter)
+
+        def asking(resource, size):
+            return sorted(p.name for p in source.candidates_asking(resource, size))
+
+        assert (asking(MEM, 4), asking(CORE, 30), asking(MEM, 2)) == (["a"], ["a"], ["b"])
+        api.add_pod("ml", "c", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}])
+        wait_until(lambda: asking(MEM, 4) == ["a", "c"], what="ADDED pod in its bucket")
+    finally:
+        adapter.stop()
+        adapter.join(2.0)
+    disabled = KubeAdapter(KubernetesSettings(enabled=False), NODE, home=str(tmp_path))
+    disabled.start()
+    assert CandidatePods(disabled).candidates_asking(MEM, 4) == ()
 
 
 def test_the_cache_is_live_only_when_synced_and_watching():
