@@ -33,6 +33,7 @@ Run: ``.venv/bin/python -m bench.footprint [--idle-seconds 30] [--busy-seconds 1
 from __future__ import annotations
 
 import argparse
+import sys
 import threading
 import time
 from collections import Counter
@@ -61,6 +62,11 @@ RSS_TARGET_MIB = 80  # issue 16: idle RSS <= 80 MiB with the adapter on
 IDLE_CPU_TARGET_PERCENT = 0.5  # issue 16: < 0.5 % of a core
 CPU_PER_ADMISSION_TARGET_MS = 5.0  # issue 16: <= 5 ms of daemon CPU per admission
 MIB = 1024 * 1024
+ADMISSIONS_TARGET_PER_S = 100.0  # issue 16: admissions/s sustained, adapter on
+# The busy phase asks for exactly the target rate, so the rate reached is at most that:
+# kept up within 1 % (the last admission's own time) counts as sustained.
+ADMISSIONS_MET_PER_S = 99.0
+STANDINS_SWITCH_INTERVAL_S = 0.0005  # see busy()
 
 
 @dataclass
@@ -285,40 +291,108 @@ class Busy:
     rate_per_second: float  # admissions really made per second
 
 
-def busy(full: FullNode, seconds: float, rate_per_second: float = 100.0) -> Busy:
+def busy(full: FullNode, seconds: float, rate_per_second: float = ADMISSIONS_TARGET_PER_S) -> Busy:
     """Admit (and delete, oldest first) churn pods at ``rate_per_second`` for ``seconds``."""
     kubelet = full.kubelet
     window = CpuWindow(full.node.process.pid)
     started = time.monotonic()
     held: list[str] = []
     admitted = refused = 0
-    # Pods are bound (in the API) this many admissions ahead of kubelet admitting them.
+    # Pods are bound (in the API) this many admissions ahead of kubelet admitting them,
+    # by the control plane: a thread of its own, as the scheduler is another process
+    # (binding in kubelet's loop would charge the API stand-in's work to each admission).
     lead = max(1, int(API_LEAD_SECONDS * rate_per_second))
-    for i in range(lead):
-        full.create_pod("churn", f"churn{i}", CHURN_POD)
-    while time.monotonic() - started < seconds:
-        # Rate-limited: admission i starts no earlier than i / rate after the start.
-        wait = started + (admitted + refused) / rate_per_second - time.monotonic()
-        if wait > 0:
-            time.sleep(wait)
-        pod = f"churn{admitted + refused}"
-        full.create_pod("churn", f"churn{admitted + refused + lead}", CHURN_POD)
-        result = kubelet.admit_pod("churn", pod, [ContainerSpec("main", dict(CHURN_POD))])
-        held.append(pod)
-        if result.ok:
-            admitted += 1
-        else:
-            refused += 1
-        if len(held) > CHURN_HELD:
-            full.delete_pod("churn", held.pop(0))
-    elapsed = time.monotonic() - started
-    usage = window.stop()
+    scheduler = Binder(full, lead)
+    # The test kubelet, the API server and the scheduler are one Python process here (on a
+    # node they are separate processes): a thread waiting for the GIL waits up to the
+    # switch interval (5 ms by default) for another to let go, which alone caps kubelet's
+    # sequential admissions near 80/s. A short interval stands in for separate processes.
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(STANDINS_SWITCH_INTERVAL_S)
+    try:
+        while time.monotonic() - started < seconds:
+            # Rate-limited: admission i starts no earlier than i / rate after the start.
+            wait = started + (admitted + refused) / rate_per_second - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            index = admitted + refused
+            pod = f"churn{index}"
+            scheduler.bind_up_to(index + lead)
+            scheduler.wait_bound(index)  # kubelet learns of a pod once it is bound
+            result = kubelet.admit_pod("churn", pod, [ContainerSpec("main", dict(CHURN_POD))])
+            held.append(pod)
+            if result.ok:
+                admitted += 1
+            else:
+                refused += 1
+            if len(held) > CHURN_HELD:
+                full.delete_pod("churn", held.pop(0))
+        elapsed = time.monotonic() - started
+        usage = window.stop()
+    finally:
+        bound = scheduler.stop()
+        sys.setswitchinterval(switch_interval)
     for pod in held:
         full.delete_pod("churn", pod)
-    for i in range(admitted + refused, admitted + refused + lead):  # bound, never admitted
+    for i in range(admitted + refused, bound):  # bound, never admitted
         if full.api is not None:
             full.api.delete_pod("churn", f"churn{i}")
     return Busy(usage, admitted, refused, (admitted + refused) / elapsed)
+
+
+class Binder:
+    """The scheduler's side of the busy phase: binds churn pods (creates them bound to the
+    node in the API) in a thread of its own, ahead of kubelet's admissions."""
+
+    def __init__(self, full: FullNode, lead: int):
+        self._full = full
+        self._cond = threading.Condition()
+        self._wanted = lead  # bind pods churn0 .. churn<wanted - 1>
+        self._bound = 0
+        self._stopped = False
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="binder", daemon=True)
+        self._thread.start()
+
+    def bind_up_to(self, count: int) -> None:
+        with self._cond:
+            self._wanted = max(self._wanted, count)
+            self._cond.notify_all()
+
+    def wait_bound(self, index: int, timeout_seconds: float = 30.0) -> None:
+        with self._cond:
+            if not self._cond.wait_for(
+                lambda: self._bound > index or self._error is not None, timeout_seconds
+            ):
+                raise TimeoutError(f"pod churn{index} was not bound within {timeout_seconds} s")
+            if self._error is not None:
+                raise RuntimeError(f"binding churn pods failed: {self._error!r}")
+
+    def stop(self) -> int:
+        """Stop binding; how many pods were bound (churn0 .. churn<n - 1>)."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+        self._thread.join()
+        return self._bound
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                self._cond.wait_for(lambda: self._stopped or self._bound < self._wanted)
+                if self._stopped:
+                    return
+                index = self._bound
+            try:
+                self._full.create_pod("churn", f"churn{index}", CHURN_POD)
+            except BaseException as e:  # said to the admitting loop, which fails
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._bound = index + 1
+                self._cond.notify_all()
 
 
 def figures(
@@ -382,7 +456,11 @@ def figures(
             busy_usage.rate_per_second,
             "busy: admissions per second reached" + where,
             note=f"{busy_usage.refused} refused" if busy_usage.refused else "",
-            **target(">= 100", busy_usage.rate_per_second >= 100 * 0.95),
+            **target(
+                f">= {ADMISSIONS_TARGET_PER_S:g} (asked for {ADMISSIONS_TARGET_PER_S:g}/s; met at "
+                f">= {ADMISSIONS_MET_PER_S:g})",
+                busy_usage.rate_per_second >= ADMISSIONS_MET_PER_S,
+            ),
         ),
         Figure(
             f"busy_cpu_percent{suffix}",

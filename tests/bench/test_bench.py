@@ -453,3 +453,33 @@ def test_a_ledger_count_off_kubelets_record_is_explained_and_dumped():
         if f.name == "ledger_allocations_after_restarts"
     )
     assert figure.met is False and figure.note == line
+
+
+def test_the_binder_binds_ahead_in_its_own_thread_and_reports_a_failure():
+    """The busy phase's scheduler: pods are created up to the count asked, in order, off the
+    admitting loop; wait_bound returns once a pod is bound; a failing bind is raised to
+    the loop instead of hanging it; stop() says how many were bound."""
+    import threading
+
+    made: list[str] = []
+
+    class Full:
+        def create_pod(self, namespace, name, requests):
+            assert threading.current_thread().name == "binder"
+            made.append(name)
+
+    binder = footprint.Binder(Full(), lead=3)
+    binder.wait_bound(2)
+    binder.bind_up_to(5)
+    binder.wait_bound(4)
+    assert binder.stop() == 5
+    assert made == [f"churn{i}" for i in range(5)]
+
+    class Broken:
+        def create_pod(self, namespace, name, requests):
+            raise OSError("API server gone")
+
+    broken = footprint.Binder(Broken(), lead=1)
+    with pytest.raises(RuntimeError, match="API server gone"):
+        broken.wait_bound(0, timeout_seconds=5)
+    assert broken.stop() == 0
