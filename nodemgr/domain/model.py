@@ -8,6 +8,7 @@ own IDs, so kubelet's record and the ledger can be compared ID by ID.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 
 from nodemgr.domain.deviceids import ResourceKind, card_of
@@ -50,9 +51,11 @@ class Allocation:
     def memory_units(self) -> int:
         return len(self.devices.get(ResourceKind.MEMORY, ()))
 
-    @property
+    @functools.cached_property
     def cards(self) -> tuple[str, ...]:
-        """UUIDs of the cards it holds, sorted (one for a shared allocation)."""
+        """UUIDs of the cards it holds, sorted (one for a shared allocation). Computed once:
+        an Allocation is never changed in place (``replace`` makes a new one), and this is
+        read for every allocation at every publish and status document."""
         return tuple(
             sorted(
                 {

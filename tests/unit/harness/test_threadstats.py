@@ -1,4 +1,4 @@
-"""Pins tests/harness/threadstats: a polling thread is seen waking up, a blocked one is not
+"""Pins tests/harness/threadstats.py: a polling thread is seen waking up, a blocked one is not
 (so the "never wakes up" tests of the servers can fail)."""
 
 import threading
