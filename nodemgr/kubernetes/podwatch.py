@@ -42,7 +42,7 @@ log = logging.getLogger("nodemgr.kubernetes.adapter")
 PodKey = tuple[str, str]  # (namespace, name)
 Ask = tuple[str, int]  # (resource name, size): one container's request of one resource
 # The candidates by what they ask; a bucket's order means nothing (find_demand orders).
-AskIndex = dict[Ask, tuple[PodInfo, ...]]
+AskIndex = dict[Ask, dict[PodKey, PodInfo]]  # copied on write, never changed in place
 
 
 class PodWatch:
@@ -99,7 +99,8 @@ class PodWatch:
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
         """The candidates some container (or init container) of which requests exactly
         ``size`` of ``resource``: the only ones an Allocate of that size can be for."""
-        return self._asking.get((resource, size), ())
+        bucket = self._asking.get((resource, size))
+        return tuple(bucket.values()) if bucket else ()
 
     @property
     def generation(self) -> int:
@@ -184,11 +185,11 @@ class PodWatch:
 
 def _ask_index(candidates: Iterable[PodInfo]) -> AskIndex:
     """The candidates by each (resource, size) they ask (podmatch.asked_sizes)."""
-    buckets: dict[Ask, list[PodInfo]] = {}
+    buckets: AskIndex = {}
     for pod in candidates:
         for ask in asked_sizes(pod):
-            buckets.setdefault(ask, []).append(pod)
-    return {ask: tuple(bucket) for ask, bucket in buckets.items()}
+            buckets.setdefault(ask, {})[(pod.namespace, pod.name)] = pod
+    return buckets
 
 
 def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo | None) -> AskIndex:
@@ -200,9 +201,10 @@ def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo |
         return index
     index = dict(index)  # small: one entry per distinct (resource, size) pending
     for ask in old_asks | new_asks:
-        bucket = tuple(p for p in index.get(ask, ()) if (p.namespace, p.name) != key)
+        bucket = dict(index.get(ask, {}))  # a copy: readers keep theirs
+        bucket.pop(key, None)
         if new is not None and ask in new_asks:
-            bucket += (new,)  # a MODIFIED pod's fresh info, never the stale one
+            bucket[key] = new  # a MODIFIED pod's fresh info, never the stale one
         if bucket:
             index[ask] = bucket
         else:
