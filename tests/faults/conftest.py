@@ -14,7 +14,7 @@ from tests.faults import survival
 from tests.faults.injectors import Ext4Image, mount_tmpfs
 from tests.faults.observe import Site, api_pod, wait_annotated
 from tests.faults.survival import admit, start_daemon
-from tests.harness import runc_env
+from tests.harness import real_parts, runc_env
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import GPU0, GPU1
 
@@ -27,6 +27,18 @@ def site():
         pods = [admit(cluster, "keep-a", 4, 30), admit(cluster, "keep-b", 4, 30)]
         pods.append(admit(cluster, "keep-c", 8, 20))  # 8 GiB no longer fits GPU0
         assert [p.card for p in pods] == [GPU0, GPU0, GPU1]
+        yield Site(cluster, pods)
+    finally:
+        cluster.close()
+
+
+@pytest.fixture(scope="class")
+def storm_site():
+    """A node running NVIDIA's real MPS control binary (a crash loop is paced by what a start
+    costs: the stand-in's Python start-ups would set it, not the daemon), one pod on GPU1."""
+    cluster = runc_env.EnforcementNode(control_binary=real_parts.require().mps_control)
+    try:
+        pods = [admit(cluster, "storm-a", 4, 30), admit(cluster, "storm-b", 8, 20)]
         yield Site(cluster, pods)
     finally:
         cluster.close()

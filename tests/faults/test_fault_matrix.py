@@ -13,9 +13,9 @@ Faults that need their own state_dir (read-only file system, 1 MiB tmpfs) or the
 Kubernetes API run on nodes of their own; the rest share one node, in order (the nodes:
 conftest.py; what the tests look at: observe.py; the faults: injectors.py). Literal
 durations: the API server is down a full minute; it hangs 30 s (three of the daemon's
-10 s request timeouts); the MPS control daemon is killed 17 times, each time once it
-served again (the supervisor's 1 s restart backoff sets the pace, so that takes more
-than 30 s; the row says so).
+10 s request timeouts); the MPS control daemon is killed 17 times in 30 s, each time once
+its successor served again (on a node running NVIDIA's control binary: the supervisor's
+1 s restart backoff sets the pace).
 
 Why this module is longer than 400 lines: it is the matrix itself, one test per row of
 the README table, each fault next to what it observed; the helpers live apart.
@@ -72,7 +72,7 @@ TABLE = OutcomeTable(
         "MPS control daemon killed",
         "MPS control daemon hung (SIGSTOP)",
         "MPS control daemon answering garbage",
-        "MPS control daemon killed 17 times",
+        "MPS control daemon killed 17 times in 30 s",
         "API server down 1 min",
         "API server hung 30 s",
         "ledger read-only (file system error, errors=remount-ro)",
@@ -235,46 +235,6 @@ class TestOneNode:
             f"{problem}: the card's shared devices Unhealthy; nothing killed; Healthy again "
             "once the answers make sense (same PID)",
             site.after("mps-garbage"),
-        )
-
-    def test_mps_control_daemon_killed_17_times(self, site):
-        """The control daemon killed 17 times, each time as soon as it served again: every kill is
-        followed by a restart no sooner than the backoff, and the card is Healthy again
-        each time."""
-        cluster = site.cluster
-        mark = site.log_mark()
-        pid = cluster.node.mps_daemons()[GPU1]
-        kills = []
-        while len(kills) < STORM_KILLS:
-            os.kill(pid, signal.SIGKILL)
-            kills.append(time.monotonic())
-            pid = cluster.node.wait_for(
-                lambda old=pid: (
-                    (new := cluster.node.mps_daemons().get(GPU1)) not in (None, old)
-                    and card_health(cluster.kubelet, MEMORY, GPU1) == "Healthy"
-                    and new
-                ),
-                timeout=60,
-                what="the control daemon restarted and the card Healthy",
-            )
-        took = kills[-1] - kills[0]
-        shortest = min(b - a for a, b in zip(kills, kills[1:], strict=False))
-        restarts = site.log_since(mark).count("GPU1: restarting its MPS control daemon")
-        assert restarts >= STORM_KILLS
-        assert shortest >= 1.0, f"a restart came sooner than the 1 s backoff ({shortest:.2f} s)"
-        # Each cycle is the 1 s restart backoff, a health check and a start (about 2.3 s on
-        # the development machine): 17 kills of a serving daemon cannot fit 30 s. The row
-        # says which side of 30 s they fell.
-        pace = f"under {STORM_SECONDS:g} s" if took <= STORM_SECONDS else (
-            f"more than {STORM_SECONDS:g} s, as no restart comes sooner than the 1 s backoff "
-            "and each waits for a health check"
-        )  # fmt: skip
-        TABLE.record(
-            "MPS control daemon killed 17 times",
-            f"restarts it after every kill ({restarts} restarts, none sooner than the 1 s "
-            f"backoff) and the card is Healthy again each time; the {STORM_KILLS} kills took "
-            f"{pace}",
-            site.after("mps-storm"),
         )
 
     def test_ledger_truncated_to_half_while_running(self, site):
@@ -508,6 +468,46 @@ class TestOneNode:
             f"socket made again, {dropped} registrations of containers gone with the reboot "
             "dropped",
             site.after("reboot", runners_restarted=True),
+        )
+
+
+class TestCrashLoop:
+    """The MPS control daemon in a crash loop, on a node of its own running NVIDIA's binary."""
+
+    def test_mps_control_daemon_killed_17_times_in_30_s(self, storm_site):
+        """The control daemon killed 17 times within 30 s, each time as soon as its successor
+        serves (the card Healthy again): every kill is followed by a restart no sooner
+        than the 1 s backoff, and the card is Healthy again each time."""
+        site = storm_site
+        cluster = site.cluster
+        mark = site.log_mark()
+        pid = cluster.node.mps_daemons()[GPU1]
+        kills = []
+        while len(kills) < STORM_KILLS:
+            os.kill(pid, signal.SIGKILL)
+            kills.append(time.monotonic())
+            pid = cluster.node.wait_for(
+                lambda old=pid: (
+                    (new := cluster.node.mps_daemons().get(GPU1)) not in (None, old)
+                    and card_health(cluster.kubelet, MEMORY, GPU1) == "Healthy"
+                    and new
+                ),
+                timeout=60,
+                what="the control daemon restarted and the card Healthy",
+            )
+        took = kills[-1] - kills[0]
+        shortest = min(b - a for a, b in zip(kills, kills[1:], strict=False))
+        restarts = site.log_since(mark).count("GPU1: restarting its MPS control daemon")
+        assert restarts >= STORM_KILLS
+        assert shortest >= 1.0, f"a restart came sooner than the 1 s backoff ({shortest:.2f} s)"
+        assert took <= STORM_SECONDS, f"the {STORM_KILLS} kills took {took:.1f} s"
+        TABLE.record(
+            "MPS control daemon killed 17 times in 30 s",
+            f"restarts it after every kill ({restarts} restarts, none sooner than the 1 s "
+            f"backoff) and the card is Healthy again each time; the {STORM_KILLS} kills, "
+            f"each once the card served again, took under {STORM_SECONDS:g} s (NVIDIA's control "
+            "binary)",
+            site.after("mps-storm"),
         )
 
 
