@@ -202,18 +202,19 @@ class Allocator:
             card_uuid = carried.cards[0]
             if free_here[card_uuid] < size:
                 self._open = None
-                raise NoFitError(
-                    carry_refusal(
-                        self._describe,
-                        self._loads(kind, free_here),
-                        self.resource_names[kind],
-                        kind,
-                        carried,
-                        size,
-                        self._card_label(carried.cards[0]),
-                        demand,
-                    )
+                message = carry_refusal(
+                    self._describe,
+                    self._loads(kind, free_here),
+                    self.resource_names[kind],
+                    kind,
+                    carried,
+                    size,
+                    self._card_label(carried.cards[0]),
+                    demand,
                 )
+                if demand is not None:
+                    self._release_refused(carried, message)
+                raise NoFitError(message)
         elif demand is not None:
             card_uuid = self._place(kind, demand, free_here)
         else:
@@ -226,6 +227,19 @@ class Allocator:
             key=_id_order,
         )
         return list(must_include) + on_card[: max(size - len(must_include), 0)]
+
+    def _release_refused(self, carried: Allocation, why: str) -> None:
+        """kubelet fails a pod one of whose resources is refused and never reports the others:
+        the container's first resource goes now rather than after the grace. Only with its
+        pod known (``demand``): without, the link to the first resource is a guess."""
+        if carried.confirmed_at is not None:
+            return  # kubelet reported it: reconcile decides
+        try:
+            self._apply([], [carried.id])
+        except LedgerError as e:  # kept; reconcile releases it after the grace
+            log.warning("could not release allocation %s of a refused pod: %s", carried.id, e)
+            return
+        log.info("released allocation %s (%s): %s", carried.id, carried.owner, why)
 
     def _place(self, kind: ResourceKind, demand: Demand, free_here: Counter) -> str:
         """The card for a container's whole demand (memory and share together)."""

@@ -12,7 +12,7 @@ import pytest
 from nodemgr.allocation.admission import ADMISSION_WINDOW_SECONDS
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
-from nodemgr.domain.deviceids import ResourceKind, card_device_ids
+from nodemgr.domain.deviceids import ResourceKind, card_device_ids, card_of
 from nodemgr.domain.model import ContainerRef
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import open_inventory
@@ -408,6 +408,37 @@ def test_second_resource_joins_its_container_without_a_time_window(settings, clo
     second = admit(allocator, [(CORE, 20)])[CORE]
     assert first.allocation_id == second.allocation_id
     assert len(allocator.allocations()) == 1
+
+
+def test_a_container_refused_its_second_resource_does_not_keep_its_first(settings, clock):
+    """Issue 15 item 6 (one allocation more than pods after the footprint bench's fill): kubelet
+    fails a pod whose second resource is refused, and never reports the first; the daemon
+    released that first allocation only after allocation_grace_seconds. With the pod
+    known, the refusal releases it at once; a later pod gets the room."""
+    pods = Pods(gpu_pod("late", ("main", {MEM_NAME: 2, CORE_NAME: 40})))
+    allocator = with_pods(settings, clock, pods)
+    memory = admit(allocator, [(MEM, 2)])[MEM]
+    [held] = allocator.allocations()
+    card = held.cards[0]
+    # kubelet offers fewer of that card's share IDs than asked (its view is the truth)
+    offered = [i for i in free(allocator, CORE) if card_of(CORE, i) == card][:10]
+    with pytest.raises(NoFitError, match="already holds its other GPU resource"):
+        allocator.preferred(CORE, offered, [], 40)
+    assert allocator.allocation(memory.allocation_id) is None
+    assert allocator.allocations() == []
+
+
+def test_without_the_pod_a_refused_second_resource_keeps_the_first_until_its_grace(settings, clock):
+    """Without the API the link between two resources is a guess (a share-only pod may follow
+    a memory-only one): a refusal then releases nothing; reconcile's grace does."""
+    allocator = make(settings, clock)
+    admit(allocator, [(MEM, 2)])
+    [held] = allocator.allocations()
+    card = held.cards[0]
+    offered = [i for i in free(allocator, CORE) if card_of(CORE, i) == card][:10]
+    with pytest.raises(NoFitError):
+        allocator.preferred(CORE, offered, [], 40)
+    assert [a.id for a in allocator.allocations()] == [held.id]
 
 
 def test_each_container_of_a_multi_container_pod_gets_its_own_fitting_card(settings, clock):
