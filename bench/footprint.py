@@ -449,7 +449,7 @@ def figures(
         Figure(
             f"idle_children_cpu_percent{suffix}",
             idle_usage.children_cpu_percent,
-            "idle CPU, MPS control commands (stand-in)" + where,
+            "idle CPU, MPS control commands (the binary mps_control_binary names)" + where,
         ),
         Figure(
             f"busy_admissions_per_s{suffix}",
@@ -480,7 +480,7 @@ def figures(
         Figure(
             f"busy_children_cpu_percent{suffix}",
             busy_usage.usage.children_cpu_percent,
-            "busy CPU, MPS control commands (stand-in)" + where,
+            "busy CPU, MPS control commands (the binary mps_control_binary names)" + where,
         ),
         Figure(f"busy_rss_mib{suffix}", busy_usage.usage.rss_mib, "busy RSS (MiB)" + where),
         Figure(
