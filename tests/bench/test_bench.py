@@ -96,6 +96,7 @@ def synthetic_figures() -> list[Figure]:
         variant: {"create": [30.0, 40.0], "delete": [100.0, 110.0]}
         for variant in ("no hook", "hook, no GPU", "hook, GPU")
     }
+    hook_times[hook_overhead.ALONE] = {"create": [11.0, 13.0]}
     return (
         allocate_latency.figures(samples)
         + listandwatch_size.figures(rows, 74, refusal)
@@ -131,6 +132,7 @@ def test_figures_follow_their_samples():
     assert figures["busy_cpu_ms_per_admission"].value == pytest.approx(0.06)
     assert figures["ready_seconds_384"].value == pytest.approx(4.1)
     assert figures["hook_overhead_p50_ms"].value == 0
+    assert figures["hook_alone_nogpu_p50_ms"].value == pytest.approx(12.0)
 
 
 def test_the_refusal_must_name_the_unit():

@@ -37,18 +37,25 @@ def events():
     source.close()
 
 
-def test_exec_and_exit_of_a_real_process_are_reported(events):
-    """A child that execs and exits shows up in execs and exits by its PID."""
-    child = subprocess.Popen(["true"])
-    child.wait()
+def exec_and_exit_seen(events, pid: int) -> bool:
+    """Whether ``pid``'s exec and exit both reach ``events.read`` within ~10 s."""
     seen_exec, seen_exit = set(), set()
     for _ in range(50):
         news = events.read(0.2)
         seen_exec |= news.execs
         seen_exit |= news.exits
-        if child.pid in seen_exec and child.pid in seen_exit:
-            break
-    assert child.pid in seen_exec and child.pid in seen_exit
+        if pid in seen_exec and pid in seen_exit:
+            return True
+    return False
+
+
+def test_exec_and_exit_of_a_real_process_are_reported(events):
+    """A child that execs and exits shows up in execs and exits by its PID, with the kernel
+    filter attached (the default)."""
+    assert events.filtered
+    child = subprocess.Popen(["/bin/true"])
+    child.wait()
+    assert exec_and_exit_seen(events, child.pid)
 
 
 def test_wake_ends_a_blocked_read_at_once(events):
@@ -276,8 +283,8 @@ def test_the_kernel_drops_thread_events_before_they_are_read(events):
     """With a real connector, 100 threads started and joined (200 events: a fork and a
     thread exit each) reach an unfiltered reader but not the filtered one. Both see the
     same noise from the rest of the machine (the filtered one a part of it), so the
-    difference between their counts is at least the thread events; the filtered count is
-    also bounded loosely (the machine's own execs and exits in that second still pass)."""
+    difference between their counts is at least the thread events, however busy the machine
+    (no bound on the filtered count alone: a test run beside this one execs by the hundred)."""
     unfiltered = ProcEvents(filter_program=None)
     try:
         assert events.filtered and not unfiltered.filtered
@@ -294,24 +301,8 @@ def test_the_kernel_drops_thread_events_before_they_are_read(events):
         filtered_read = events.datagrams_read - base_filtered
         unfiltered_read = unfiltered.datagrams_read - base_unfiltered
         assert unfiltered_read - filtered_read >= 200, (filtered_read, unfiltered_read)
-        assert filtered_read < 50, (filtered_read, unfiltered_read)  # the machine's noise alone
     finally:
         unfiltered.close()
-
-
-def test_exec_and_exit_pass_the_filter(events):
-    """With the filter attached, /bin/true's exec and exit still reach ``read``."""
-    assert events.filtered
-    child = subprocess.Popen(["/bin/true"])
-    child.wait()
-    seen_exec, seen_exit = set(), set()
-    for _ in range(50):
-        news = events.read(0.2)
-        seen_exec |= news.execs
-        seen_exit |= news.exits
-        if child.pid in seen_exec and child.pid in seen_exit:
-            break
-    assert child.pid in seen_exec and child.pid in seen_exit
 
 
 def test_a_filter_the_kernel_refuses_leaves_the_reader_unfiltered_and_working(caplog):
@@ -329,13 +320,6 @@ def test_a_filter_the_kernel_refuses_leaves_the_reader_unfiltered_and_working(ca
         assert "filter" in warnings[0].getMessage()
         child = subprocess.Popen(["/bin/true"])
         child.wait()
-        seen = Events()
-        for _ in range(50):
-            news = source.read(0.2)
-            seen.execs |= news.execs
-            seen.exits |= news.exits
-            if child.pid in seen.execs and child.pid in seen.exits:
-                break
-        assert child.pid in seen.execs and child.pid in seen.exits
+        assert exec_and_exit_seen(source, child.pid)
     finally:
         source.close()
