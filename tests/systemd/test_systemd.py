@@ -206,7 +206,9 @@ def test_the_watchdog_restarts_a_hung_daemon(running):
             "systemd's watchdog lines in the journal",
         )
         log = node.journal_since(cursor)
-        assert "Watchdog timeout (limit 3s)!" in log
+        # Not PID 1's "Watchdog timeout (limit 3s)!" line itself: twice in CI it was missing
+        # from the unit's journal while the lines after it were there. "Failed with result
+        # 'watchdog'" says the same: the unit failed because its watchdog ran out.
         assert f"Killing process {hung} (gpushare-node) with signal SIGABRT." in log
         assert "Failed with result 'watchdog'." in log
         assert int(node.show("NRestarts")["NRestarts"]) == restarts + 1
