@@ -14,18 +14,16 @@ for each ready connection, part of socketserver since Python 2) and
 
 from __future__ import annotations
 
-import os
 import selectors
 import socketserver
-import threading
+
+from nodemgr.common.wakepipe import WakePipe
 
 
 class ServeLoop:
     def __init__(self, server: socketserver.BaseServer):
         self._server = server
-        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._lock = threading.Lock()  # a late stop() never writes into a reused fd
-        self._closed = False
+        self._wake = WakePipe()
 
     def serve(self) -> None:
         """Accept and dispatch connections until ``stop()``; then close the pipe."""
@@ -33,33 +31,20 @@ class ServeLoop:
         try:
             with selectors.DefaultSelector() as selector:
                 selector.register(server.fileno(), selectors.EVENT_READ)  # type: ignore[attr-defined]
-                selector.register(self._wake_read, selectors.EVENT_READ)
+                selector.register(self._wake.fileno(), selectors.EVENT_READ)
                 while True:
                     ready = {key.fd for key, _ in selector.select()}
-                    if self._wake_read in ready:
+                    if self._wake.fileno() in ready:
                         return
                     server._handle_request_noblock()  # type: ignore[attr-defined]
                     server.service_actions()
         finally:
-            self._close()
+            self._wake.close()
 
     def stop(self) -> None:
         """End ``serve()`` now (from another thread); harmless when it already ended."""
-        with self._lock:
-            if self._closed:
-                return
-            try:
-                os.write(self._wake_write, b"x")
-            except BlockingIOError:  # a wake is pending already
-                pass
+        self._wake.wake()
 
     def close(self) -> None:
         """Free the pipe of a loop that never served (``serve()`` frees it itself)."""
-        self._close()
-
-    def _close(self) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                os.close(self._wake_read)
-                os.close(self._wake_write)
+        self._wake.close()

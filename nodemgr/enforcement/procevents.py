@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import array
 import logging
-import os
 import select
 import socket
 import struct
@@ -36,6 +35,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
+
+from nodemgr.common.wakepipe import WakePipe
 
 log = logging.getLogger(__name__)
 
@@ -237,11 +238,9 @@ class ProcEvents:
             sock.close()
             raise self._unavailable(e) from e
         self._socket = sock
-        # wake() writes here so that a read blocked in select returns at once (a stop).
-        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        # Held by wake() and close(): a closed descriptor's number may be reused by any
-        # file, which a late wake() must never write into.
-        self._wake_lock = threading.Lock()
+        # wake() makes a read blocked in select return at once (a stop).
+        self._wake = WakePipe()
+        self._close_lock = threading.Lock()
         self._closed = False
 
     @staticmethod
@@ -253,24 +252,14 @@ class ProcEvents:
 
     def wake(self) -> None:
         """End a blocked ``read`` now (from another thread); the read returns no events."""
-        with self._wake_lock:
-            if self._closed:
-                return
-            try:
-                os.write(self._wake_write, b"x")
-            except BlockingIOError:  # the pipe is full: a wake is already pending
-                pass
+        self._wake.wake()
 
     def read(self, timeout_seconds: float) -> Events:
         events = Events()
-        ready, _, _ = select.select(
-            [self._socket.fileno(), self._wake_read], [], [], timeout_seconds
-        )
-        if self._wake_read in ready:
-            try:
-                os.read(self._wake_read, 4096)
-            except OSError:
-                pass
+        wake = self._wake.fileno()
+        ready, _, _ = select.select([self._socket.fileno(), wake], [], [], timeout_seconds)
+        if wake in ready:
+            self._wake.drain()
             return events
         if not ready:
             return events
@@ -291,7 +280,7 @@ class ProcEvents:
         return events
 
     def close(self) -> None:
-        with self._wake_lock:
+        with self._close_lock:
             if self._closed:
                 return
             self._closed = True
@@ -300,5 +289,4 @@ class ProcEvents:
             except OSError:
                 pass
             self._socket.close()
-            os.close(self._wake_read)
-            os.close(self._wake_write)
+            self._wake.close()

@@ -52,6 +52,7 @@ import psutil
 from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout, proc
 from mps.control import shown_pinned_limit_mib
 from nodemgr.allocation.allocator import Allocator
+from nodemgr.common.wakepipe import WakePipe
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import MpsSettings
 from nodemgr.domain.statusdoc import MpsView
@@ -112,7 +113,7 @@ class MpsSupervisor(ThreadWorker):
             for card in allocator.cards
         }
         # Written by card changes (a listener) and stop(): ends the wait in run().
-        self._wake_read, self._wake_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._wake_pipe = WakePipe()  # lives as long as the supervisor: never closed
 
     def mps_servers(self) -> frozenset[tuple[int, int]]:
         """(PID, start ticks) of the MPS servers of the verified control daemons, read
@@ -152,8 +153,7 @@ class MpsSupervisor(ThreadWorker):
                 self._unwatch(state)
 
     def _poke(self) -> None:
-        with contextlib.suppress(BlockingIOError, OSError):  # full: a wake is pending
-            os.write(self._wake_write, b"x")
+        self._wake_pipe.wake()
 
     def _wake(self) -> None:
         self._poke()
@@ -168,12 +168,12 @@ class MpsSupervisor(ThreadWorker):
         daemon exited."""
         watched = {s.watched[1]: uuid for uuid, s in self._states.items() if s.watched}
         try:
-            ready, _, _ = select.select([self._wake_read, *watched], [], [], max(0.0, timeout))
+            wake = self._wake_pipe.fileno()
+            ready, _, _ = select.select([wake, *watched], [], [], max(0.0, timeout))
         except (OSError, ValueError):  # a pidfd closed under us: check everything now
             return set(self._states)
-        if self._wake_read in ready:
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.read(self._wake_read, 4096)
+        if wake in ready:
+            self._wake_pipe.drain()
         return {watched[fd] for fd in ready if fd in watched}
 
     def tend_all(self, check: bool = True, died: set[str] | frozenset[str] = frozenset()) -> None:
