@@ -19,7 +19,7 @@ waiting up to ``POD_WAIT_SECONDS`` for the pod watch to catch up with kubelet.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -72,19 +72,6 @@ def carried_allocation(
     if now_monotonic - admission.since_monotonic > ADMISSION_WINDOW_SECONDS:
         return None
     return allocation
-
-
-def held_resources(
-    allocations: Iterable[Allocation], resource_names: Mapping[ResourceKind, str]
-) -> dict[tuple[str, str, str], frozenset[str]]:
-    """Which shared resources each known container already holds."""
-    held: dict[tuple[str, str, str], set[str]] = {}
-    for allocation in allocations:
-        if allocation.owner is not None and not allocation.whole:
-            owner = allocation.owner
-            names = held.setdefault((owner.namespace, owner.pod, owner.container), set())
-            names.update(resource_names[kind] for kind in allocation.devices)
-    return {key: frozenset(names) for key, names in held.items()}
 
 
 class PodSource(Protocol):

@@ -31,7 +31,7 @@ class CardUsage:
         self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
         # (namespace, pod, container) -> the shared kinds its allocations hold, and how many
         # of them hold each: what admission asks per Allocate, kept here instead of walking
-        # every allocation (admission.held_resources is the same from scratch).
+        # every allocation.
         self.held_kinds: dict[tuple[str, str, str], frozenset[ResourceKind]] = {}
         self._held_counts: dict[tuple[str, str, str], Counter[ResourceKind]] = {}
 

@@ -18,9 +18,9 @@ from nodemgr.allocation.admission import (
     OpenAdmission,
     carried_allocation,
     carry_refusal,
-    held_resources,
     place_demand,
 )
+from nodemgr.allocation.usage import CardUsage, HeldByName
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.placement import CardLoad, NoFitDescriber
@@ -96,10 +96,10 @@ def test_without_the_pod_only_within_the_admission_window():
     assert carried_allocation(open_, allocations, CORE, 77, edge + 0.01) is None
 
 
-# --- held_resources ---------------------------------------------------------------------
+# --- which shared resources each container holds (CardUsage.held_kinds) ------------------
 
 
-def test_held_resources_per_known_container():
+def test_held_per_known_container():
     """Each container with a known owner holds the names of its shared resources; whole
     allocations and allocations of no known owner do not count."""
     a = ContainerRef("ml", "train-0", "main")
@@ -110,7 +110,10 @@ def test_held_resources_per_known_container():
         shared("ga-3", units=2, owner=None),
         Allocation("ga-4", {WHOLE: ("GPU-1",)}, 0, 1000.0, owner=ContainerRef("ml", "w", "m")),
     ]
-    assert held_resources(allocations, NAMES) == {
+    usage = CardUsage()
+    for allocation in allocations:
+        usage.add(allocation)
+    assert dict(HeldByName(usage.held_kinds, NAMES)) == {
         ("ml", "train-0", "main"): frozenset({MEM_NAME, CORE_NAME}),
         ("ml", "train-1", "main"): frozenset({CORE_NAME}),
     }
