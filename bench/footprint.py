@@ -253,10 +253,22 @@ class EventCounter:
         return self.events if self.available else None
 
 
-def settle(full: FullNode, quiet_seconds: float = 2.0, timeout_seconds: float = 60.0) -> None:
+# Idle starts once nothing has reached the API server for longer than one reconcile
+# period (kubelet.reconcile_interval_seconds, 10 s by default) plus a publish (1 s) and a
+# margin. Without the extender's assume times, identical pending pods are told apart by
+# a guess that kubelet's PodResources record corrects at the next reconcile; the fill's
+# corrections (annotations re-written for the pods whose owner was guessed wrong) come
+# up to 10 s after its last admission. They are the admissions' work, not idle.
+SETTLE_QUIET_SECONDS = 13.0
+
+
+def settle(
+    full: FullNode, quiet_seconds: float = SETTLE_QUIET_SECONDS, timeout_seconds: float = 90.0
+) -> None:
     """Wait until the admissions' after-effects are over: with the adapter on, until the
     API server has had no request for ``quiet_seconds`` (the annotation writes queued
-    while filling have drained), else ``quiet_seconds``. Idle starts after that."""
+    while filling, and the next reconcile's corrections, have drained), else
+    ``quiet_seconds``. Idle starts after that."""
     api = full.api
     if api is None:
         time.sleep(quiet_seconds)

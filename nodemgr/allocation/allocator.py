@@ -511,6 +511,11 @@ class Allocator:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
 
+    def allocation_count(self) -> int:
+        """How many allocations there are (the run loop's STATUS= twice a second: no sort)."""
+        with self._lock:
+            return len(self._allocations)
+
     # -- internals (callers hold the lock) -------------------------------------
 
     def _resolve(self, kind: ResourceKind, device_ids: Sequence[str]) -> list[str]:

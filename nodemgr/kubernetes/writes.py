@@ -18,6 +18,8 @@ What it must not do: talk to the API server, sleep, or know the kubernetes clien
 
 from __future__ import annotations
 
+import heapq
+import itertools
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -60,11 +62,16 @@ class _Pending:
     due_at: float
     backoff: Backoff
     last_error: str | None = None
+    order: int = 0  # when it joined the queue: among writes due at once, the first goes first
 
 
 @dataclass
 class WriteQueue(Generic[K]):
-    """Desired writes by key, each sent when due; at most one in flight per key."""
+    """Desired writes by key, each sent when due; at most one in flight per key.
+
+    The due times are kept in a heap, so taking the next write costs log(n): after a
+    full republish hundreds of pods' annotations are pending at once, and a scan per
+    take made draining them quadratic."""
 
     clock: Callable[[], float]
     initial_backoff_seconds: float = 0.5
@@ -72,6 +79,10 @@ class WriteQueue(Generic[K]):
     _pending: dict[K, _Pending] = field(default_factory=dict)
     # Keys being written now, with their backoff, so a failure continues the sequence.
     _in_flight: dict[K, Backoff] = field(default_factory=dict)
+    # (due_at, order, key) of each pending write; an entry whose key's pending write has
+    # another due time or order since is stale and skipped when it comes up.
+    _due: list[tuple[float, int, K]] = field(default_factory=list)
+    _orders: itertools.count[int] = field(default_factory=itertools.count)
 
     def put(self, key: K, value: Any, merge: Merge = replace) -> None:
         """Queue ``value`` for ``key``, coalesced with a pending one (which keeps its due time)."""
@@ -82,19 +93,13 @@ class WriteQueue(Generic[K]):
             return
         backoff = self._in_flight.get(key) or self._new_backoff()
         # A key in flight is not due before its write ends (take() skips in-flight keys).
-        self._pending[key] = _Pending(value, merge, self.clock(), backoff)
+        self._add(key, _Pending(value, merge, self.clock(), backoff))
 
     def take(self) -> tuple[K, Any] | None:
         """The due write with the earliest due time, now in flight; None if nothing is due."""
-        now = self.clock()
-        due = [
-            (p.due_at, i, k)
-            for i, (k, p) in enumerate(self._pending.items())
-            if p.due_at <= now and k not in self._in_flight
-        ]
-        if not due:
+        key = self._first_due(self.clock())
+        if key is None:
             return None
-        _, _, key = min(due)
         pending = self._pending.pop(key)
         self._in_flight[key] = pending.backoff
         return key, pending.value
@@ -119,8 +124,9 @@ class WriteQueue(Generic[K]):
             pending.due_at = self.clock() + delay
             pending.backoff = backoff
             pending.last_error = error
+            heapq.heappush(self._due, (pending.due_at, pending.order, key))
         else:
-            self._pending[key] = _Pending(value, merge, self.clock() + delay, backoff, error)
+            self._add(key, _Pending(value, merge, self.clock() + delay, backoff, error))
         return delay
 
     def reset_backoff(self) -> None:
@@ -131,13 +137,38 @@ class WriteQueue(Generic[K]):
             pending.backoff.reset()
         for backoff in self._in_flight.values():
             backoff.reset()
+        self._due = [(p.due_at, p.order, k) for k, p in self._pending.items()]
+        heapq.heapify(self._due)
 
     def seconds_until_due(self) -> float | None:
         """How long until the next write not in flight is due (0 if one is); None if none."""
-        times = [p.due_at for k, p in self._pending.items() if k not in self._in_flight]
-        if not times:
+        key = self._first_due(float("inf"))
+        if key is None:
             return None
-        return max(0.0, min(times) - self.clock())
+        return max(0.0, self._pending[key].due_at - self.clock())
+
+    def _add(self, key: K, pending: _Pending) -> None:
+        pending.order = next(self._orders)
+        self._pending[key] = pending
+        heapq.heappush(self._due, (pending.due_at, pending.order, key))
+
+    def _first_due(self, now: float) -> K | None:
+        """The key of the earliest write due by ``now`` and not in flight (left queued)."""
+        due, skipped, found = self._due, [], None
+        while due and due[0][0] <= now:
+            entry = due[0]
+            due_at, order, key = entry
+            pending = self._pending.get(key)
+            if pending is None or pending.order != order or pending.due_at != due_at:
+                heapq.heappop(due)  # stale: taken, requeued or rescheduled since
+            elif key in self._in_flight:
+                skipped.append(heapq.heappop(due))  # due once its write ends
+            else:
+                found = key
+                break
+        for entry in skipped:
+            heapq.heappush(due, entry)
+        return found
 
     def pending_value(self, key: K) -> Any:
         pending = self._pending.get(key)
@@ -145,6 +176,7 @@ class WriteQueue(Generic[K]):
 
     def clear(self) -> None:
         self._pending.clear()
+        self._due.clear()
 
     def __len__(self) -> int:
         """Writes not yet done: pending plus in flight (a key in both counts once)."""

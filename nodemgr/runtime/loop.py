@@ -198,7 +198,7 @@ class RunLoop:
         problems = allocator.card_problems()
         summary = (
             f"serving {resources} resources on {len(allocator.cards)} GPUs, "
-            f"{len(allocator.allocations())} allocations"
+            f"{allocator.allocation_count()} allocations"
         )
         if problems:
             summary += "; " + "; ".join(

@@ -229,4 +229,4 @@ def _log_inventory(allocator: Allocator) -> None:
             ),
             allocator.resource_names[ResourceKind.MEMORY],
         )
-    log.info("%d allocations loaded from the ledger", len(allocator.allocations()))
+    log.info("%d allocations loaded from the ledger", allocator.allocation_count())

@@ -485,3 +485,14 @@ def test_the_binder_binds_ahead_in_its_own_thread_and_reports_a_failure():
     with pytest.raises(RuntimeError, match="API server gone"):
         broken.wait_bound(0, timeout_seconds=5)
     assert broken.stop() == 0
+
+
+def test_settle_outlasts_a_reconcile_and_its_publish_by_default():
+    """The fill's last corrections come with the first reconcile after it (owners guessed
+    among identical pods, fixed from kubelet's record) and the publish after that: idle
+    starts only once a quiet spell longer than both has passed."""
+    from nodemgr.config.schema import KubeletSettings
+    from nodemgr.kubernetes.sync import MIN_PUBLISH_INTERVAL_SECONDS
+
+    reconcile = KubeletSettings().reconcile_interval_seconds
+    assert footprint.SETTLE_QUIET_SECONDS > reconcile + MIN_PUBLISH_INTERVAL_SECONDS

@@ -92,6 +92,16 @@ def test_binpack_puts_the_second_container_on_the_same_card(allocator, clock):
     assert len(allocator.allocations()) == 2
 
 
+def test_allocation_count_follows_admissions(allocator, clock):
+    """allocation_count (the run loop's STATUS= line) is the number of allocations."""
+    assert allocator.allocation_count() == 0
+    admit(allocator, [(MEM, 4), (CORE, 30)])
+    assert allocator.allocation_count() == 1
+    clock.now += 1
+    admit(allocator, [(MEM, 2)])
+    assert allocator.allocation_count() == len(allocator.allocations()) == 2
+
+
 def test_spread_puts_the_second_container_on_the_other_card(tmp_path, clock):
     allocator = make(simulated_settings(str(tmp_path), placement="spread"), clock)
     admit(allocator, [(MEM, 4), (CORE, 30)])

@@ -6,6 +6,8 @@ one event per (pod, reason) per interval and a bounded rate overall, folds what 
 suppressed into the next event's count, and forgets keys that went quiet."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodemgr.kubernetes.writes import Backoff, EventLimiter, WriteQueue, merge_keys, replace
 from tests.unit.kubernetes.support import FakeClock
@@ -120,6 +122,113 @@ def test_queue_empty_and_clear():
     assert queue.seconds_until_due() == 0.0
     queue.clear()
     assert queue.take() is None and len(queue) == 0
+
+
+def test_queue_drains_a_republish_in_order_without_rescanning():
+    """A full republish queues hundreds of pods at once: they go out in the order they
+    were queued, each take looking at the next one only (not every pending write)."""
+    clock = FakeClock()
+    queue = WriteQueue(clock)
+    for i in range(500):
+        queue.put(("pod", i), {"a": str(i)}, merge_keys)
+    taken = []
+    while (item := queue.take()) is not None:
+        taken.append(item[0][1])
+        queue.done(item[0])
+    assert taken == list(range(500))
+    assert len(queue._due) == 0  # nothing left behind in the heap either
+
+
+class _ScanQueue:
+    """The reference: the queue's rules written as plainly as possible (a scan per take)."""
+
+    def __init__(self, clock):
+        self.clock, self.pending, self.in_flight, self.failures = clock, {}, set(), {}
+
+    def put(self, key, value):
+        if key in self.pending:
+            self.pending[key][0] = value
+        else:
+            self.pending[key] = [value, self.clock()]
+
+    def take(self):
+        due = [(t, i, k) for i, (k, (_, t)) in enumerate(self.pending.items())
+               if t <= self.clock() and k not in self.in_flight]  # fmt: skip
+        if not due:
+            return None
+        key = min(due)[2]
+        self.in_flight.add(key)
+        return key, self.pending.pop(key)[0]
+
+    def done(self, key):
+        self.in_flight.discard(key)
+        self.failures.pop(key, None)
+
+    def retry(self, key, value):
+        self.in_flight.discard(key)
+        failures = self.failures.get(key, 0)
+        self.failures[key] = failures + 1
+        due = self.clock() + min(0.5 * 2**failures, 30.0)
+        if key in self.pending:
+            self.pending[key] = [self.pending[key][0], due]
+        else:
+            self.pending[key] = [value, due]
+
+    def reset_backoff(self):
+        for entry in self.pending.values():
+            entry[1] = min(entry[1], self.clock())
+        self.failures.clear()
+
+    def seconds_until_due(self):
+        times = [t for k, (_, t) in self.pending.items() if k not in self.in_flight]
+        return None if not times else max(0.0, min(times) - self.clock())
+
+
+_STEPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.integers(0, 5), st.integers()),
+        st.tuples(st.just("take"), st.just(0), st.just(0)),
+        st.tuples(st.just("finish"), st.booleans(), st.just(0)),
+        st.tuples(st.just("wait"), st.sampled_from([0.1, 0.5, 1.0, 7.0]), st.just(0)),
+        st.tuples(st.just("reset"), st.just(0), st.just(0)),
+    ),
+    max_size=80,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_STEPS)
+def test_queue_agrees_with_a_scan_over_every_pending_write(steps):
+    """Random puts, takes, successes, failures, waits and API-back resets: the heap-kept
+    queue takes the same write, gives the same wait and holds the same count as the plain
+    scan it replaced."""
+    clock = FakeClock()
+    queue, model = WriteQueue(clock), _ScanQueue(clock)
+    taken: list = []
+    for op, a, b in steps:
+        if op == "put":
+            queue.put(a, b)
+            model.put(a, b)
+        elif op == "take":
+            got = queue.take()
+            assert got == model.take()
+            if got is not None:
+                taken.append(got)
+        elif op == "finish" and taken:
+            key, value = taken.pop(0)
+            if a:
+                queue.done(key)
+                model.done(key)
+            else:
+                queue.retry(key, value, replace, "down")
+                model.retry(key, value)
+        elif op == "wait":
+            clock.now += a
+        elif op == "reset":
+            queue.reset_backoff()
+            model.reset_backoff()
+        assert queue.seconds_until_due() == model.seconds_until_due()
+        assert len(queue) == len(model.pending.keys() | model.in_flight)
 
 
 # --- event rate limit ---------------------------------------------------------------------
