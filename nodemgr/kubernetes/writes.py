@@ -156,8 +156,7 @@ class WriteQueue(Generic[K]):
         """The key of the earliest write due by ``now`` and not in flight (left queued)."""
         due, skipped, found = self._due, [], None
         while due and due[0][0] <= now:
-            entry = due[0]
-            due_at, order, key = entry
+            due_at, order, key = due[0]
             pending = self._pending.get(key)
             if pending is None or pending.order != order or pending.due_at != due_at:
                 heapq.heappop(due)  # stale: taken, requeued or rescheduled since
