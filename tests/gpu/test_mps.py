@@ -1,8 +1,17 @@
 """On a machine with an NVIDIA GPU, the MPS binary and torch (``pytest -m gpu``):
 a real control daemon for card 0 started by the mps library, CUDA clients with
-the env gpushare-node's Allocate gives. Pins that the pinned memory limit and the
-active-thread percentage are really enforced, and that quit and adoption work.
-Skipped, with the reason, where any of those is missing."""
+the env gpushare-node's Allocate gives. Pins that the pinned memory limit (the
+client's env and the daemon's ceiling) and the active-thread percentage are really
+enforced, that a client given only the client directory runs through the MPS server,
+that mps.identity finds the real server, that MPS runs two clients side by side where
+time-slicing takes turns, and that quit and adoption work. Skipped, with the reason,
+where any of those is missing.
+
+The measured figures are recorded as junit properties (``--junitxml``) for
+docs/gpu-tests.md. Nothing here changes a setting of the card itself (no compute
+mode): the MPS settings live in the daemon the test starts and quits."""
+
+from __future__ import annotations
 
 import importlib.util
 import os
@@ -41,6 +50,33 @@ torch.cuda.synchronize()
 print(time.perf_counter() - start)
 """
 
+# A client that proves it computed on the GPU, says its PID and waits until stdin closes
+# (while it waits, the test asks the control daemon and /proc about it).
+RESIDENT = """
+import os, sys, torch
+a = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+held = torch.empty(1024 * 2**20, dtype=torch.uint8, device="cuda")
+print("sum", int(a.sum().item()), "pid", os.getpid(), flush=True)
+sys.stdin.read()
+"""
+RESIDENT_SUM = (1 << 20) * ((1 << 20) - 1) // 2
+
+# One thread spinning on the GPU per launch (torch.cuda._sleep): the card has room for
+# many such kernels at once, so two clients finish together only when their kernels run
+# side by side. Warm up, wait for "go" on stdin (both clients start together), time.
+SPIN = """
+import sys, time, torch
+torch.cuda._sleep(1000)
+torch.cuda.synchronize()
+print("ready", flush=True)
+sys.stdin.readline()
+start = time.perf_counter()
+for _ in range(400):
+    torch.cuda._sleep(2_000_000)
+torch.cuda.synchronize()
+print(time.perf_counter() - start, flush=True)
+"""
+
 
 @pytest.fixture(scope="module")
 def card_uuid():
@@ -63,7 +99,12 @@ def card_uuid():
 def daemon(card_uuid):
     root = tempfile.mkdtemp(prefix="mpsgpu-")
     daemon = CardDaemon(
-        card_uuid, "nvidia-cuda-mps-control", f"{root}/pipe", f"{root}/log", timeout_seconds=20
+        card_uuid,
+        "nvidia-cuda-mps-control",
+        f"{root}/pipe",
+        f"{root}/log",
+        timeout_seconds=20,
+        client_dir=f"{root}/client",
     )
     daemon.start()
     yield daemon
@@ -72,33 +113,146 @@ def daemon(card_uuid):
     shutil.rmtree(root, ignore_errors=True)
 
 
+def client_env(daemon: CardDaemon | None, pipe_dir: str | None = None, **env: str) -> dict:
+    """A client's environment: the card by UUID, the MPS pipe directory (``pipe_dir``,
+    else the daemon's; with no daemon, an empty directory: the client runs outside MPS)."""
+    if pipe_dir is None:
+        pipe_dir = daemon.pipe_dir if daemon is not None else tempfile.mkdtemp(prefix="nomps-")
+    card = daemon.card_uuid if daemon is not None else env.pop("CUDA_VISIBLE_DEVICES")
+    return {**os.environ, "CUDA_VISIBLE_DEVICES": card, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir, **env}
+
+
 def client(daemon, code, **env):
-    full_env = {
-        **os.environ,
-        "CUDA_VISIBLE_DEVICES": daemon.card_uuid,
-        "CUDA_MPS_PIPE_DIRECTORY": daemon.pipe_dir,
-        **env,
-    }
     done = subprocess.run(
-        [sys.executable, "-c", code], env=full_env, capture_output=True, text=True, timeout=300
+        [sys.executable, "-c", code],
+        env=client_env(daemon, **env),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
 
 
+def start_client(code: str, env: dict) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen) -> str:
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err
+    return out
+
+
 def test_pinned_memory_limit_is_enforced(daemon):
+    """The client env Allocate gives (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M) refuses a
+    2 GiB allocation; without it the same allocation fits."""
     out = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1024M")
     assert "small ok" in out and "big refused" in out, out
     assert client(daemon, ALLOCATE).count("big allocated") == 1  # no limit: it fits
 
 
-def test_active_thread_percentage_slows_compute(daemon):
+def test_the_daemon_ceiling_holds_against_a_client_asking_for_more(daemon):
+    """The daemon's default pinned limit, set by ordinal as the supervisor sets it, bounds
+    every client of the servers it starts: a client whose env asks for more (a tenant
+    overriding its env) is still refused past the ceiling, and so is one with no env."""
+    daemon.client.set_default_pinned_mem_limit("0", 1024)
+    raised = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=8192M")
+    assert "small ok" in raised and "big refused" in raised, raised
+    plain = client(daemon, ALLOCATE)
+    assert "small ok" in plain and "big refused" in plain, plain
+
+
+def test_active_thread_percentage_slows_compute(daemon, record_property):
+    """25 % of the SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE) runs a compute-bound loop
+    more than 1.5 times slower than 100 %."""
     full = float(client(daemon, COMPUTE, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="100"))
     quarter = float(client(daemon, COMPUTE, CUDA_MPS_ACTIVE_THREAD_PERCENTAGE="25"))
+    record_property("compute_100pct_s", round(full, 4))
+    record_property("compute_25pct_s", round(quarter, 4))
     assert quarter / full > 1.5, (full, quarter)
 
 
+def test_a_client_given_only_the_client_directory_runs_through_the_server(daemon):
+    """What a shared container gets (the client directory, holding only a hard link to
+    ``control``) is enough: the client computes, the control daemon lists it as a client
+    of its one server, the health probe counts it, and mps.identity names that server
+    (a direct child of the verified daemon running the server binary)."""
+    daemon.publish()
+    assert os.listdir(daemon.client_dir) == ["control"]
+    proc = start_client(RESIDENT, client_env(daemon, pipe_dir=daemon.client_dir))
+    try:
+        line = proc.stdout.readline().split()
+        assert line[:2] == ["sum", str(RESIDENT_SUM)], (line, proc.stderr)
+        pid = int(line[3])
+        [server] = daemon.client.server_pids()
+        assert pid in daemon.client.client_pids(server)
+        health = daemon.probe()
+        assert health.ok and health.servers == 1 and health.clients >= 1, health
+        identity = daemon.identify()
+        assert identity is not None
+        assert {p for p, _ in daemon.servers(identity)} == {server}
+    finally:
+        proc.stdin.close()
+    finish(proc)
+
+
+def test_nvml_sees_an_mps_client_and_its_memory(daemon):
+    """The watchdog reads per-process memory from NVML: a client of the MPS server is
+    listed under its own PID with what it holds (1 GiB here), not only the server."""
+    from nodemgr.config.schema import GpuSettings
+    from nodemgr.inventory import open_inventory
+
+    inventory = open_inventory(GpuSettings(backend="nvml"))
+    proc = start_client(RESIDENT, client_env(daemon))
+    try:
+        pid = int(proc.stdout.readline().split()[3])
+        usage = {u.pid: u for u in inventory.process_usage()}
+        assert pid in usage, usage
+        assert usage[pid].gpu_uuid == daemon.card_uuid
+        assert usage[pid].used_mib >= 1024, usage[pid]
+    finally:
+        proc.stdin.close()
+        inventory.close()
+    finish(proc)
+
+
+def run_pair(env: dict) -> float:
+    """Two SPIN clients started together; seconds until the slower one is done."""
+    procs = [start_client(SPIN, env) for _ in range(2)]
+    try:
+        for proc in procs:
+            assert proc.stdout.readline() == "ready\n", proc.stderr
+        for proc in procs:
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        return max(float(finish(proc)) for proc in procs)
+    finally:
+        for proc in procs:
+            proc.kill()
+
+
+def test_mps_runs_two_clients_side_by_side_where_time_slicing_takes_turns(daemon, record_property):
+    """Two clients of small kernels: without MPS (each its own context, time-sliced) the
+    pair takes more than 1.5 times as long as through one MPS server, which runs both
+    clients' kernels at once."""
+    sliced = run_pair(client_env(None, CUDA_VISIBLE_DEVICES=daemon.card_uuid))
+    shared = run_pair(client_env(daemon))
+    record_property("pair_time_sliced_s", round(sliced, 4))
+    record_property("pair_mps_s", round(shared, 4))
+    assert sliced / shared > 1.5, (sliced, shared)
+
+
 def test_quit_and_adopt(daemon):
+    """A second CardDaemon on the same pipe directory adopts the running daemon (same
+    PID) and its quit ends it."""
     pid = daemon.pid()
     assert pid is not None
     adopter = CardDaemon(daemon.card_uuid, daemon.binary, daemon.pipe_dir, daemon.log_dir, 20)

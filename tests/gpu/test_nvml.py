@@ -2,6 +2,12 @@
 cards, facts a board lacks are None rather than errors, and per-process usage works.
 Skipped where NVML cannot initialise (no driver), with the reason."""
 
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+
 import pytest
 
 from nodemgr.config.schema import GpuSettings
@@ -36,3 +42,39 @@ def test_per_process_usage_is_readable(inventory):
     uuids = {c.uuid for c in inventory.cards()}
     for usage in inventory.process_usage():
         assert usage.gpu_uuid in uuids and usage.pid > 0 and usage.used_mib >= 0
+
+
+HOLD_MEMORY = """
+import os, sys, torch
+held = torch.empty(1024 * 2**20, dtype=torch.uint8, device="cuda")
+torch.cuda.synchronize()
+print(os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_cuda_process_is_listed_with_its_memory(inventory):
+    """A CUDA process (outside MPS) holding 1 GiB on card 0 is listed under its PID on that
+    card with at least that much: what the watchdog compares with a quota."""
+    if importlib.util.find_spec("torch") is None:
+        pytest.skip("torch is not installed (the CUDA process is a torch program)")
+    card = inventory.cards()[0]
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid}
+    env["CUDA_MPS_PIPE_DIRECTORY"] = tempfile.mkdtemp(prefix="nomps-")  # no MPS daemon there
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_MEMORY],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        pid = int(proc.stdout.readline() or 0)
+        assert pid, proc.stderr.read() if proc.poll() is not None else "no PID"
+        usage = {u.pid: u for u in inventory.process_usage()}
+        assert pid in usage, usage
+        assert usage[pid].gpu_uuid == card.uuid and usage[pid].used_mib >= 1024, usage[pid]
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=60)
