@@ -3,7 +3,7 @@ a real control daemon for card 0 started by the mps library, CUDA clients with
 the env gpushare-node's Allocate gives. Pins that the pinned memory limit (the
 client's env and the daemon's ceiling) and the active-thread percentage are really
 enforced, that a client given only the client directory runs through the MPS server,
-that mps.identity finds the real server, that MPS runs two clients side by side where
+that mps.identity finds the real server, that MPS runs clients side by side where
 time-slicing takes turns, and that quit and adoption work. Skipped, with the reason,
 where any of those is missing.
 
@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -26,9 +27,12 @@ from mps import CardDaemon, HealthState
 
 pytestmark = pytest.mark.gpu
 
+# Under a pinned limit the client's own CUDA context counts against it (about 0.5 GiB with
+# torch on CUDA 13), and cudaMemGetInfo's "free" shows what the limit leaves.
 ALLOCATE = """
 import torch
-torch.cuda.init()
+free, total = torch.cuda.mem_get_info()
+print("free", free, "total", total, flush=True)
 small = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
 print("small ok", flush=True)
 try:
@@ -146,16 +150,28 @@ def start_client(code: str, env: dict) -> subprocess.Popen:
 
 
 def finish(proc: subprocess.Popen) -> str:
+    """Close the client's stdin (it then exits) and return what it printed."""
+    if proc.stdin is not None:
+        proc.stdin.close()
+        proc.stdin = None  # communicate() would flush it
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
     return out
 
 
-def test_pinned_memory_limit_is_enforced(daemon):
-    """The client env Allocate gives (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=1024M) refuses a
-    2 GiB allocation; without it the same allocation fits."""
-    out = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=1024M")
+def free_mib(out: str) -> int:
+    """What cudaMemGetInfo called free once the client's context existed, in MiB."""
+    return int(out.split()[1]) // 2**20
+
+
+def test_pinned_memory_limit_is_enforced(daemon, record_property):
+    """The client env Allocate gives (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=2048M) refuses a
+    2 GiB allocation and takes 512 MiB; without it the 2 GiB fit. The client's own
+    context counts against the limit: less than 2048 MiB is free once it exists."""
+    out = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=2048M")
     assert "small ok" in out and "big refused" in out, out
+    record_property("free_under_2048M_limit_mib", free_mib(out))
+    assert free_mib(out) < 2048
     assert client(daemon, ALLOCATE).count("big allocated") == 1  # no limit: it fits
 
 
@@ -163,11 +179,47 @@ def test_the_daemon_ceiling_holds_against_a_client_asking_for_more(daemon):
     """The daemon's default pinned limit, set by ordinal as the supervisor sets it, bounds
     every client of the servers it starts: a client whose env asks for more (a tenant
     overriding its env) is still refused past the ceiling, and so is one with no env."""
-    daemon.client.set_default_pinned_mem_limit("0", 1024)
+    daemon.client.set_default_pinned_mem_limit("0", 2048)
     raised = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=8192M")
     assert "small ok" in raised and "big refused" in raised, raised
     plain = client(daemon, ALLOCATE)
     assert "small ok" in plain and "big refused" in plain, plain
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="NVIDIA's MPS (seen with driver 580.159.04) drops every pinned limit, the "
+    "daemon's ceiling included, for a client whose env names an ordinal it cannot see; "
+    "the hook refuses such env at creation, the watchdog's memory sum is the backstop",
+)
+def test_the_ceiling_holds_when_the_env_names_a_device_the_client_cannot_see(daemon):
+    """A limit naming an ordinal the client cannot see (0=...,1=...) is reported to make a
+    client drop its pinned limits (the hook refuses such env for that reason). Pins
+    whether the daemon's ceiling still holds such a client: it does not."""
+    daemon.client.set_default_pinned_mem_limit("0", 2048)
+    held = client(daemon, ALLOCATE, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=2048M,1=2048M")
+    assert "small ok" in held and "big refused" in held, held
+
+
+def test_a_killed_client_leaves_the_server_serving(daemon):
+    """The watchdog kills an over-quota container's processes with SIGKILL: the MPS server
+    they used stays healthy (no FAULT), a client beside them goes on computing, and a new
+    client is served."""
+    survivor = start_client(RESIDENT, client_env(daemon))
+    victim = start_client(RESIDENT, client_env(daemon))
+    try:
+        for proc in (survivor, victim):
+            assert proc.stdout.readline().startswith("sum"), proc.stderr
+        victim.kill()
+        victim.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while (health := daemon.probe()).clients != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)  # the server notices its client is gone
+        assert health.ok and health.clients == 1, health
+        assert "small ok" in client(daemon, ALLOCATE)
+    finally:
+        victim.kill()
+        finish(survivor)
 
 
 def test_active_thread_percentage_slows_compute(daemon, record_property):
@@ -200,11 +252,10 @@ def test_a_client_given_only_the_client_directory_runs_through_the_server(daemon
         assert identity is not None
         assert {p for p, _ in daemon.servers(identity)} == {server}
     finally:
-        proc.stdin.close()
-    finish(proc)
+        finish(proc)
 
 
-def test_nvml_sees_an_mps_client_and_its_memory(daemon):
+def test_nvml_sees_an_mps_client_and_its_memory(daemon, record_property):
     """The watchdog reads per-process memory from NVML: a client of the MPS server is
     listed under its own PID with what it holds (1 GiB here), not only the server."""
     from nodemgr.config.schema import GpuSettings
@@ -217,16 +268,51 @@ def test_nvml_sees_an_mps_client_and_its_memory(daemon):
         usage = {u.pid: u for u in inventory.process_usage()}
         assert pid in usage, usage
         assert usage[pid].gpu_uuid == daemon.card_uuid
+        record_property("nvml_mps_client_used_mib", usage[pid].used_mib)
         assert usage[pid].used_mib >= 1024, usage[pid]
     finally:
-        proc.stdin.close()
         inventory.close()
-    finish(proc)
+        finish(proc)
 
 
-def run_pair(env: dict) -> float:
-    """Two SPIN clients started together; seconds until the slower one is done."""
-    procs = [start_client(SPIN, env) for _ in range(2)]
+# Takes 64 MiB at a time until the pinned limit refuses, then says its PID and waits.
+FILL = """
+import os, sys, torch
+held = []
+try:
+    while True:
+        held.append(torch.empty(64 * 2**20, dtype=torch.uint8, device="cuda"))
+except RuntimeError:
+    pass
+torch.cuda.synchronize()
+print(len(held) * 64, os.getpid(), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_client_at_its_pinned_limit_stays_within_the_watchdog_grace(daemon, record_property):
+    """A container that fills its quota (the pinned limit of its env, which counts its
+    CUDA context too) is not a violation: what NVML reports for it, which the watchdog
+    adds up, stays within quota + the default enforcement.grace_mib."""
+    from nodemgr.config.schema import EnforcementSettings, GpuSettings
+    from nodemgr.inventory import open_inventory
+
+    inventory = open_inventory(GpuSettings(backend="nvml"))
+    proc = start_client(FILL, client_env(daemon, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=2048M"))
+    try:
+        data_mib, pid = map(int, proc.stdout.readline().split())
+        used_mib = {u.pid: u.used_mib for u in inventory.process_usage()}[pid]
+        record_property("fill_2048M_data_mib", data_mib)
+        record_property("fill_2048M_nvml_used_mib", used_mib)
+        assert used_mib <= 2048 + EnforcementSettings().grace_mib, (data_mib, used_mib)
+    finally:
+        inventory.close()
+        finish(proc)
+
+
+def run_group(env: dict, count: int) -> float:
+    """``count`` SPIN clients started together; seconds until the slowest is done."""
+    procs = [start_client(SPIN, env) for _ in range(count)]
     try:
         for proc in procs:
             assert proc.stdout.readline() == "ready\n", proc.stderr
@@ -239,15 +325,17 @@ def run_pair(env: dict) -> float:
             proc.kill()
 
 
-def test_mps_runs_two_clients_side_by_side_where_time_slicing_takes_turns(daemon, record_property):
-    """Two clients of small kernels: without MPS (each its own context, time-sliced) the
-    pair takes more than 1.5 times as long as through one MPS server, which runs both
-    clients' kernels at once."""
-    sliced = run_pair(client_env(None, CUDA_VISIBLE_DEVICES=daemon.card_uuid))
-    shared = run_pair(client_env(daemon))
-    record_property("pair_time_sliced_s", round(sliced, 4))
-    record_property("pair_mps_s", round(shared, 4))
-    assert sliced / shared > 1.5, (sliced, shared)
+def test_mps_runs_clients_side_by_side_where_time_slicing_takes_turns(daemon, record_property):
+    """Four clients of small kernels: without MPS (each its own context, time-sliced) they
+    take more than 1.5 times as long as through one MPS server, which runs all their
+    kernels at once, about as long as one client alone."""
+    alone = run_group(client_env(daemon), 1)
+    sliced = run_group(client_env(None, CUDA_VISIBLE_DEVICES=daemon.card_uuid), 4)
+    shared = run_group(client_env(daemon), 4)
+    record_property("spin_one_client_s", round(alone, 4))
+    record_property("spin_four_time_sliced_s", round(sliced, 4))
+    record_property("spin_four_mps_s", round(shared, 4))
+    assert sliced / shared > 1.5, (alone, sliced, shared)
 
 
 def test_quit_and_adopt(daemon):

@@ -53,7 +53,7 @@ sys.stdin.read()
 """
 
 
-def test_a_cuda_process_is_listed_with_its_memory(inventory):
+def test_a_cuda_process_is_listed_with_its_memory(inventory, record_property):
     """A CUDA process (outside MPS) holding 1 GiB on card 0 is listed under its PID on that
     card with at least that much: what the watchdog compares with a quota."""
     if importlib.util.find_spec("torch") is None:
@@ -74,6 +74,7 @@ def test_a_cuda_process_is_listed_with_its_memory(inventory):
         assert pid, proc.stderr.read() if proc.poll() is not None else "no PID"
         usage = {u.pid: u for u in inventory.process_usage()}
         assert pid in usage, usage
+        record_property("nvml_plain_process_used_mib", usage[pid].used_mib)
         assert usage[pid].gpu_uuid == card.uuid and usage[pid].used_mib >= 1024, usage[pid]
     finally:
         proc.stdin.close()
