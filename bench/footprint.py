@@ -33,6 +33,7 @@ Run: ``.venv/bin/python -m bench.footprint [--idle-seconds 30] [--busy-seconds 1
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 import threading
 import time
@@ -41,12 +42,12 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from bench.apiserver_process import ApiServerProcess
 from bench.nodes import CARD_COUNT, h200_node, node_name
 from bench.report import Figure, table
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.enforcement.procevents import ProcEvents, ProcEventsUnavailable
 from tests.harness import real_parts
-from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
@@ -74,10 +75,14 @@ class FullNode:
     node: Node
     kubelet: TestKubelet
     per_card: dict[int, int]  # card index -> allocations
-    api: TestApiServer | None = None
+    api: ApiServerProcess | None = None
     # Admissions refused while filling the node (each pod was replaced by another):
     # a full node must take every pod that fits, so any is a finding.
     refusals: list[str] = field(default_factory=list)
+
+    @functools.cached_property
+    def node_name(self) -> str:
+        return node_name(self.node)  # read once: the config is YAML, slow to parse per pod
 
     def create_pod(self, namespace: str, name: str, requests: dict[str, int]) -> None:
         """With the API: the scheduler binds the pod before kubelet admits it."""
@@ -85,7 +90,7 @@ class FullNode:
             self.api.add_pod(
                 namespace,
                 name,
-                node_name(self.node),
+                self.node_name,
                 containers=[{"name": "main", "requests": {r: str(n) for r, n in requests.items()}}],
             )
 
@@ -123,8 +128,7 @@ def full_node(
     """
     api = None
     if kubernetes:
-        api = TestApiServer()
-        api.start()
+        api = ApiServerProcess()  # its own process, as on a node (see bench.apiserver_process)
     node = h200_node(
         production_intervals=True,
         resources={"placement": "spread"},

@@ -16,6 +16,7 @@ import os
 
 import yaml
 
+from bench.apiserver_process import ApiServerProcess
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.inventory import Card
 from nodemgr.runtime.loop import SOCKET_NAMES
@@ -50,7 +51,7 @@ def h200_node(
     kubelet: dict | None = None,
     resources: dict | None = None,
     mps: dict | None = None,
-    api: TestApiServer | None = None,
+    api: TestApiServer | ApiServerProcess | None = None,
     control_binary: str = MPS_STANDIN,
     cards: int = CARD_COUNT,
 ) -> Node:

@@ -45,6 +45,7 @@ from nodemgr.domain.deviceids import (
     ResourceKind,
     card_device_ids,
     card_of,
+    cards_of,
     parse_device_id,
 )
 from nodemgr.domain.deviceids import id_sort_key as _id_order
@@ -190,11 +191,15 @@ class Allocator:
         demand: Demand | None,
     ) -> list[str]:
         self._resolve(kind, must_include)
-        free_ids = [i for i in available if card_of(kind, i) in self._cards]
+        # kubelet lists every free ID of the node (hundreds): each one's card, once.
+        cards = cards_of(kind, available)
         if kind is ResourceKind.WHOLE:
-            rest = sorted(set(free_ids) - set(must_include), key=self._card_index)
+            free_ids = {i for i, c in zip(available, cards, strict=True) if c in self._cards}
+            rest = sorted(free_ids - set(must_include), key=self._card_index)
             return list(must_include) + rest[: max(size - len(must_include), 0)]
-        free_here = Counter(card_of(kind, i) for i in free_ids)
+        free_here = Counter(cards)
+        for unknown in [c for c in free_here if c not in self._cards]:
+            del free_here[unknown]
         carried = self._open_allocation(kind, size)
         if must_include:
             card_uuid = card_of(kind, must_include[0])
@@ -222,8 +227,13 @@ class Allocator:
             card_uuid = choose_card(
                 self._loads(kind, free_here), request, self._policy, self._describe
             ).uuid
+        included = set(must_include)
         on_card = sorted(
-            (i for i in free_ids if card_of(kind, i) == card_uuid and i not in must_include),
+            (
+                i
+                for i, c in zip(available, cards, strict=True)
+                if c == card_uuid and i not in included
+            ),
             key=_id_order,
         )
         return list(must_include) + on_card[: max(size - len(must_include), 0)]

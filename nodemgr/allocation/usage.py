@@ -121,6 +121,14 @@ class HeldByName(Mapping[tuple[str, str, str], frozenset[str]]):
     def __getitem__(self, key: tuple[str, str, str]) -> frozenset[str]:
         return frozenset(self._names[kind] for kind in self._kinds[key])
 
+    def get(self, key, default=None):  # same signature as Mapping.get, without its try
+        # Mapping's get goes through __getitem__ and a caught KeyError: admission asks
+        # for every pending container, most of which hold nothing, on every Allocate.
+        kinds = self._kinds.get(key)
+        if kinds is None:
+            return default
+        return frozenset(self._names[kind] for kind in kinds)
+
     def __iter__(self) -> Iterator[tuple[str, str, str]]:
         return iter(self._kinds)
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 import functools
 import re
+from collections.abc import Sequence
+from itertools import repeat
 
 SEPARATOR = "-_-"
 CORE_DEVICES_PER_CARD = 100
@@ -76,6 +78,26 @@ def card_of(kind: ResourceKind, device_id: str) -> str | None:
     """The card UUID an ID names, or None when the ID is not of this resource's form."""
     parsed = parse_device_id(kind, device_id)
     return None if parsed is None else parsed[0]
+
+
+# card_of of each ID seen, per kind: kubelet lists every free ID of the node (hundreds) on
+# each GetPreferredAllocation, always from the same few thousand. Bounded: cleared when full.
+_CARDS_SEEN: dict[ResourceKind, dict[str, str | None]] = {kind: {} for kind in ResourceKind}
+_CARDS_SEEN_LIMIT = 1 << 16
+_UNSEEN = object()
+
+
+def cards_of(kind: ResourceKind, device_ids: Sequence[str]) -> list[str | None]:
+    """``card_of`` of each ID, in order; a dictionary lookup per ID once it was seen."""
+    seen = _CARDS_SEEN[kind]
+    cards = list(map(seen.get, device_ids, repeat(_UNSEEN)))
+    if _UNSEEN in cards:
+        if len(seen) > _CARDS_SEEN_LIMIT:
+            seen.clear()
+        for n, device_id in enumerate(device_ids):
+            if cards[n] is _UNSEEN:
+                cards[n] = seen[device_id] = card_of(kind, device_id)
+    return cards  # type: ignore[return-value]  # no _UNSEEN is left
 
 
 def id_sort_key(device_id: str) -> tuple[str, int]:

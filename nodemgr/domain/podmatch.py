@@ -39,6 +39,9 @@ ALLOCATION_ANNOTATION = "scheduler.framework.gpushare.allocation"
 FINISHED_PHASES = ("Succeeded", "Failed")
 
 
+_NOTHING: frozenset[str] = frozenset()
+
+
 @dataclass(frozen=True)
 class ContainerRequest:
     """One container of a pod spec and its integer extended-resource requests."""
@@ -76,6 +79,14 @@ class PodInfo:
         if assumed.isascii() and assumed.isdigit():
             return int(assumed) / 1e9
         return self.created_at
+
+    @cached_property
+    def indexed_containers(self) -> tuple[tuple[int, ContainerRequest], ...]:
+        """(index, container) in kubelet's order: init containers first, indexed -1, -2,
+        ...; then the containers, indexed 0, 1, .... Built once per PodInfo, as
+        admission_time."""
+        specs = [(-1 - i, c) for i, c in enumerate(self.init_containers)]
+        return (*specs, *enumerate(self.containers))
 
 
 @dataclass(frozen=True)
@@ -156,24 +167,23 @@ def find_demand(
     comes first: kubelet finishes one container before the next. None when no
     pod can be asking.
     """
-    candidates = []
-    for pod in pods:
+    best_key: tuple[bool, float, str, str, int] | None = None
+    best = None
+    for pod in pods:  # one pass, no list: an Allocate asks this of every pending pod
         if pod.deleting or pod.phase in FINISHED_PHASES:
             continue
-        order = pod.admission_time
-        specs = [(-1 - i, c) for i, c in enumerate(pod.init_containers)]
-        specs += list(enumerate(pod.containers))
-        for position, (index, container) in enumerate(specs):
+        for position, (index, container) in enumerate(pod.indexed_containers):
             if container.requests.get(resource, 0) != size:
                 continue
-            holds = held.get((pod.namespace, pod.name, container.name), frozenset())
+            holds = held.get((pod.namespace, pod.name, container.name), _NOTHING)
             if resource in holds:
                 continue
-            key = (not holds, order, pod.namespace, pod.name, position)
-            candidates.append((key, pod, index, container))
-    if not candidates:
+            key = (not holds, pod.admission_time, pod.namespace, pod.name, position)
+            if best_key is None or key < best_key:
+                best_key, best = key, (pod, index, container)
+    if best is None:
         return None
-    _, pod, index, container = min(candidates, key=lambda c: c[0])
+    pod, index, container = best
     return Demand(
         namespace=pod.namespace,
         pod=pod.name,
