@@ -5,6 +5,7 @@ from nodemgr.domain.deviceids import (
     ResourceKind,
     card_device_ids,
     card_of,
+    cards_of,
     id_sort_key,
     parse_device_id,
 )
@@ -59,3 +60,27 @@ def test_longest_uuid_allowed_by_config_stays_within_63_characters():
 def test_sort_is_numeric_within_a_card():
     ids = [f"{UUID}-_-10", f"{UUID}-_-9", f"{UUID}-_-0"]
     assert sorted(ids, key=id_sort_key) == [f"{UUID}-_-0", f"{UUID}-_-9", f"{UUID}-_-10"]
+
+
+def test_cards_of_answers_as_card_of_for_every_id_in_order():
+    """cards_of (the allocator's lookup over kubelet's whole free list) gives card_of of
+    each ID in order, for IDs of this resource, of another, and garbage; asked again (from
+    what it remembered), and after its memory was cleared for being full."""
+    from nodemgr.domain import deviceids
+
+    ids = [
+        *card_device_ids(ResourceKind.MEMORY, UUID, 3),
+        f"{UUID}-_-c3",
+        "garbage",
+        f"{UUID}-_-03",
+        UUID,
+    ]
+    expected = [card_of(ResourceKind.MEMORY, i) for i in ids]
+    assert cards_of(ResourceKind.MEMORY, ids) == expected
+    assert cards_of(ResourceKind.MEMORY, ids) == expected
+    assert cards_of(ResourceKind.CORE, ids) == [card_of(ResourceKind.CORE, i) for i in ids]
+    seen = deviceids._CARDS_SEEN[ResourceKind.MEMORY]
+    for n in range(deviceids._CARDS_SEEN_LIMIT + 1):
+        seen[f"filler-{n}"] = None
+    assert cards_of(ResourceKind.MEMORY, [*ids, "new-id"]) == [*expected, None]
+    assert len(seen) <= len(ids) + 1
