@@ -126,10 +126,11 @@ class Allocator:
             self._usage.add(allocation)
         # kind -> (generation, device list): every ListAndWatch stream shares one build.
         self._device_lists: dict[ResourceKind, tuple[int, list[DeviceInfo]]] = {}
-        # (changes.generation, kubelet's record) of the last reconcile that found nothing to
-        # change with every allocation confirmed: the same record against the same state
-        # plans nothing again, at any time, so the periodic reconcile skips the plan.
-        self._settled: tuple[int, dict] | None = None
+        # (changes.generation, the device IDs kubelet reported, the record object) of the
+        # last reconcile that found nothing to change with every allocation confirmed: the
+        # same record against the same state plans nothing again, at any time, so the
+        # periodic reconcile skips the plan (and, given the very same object, the walk).
+        self._settled: tuple[int, dict, object] | None = None
         self._check_memory_unit()
 
     def _check_memory_unit(self) -> None:
@@ -465,6 +466,14 @@ class Allocator:
         """Make the ledger say what kubelet's PodResources List says. ``id_hints``: the
         allocation ID each running container was registered with (after a lost ledger)."""
         hints = id_hints if id_hints is not None else self._id_hints
+        with self._lock:
+            # The very record settled last time (PodResourcesClient hands back the same
+            # object while kubelet's answer is unchanged), nothing changed since: done,
+            # without walking its device IDs again.
+            last = self._settled
+            if not hints and last is not None and last[2] is kubelet_record:
+                if last[0] == self.changes.generation:
+                    return ReconcilePlan()
         reported = {}
         for ref, resources in kubelet_record.items():
             for resource_name, device_ids in resources.items():
@@ -483,7 +492,12 @@ class Allocator:
                             ref,
                         )
         with self._lock:
-            if not hints and self._settled == (self.changes.generation, reported):
+            if (
+                not hints
+                and self._settled is not None
+                and self._settled[:2] == (self.changes.generation, reported)
+            ):
+                self._settled = (*self._settled[:2], kubelet_record)
                 return ReconcilePlan()
             plan = plan_reconcile(
                 list(self._allocations.values()),
@@ -502,7 +516,7 @@ class Allocator:
             settled = plan.empty and all(
                 a.confirmed_at is not None for a in self._allocations.values()
             )
-            self._settled = (self.changes.generation, reported) if settled else None
+            self._settled = (self.changes.generation, reported, kubelet_record) if settled else None
         for note in plan.notes:
             log.info("reconcile: %s", note)
         return plan

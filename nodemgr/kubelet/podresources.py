@@ -3,15 +3,20 @@
 gRPC over kubelet's pod-resources unix socket. A failed read raises
 ``KubeletUnavailable`` (never an empty record: the caller must not release
 anything because kubelet was restarting).
+
+The answer is taken as bytes: while they are what kubelet sent last time, the
+record built then is returned again, the same object (building it walks every
+container and device ID, most of a periodic reconcile's cost on a full node;
+the allocator skips a record it already settled). Callers only read it.
 """
 
 from __future__ import annotations
 
 import grpc
+from google.protobuf.message import DecodeError
 
 from nodemgr.domain.model import ContainerRef
 from nodemgr.kubelet.api import podresources_v1_pb2 as pr
-from nodemgr.kubelet.api import podresources_v1_pb2_grpc as pr_grpc
 from nodemgr.kubelet.registration import KubeletUnavailable
 
 KubeletRecord = dict[ContainerRef, dict[str, list[str]]]
@@ -33,16 +38,34 @@ class PodResourcesClient:
                 ("grpc.initial_reconnect_backoff_ms", 100),
             ],
         )
-        self._stub = pr_grpc.PodResourcesListerStub(self._channel)
+        # List, answered as bytes (no deserializer): parsed only when they changed.
+        self._list = self._channel.unary_unary(
+            "/v1.PodResourcesLister/List",
+            request_serializer=pr.ListPodResourcesRequest.SerializeToString,
+            response_deserializer=None,
+        )
+        self._last: tuple[bytes, KubeletRecord] | None = None
 
     def list(self) -> KubeletRecord:
+        """kubelet's record now: the same object as last time while kubelet's answer is
+        byte for byte the same (callers must not change it)."""
         try:
-            response = self._stub.List(pr.ListPodResourcesRequest(), timeout=self._timeout_seconds)
+            answer = self._list(pr.ListPodResourcesRequest(), timeout=self._timeout_seconds)
         except grpc.RpcError as e:
             raise KubeletUnavailable(
                 f"kubelet PodResources API at {self.socket_path} did not answer: "
                 f"{e.code().name}: {e.details()} (is kubelet running? is the path in "
                 "kubelet.pod_resources_socket right?)"
+            ) from e
+        last = self._last
+        if last is not None and last[0] == answer:
+            return last[1]
+        try:
+            response = pr.ListPodResourcesResponse.FromString(answer)
+        except DecodeError as e:
+            raise KubeletUnavailable(
+                f"kubelet PodResources API at {self.socket_path} answered {len(answer)} bytes "
+                f"that are not a ListPodResourcesResponse ({e})"
             ) from e
         record: KubeletRecord = {}
         for pod in response.pod_resources:
@@ -51,6 +74,7 @@ class PodResourcesClient:
                 for devices in container.devices:
                     ids = record.setdefault(ref, {}).setdefault(devices.resource_name, [])
                     ids.extend(devices.device_ids)
+        self._last = (answer, record)
         return record
 
     def close(self) -> None:

@@ -5,18 +5,28 @@ narrow interface (:class:`~nodemgr.allocation.resources.ResourceManager`),
 protobuf out; our errors become gRPC status codes with the allocator's message, which
 kubelet shows in the pod's events. How long Allocate took is reported through a
 plain callback (``observe_allocate``); the servicer knows nothing of metrics.
+
+The servers are ``grpc.aio`` servers on one event loop in one thread
+(:mod:`nodemgr.kubelet.pluginloop`): idle, that thread and gRPC's poller sleep
+until a call or a change comes. A synchronous ``grpc.server`` polls its
+completion queue five times a second per server, which was most of an idle
+node's CPU. The allocation calls run on that loop as they are (they are short and
+take the allocator's lock, which serialises them anyway; kubelet admits one
+container at a time); ListAndWatch waits for device changes on an asyncio event
+that the change counter sets.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator
-from concurrent import futures
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import grpc
+import grpc.aio
 
 from nodemgr.allocation.resources import DeviceInfo, ResourceManager
 from nodemgr.domain.deviceids import ResourceKind
@@ -29,6 +39,7 @@ from nodemgr.errors import (
 )
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +59,9 @@ _STATUS = [
 
 
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
+    """The DevicePlugin service of one resource, as a synchronous servicer (what a
+    ``grpc.server`` runs; the plugin servers run it through :class:`AsyncServicer`)."""
+
     def __init__(
         self,
         resources: ResourceManager,
@@ -61,23 +75,34 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self._stopping = stopping
         self._observe_allocate = observe_allocate
 
+    @property
+    def resource_name(self) -> str:
+        return self._name
+
+    @property
+    def device_changes(self):
+        return self._resources.device_changes
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping.is_set()
+
+    def device_watch(self) -> _DeviceWatch:
+        return _DeviceWatch(self._resources, self._kind)
+
     def GetDevicePluginOptions(self, request, context):
         return OPTIONS
 
     def ListAndWatch(self, request, context) -> Iterator[dp.ListAndWatchResponse]:
         log.info("kubelet is watching %s", self._name)
-        sent = None
         changes = self._resources.device_changes
-        generation, seen = changes.generation, None
+        watch = _DeviceWatch(self._resources, self._kind)
+        generation = changes.generation
         while not self._stopping.is_set() and context.is_active():
-            # The list is rebuilt only when the card state moved (thousands of devices on
-            # a big node); the 1 s wake-ups only notice a stop or a gone stream.
-            if generation != seen:
-                seen = generation
-                devices = self._resources.devices(self._kind)
-                if devices != sent:
-                    yield dp.ListAndWatchResponse(devices=[_device(d) for d in devices])
-                    sent = devices
+            message = watch.message(generation)
+            if message is not None:
+                yield message
+            # The 1 s wake-ups only notice a stop or a gone stream.
             generation = changes.wait_for_change(generation, timeout=1.0)
 
     def GetPreferredAllocation(self, request, context):
@@ -145,6 +170,99 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             context.abort(grpc.StatusCode.INTERNAL, f"gpushare-node internal error: {e!r}")
 
 
+class _DeviceWatch:
+    """What one ListAndWatch stream sends: the device list, rebuilt only when the card
+    state moved (thousands of devices on a big node), sent only when it differs."""
+
+    def __init__(self, resources: ResourceManager, kind: ResourceKind):
+        self._resources, self._kind = resources, kind
+        self._seen: int | None = None
+        self._sent: list[DeviceInfo] | None = None
+
+    def message(self, generation: int) -> dp.ListAndWatchResponse | None:
+        """The message to send for the state at ``generation``; None when none is due."""
+        if generation == self._seen:
+            return None
+        self._seen = generation
+        devices = self._resources.devices(self._kind)
+        if devices == self._sent:
+            return None
+        self._sent = devices
+        return dp.ListAndWatchResponse(devices=[_device(d) for d in devices])
+
+
+class _Aborted(Exception):
+    """A refusal the synchronous servicer made (context.abort), carried to the aio call."""
+
+    def __init__(self, code: grpc.StatusCode, details: str):
+        super().__init__(details)
+        self.code, self.details = code, details
+
+
+class _AbortingContext:
+    """The context the synchronous servicer's unary methods get on the plugin loop: its
+    ``abort`` raises, as a ``grpc.server`` context's does."""
+
+    def abort(self, code: grpc.StatusCode, details: str):
+        raise _Aborted(code, details)
+
+
+class AsyncServicer(dp_grpc.DevicePluginServicer):
+    """:class:`DevicePluginServicer` on the plugin loop. Unary calls run its own methods
+    there (a refusal becomes the aio context's abort); ListAndWatch waits for device
+    changes on an asyncio event the change counter sets, so an idle stream wakes
+    nobody."""
+
+    def __init__(self, servicer: DevicePluginServicer):
+        self._servicer = servicer
+
+    async def _unary(self, method, request, context):
+        try:
+            return method(request, _AbortingContext())
+        except _Aborted as refused:
+            await context.abort(refused.code, refused.details)
+
+    async def GetDevicePluginOptions(self, request, context):
+        return OPTIONS
+
+    async def GetPreferredAllocation(self, request, context):
+        return await self._unary(self._servicer.GetPreferredAllocation, request, context)
+
+    async def Allocate(self, request, context):
+        return await self._unary(self._servicer.Allocate, request, context)
+
+    async def PreStartContainer(self, request, context):
+        return await self._unary(self._servicer.PreStartContainer, request, context)
+
+    async def ListAndWatch(self, request, context) -> AsyncIterator[dp.ListAndWatchResponse]:
+        servicer = self._servicer
+        log.info("kubelet is watching %s", servicer.resource_name)
+        changes = servicer.device_changes
+        moved = asyncio.Event()
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # called by whichever thread bumped: must not block or raise
+            try:
+                loop.call_soon_threadsafe(moved.set)
+            except RuntimeError:
+                pass  # the loop is closed: this stream is over
+
+        changes.add_listener(wake)
+        try:
+            watch = servicer.device_watch()
+            while not servicer.stopping:
+                moved.clear()  # before reading the generation: no change slips between
+                message = watch.message(changes.generation)
+                if message is not None:
+                    yield message
+                    continue  # look again: something may have moved while sending
+                # Until a change, a stop (wake_all) or the stream's end (the call is
+                # cancelled here): no timer wakes it.
+                await moved.wait()
+        finally:
+            changes.remove_listener(wake)
+
+
 def _device(info: DeviceInfo) -> dp.Device:
     device = dp.Device(ID=info.id, health=HEALTHY if info.healthy else UNHEALTHY)
     if info.numa_node is not None:
@@ -153,7 +271,8 @@ def _device(info: DeviceInfo) -> dp.Device:
 
 
 class PluginServer:
-    """One resource's gRPC server on ``<device_plugin_dir>/<socket_name>``."""
+    """One resource's gRPC server on ``<device_plugin_dir>/<socket_name>``; its calls are
+    served on the plugin loop."""
 
     def __init__(
         self,
@@ -165,12 +284,11 @@ class PluginServer:
         self.kind = kind
         self.resource_name = resources.resource_names[kind]
         self.name = f"device-plugin {self.resource_name}"
-        self.name = f"device-plugin {self.resource_name}"
         self.socket_path = socket_path
         self._resources = resources
         self._observe_allocate = observe_allocate
         self._stopping = threading.Event()
-        self._server: grpc.Server | None = None
+        self._server: grpc.aio.Server | None = None
         self._inode: int | None = None
 
     @property
@@ -180,17 +298,18 @@ class PluginServer:
 
     def start(self) -> None:
         _remove(self.socket_path)  # a socket left by a crash would refuse the bind
-        # ListAndWatch holds a worker for as long as kubelet watches; leave room.
-        self._server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
-        dp_grpc.add_DevicePluginServicer_to_server(
-            DevicePluginServicer(
-                self._resources, self.kind, self._stopping, self._observe_allocate
-            ),
-            self._server,
-        )
-        self._server.add_insecure_port(f"unix://{self.socket_path}")
-        self._server.start()
+        self._server = PLUGIN_LOOP.run(self._serve(), START_TIMEOUT_SECONDS)
         self._inode = os.stat(self.socket_path).st_ino
+
+    async def _serve(self) -> grpc.aio.Server:
+        server = grpc.aio.server()
+        servicer = DevicePluginServicer(
+            self._resources, self.kind, self._stopping, self._observe_allocate
+        )
+        dp_grpc.add_DevicePluginServicer_to_server(AsyncServicer(servicer), server)
+        server.add_insecure_port(f"unix://{self.socket_path}")
+        await server.start()
+        return server
 
     def socket_present(self) -> bool:
         """False once kubelet (restarting) has deleted or replaced our socket."""
@@ -201,10 +320,10 @@ class PluginServer:
 
     def stop(self, grace_seconds: float = 1.0) -> None:
         self._stopping.set()
-        self._resources.device_changes.wake_all()
+        self._resources.device_changes.wake_all()  # open ListAndWatch streams end
         if self._server is not None:
-            self._server.stop(grace_seconds).wait()
-            self._server = None
+            server, self._server = self._server, None
+            PLUGIN_LOOP.run(server.stop(grace_seconds), grace_seconds + START_TIMEOUT_SECONDS)
         if self.socket_present():
             _remove(self.socket_path)
 
@@ -214,7 +333,12 @@ class PluginServer:
 
     @property
     def alive(self) -> bool:
-        return self._server is not None and not self._stopping.is_set()
+        """Serving: started, not stopped, and the plugin loop runs."""
+        return self._server is not None and not self._stopping.is_set() and PLUGIN_LOOP.running
+
+
+# How long starting a server, or stopping one beyond its grace, may take on the loop.
+START_TIMEOUT_SECONDS = 10.0
 
 
 def _remove(path: str) -> None:

@@ -129,14 +129,17 @@ class Publisher(ThreadWorker):
                     log.exception("publishing to the Kubernetes API failed")
                 pending, last_publish = False, now
                 next_publish = now + PUBLISH_PERIOD_SECONDS
+            # Every wait lasts until something is due (a stop ends it at once: stop() sets
+            # the event and wakes the change counter): an idle publisher wakes for the
+            # periodic publishes only, not on a short timer.
             if pending:
                 # A publish is already owed and reads the state when it runs: further
                 # changes until then change nothing. Sleeping through them, rather than
                 # waking on each (several per admission), spares a busy node's GIL.
-                # Short waits: a stop is noticed at once.
-                stop.wait(min(max(last_publish + MIN_PUBLISH_INTERVAL_SECONDS - now, 0.0), 0.5))
+                stop.wait(max(last_publish + MIN_PUBLISH_INTERVAL_SECONDS - now, 0.0))
                 continue
-            seen, generation = generation, changes.wait_for_change(generation, 0.5)
+            due = min(next_publish, next_full) - time.monotonic()
+            seen, generation = generation, changes.wait_for_change(generation, max(due, 0.0))
             pending = generation != seen
 
     def publish(self) -> None:

@@ -257,6 +257,33 @@ def test_an_unchanged_record_against_an_unchanged_settled_ledger_is_not_planned_
     assert allocator.reconcile({}).delete  # the pods are gone: released, not skipped
 
 
+def test_the_very_record_settled_last_time_is_not_walked_again(allocator, monkeypatch):
+    """PodResourcesClient hands back the same record object while kubelet's answer is
+    unchanged: once settled, that object against an unchanged ledger is skipped before its
+    device IDs are read; an equal but new record is read again, and after an Allocate the
+    same object is planned again."""
+    admit(allocator, [(MEM, 4)])
+    [allocation] = allocator.allocations()
+    ref = ContainerRef("ml", "notebook-0", "jupyter")
+    record = {ref: {"aliyun.com/gpu-mem": list(allocation.devices[MEM])}}
+    allocator.reconcile(record)  # confirms it (a change)
+    allocator.reconcile(record)  # settles
+    reads: list[str] = []
+    real_is_known = allocator._is_known
+    monkeypatch.setattr(
+        allocator, "_is_known", lambda kind, i: reads.append(i) or real_is_known(kind, i)
+    )
+    plans = planned(allocator, monkeypatch)
+    assert allocator.reconcile(record).empty
+    assert reads == [] and plans == []
+    equal = {ref: {"aliyun.com/gpu-mem": list(allocation.devices[MEM])}}
+    assert allocator.reconcile(equal).empty
+    assert len(reads) == 4 and plans == []  # read, found settled: no plan
+    admit(allocator, [(MEM, 2)])
+    allocator.reconcile(equal)
+    assert len(plans) == 1
+
+
 def test_an_unconfirmed_allocation_is_released_after_its_grace_with_the_same_record(
     allocator, clock
 ):

@@ -124,3 +124,22 @@ def test_the_client_survives_kubelet_recreating_its_socket(kubelet, client):
     before = client.list()
     kubelet.restart()
     assert client.list() == before
+
+
+def test_an_unchanged_answer_gives_back_the_same_record(kubelet, client):
+    """While kubelet's answer is byte for byte the same, list() returns the record built
+    last time (the allocator then skips it); a changed answer is read anew."""
+    assert kubelet.admit_pod("ml", "train-0", [ContainerSpec("main", {MEM_NAME: 1})]).ok
+    first = client.list()
+    assert client.list() is first
+    assert kubelet.admit_pod("ml", "train-1", [ContainerSpec("main", {MEM_NAME: 1})]).ok
+    second = client.list()
+    assert second is not first and len(second) == 2
+
+
+def test_an_answer_that_is_no_record_is_kubelet_unavailable(client, monkeypatch):
+    """Bytes that do not parse as a ListPodResourcesResponse: KubeletUnavailable naming the
+    socket, never an empty record."""
+    monkeypatch.setattr(client, "_list", lambda request, timeout: b"\xff\xff\xff")
+    with pytest.raises(KubeletUnavailable, match="not a ListPodResourcesResponse"):
+        client.list()

@@ -28,7 +28,9 @@ from nodemgr.errors import (
 )
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
 from nodemgr.kubelet.servicer import PluginServer
+from tests.harness.threadstats import wakeups_while_idle
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 MEM_NAME = "aliyun.com/gpu-mem"
@@ -355,4 +357,17 @@ def test_list_and_watch_reads_the_devices_only_when_the_card_state_moved(stub, r
         resources.device_reads.get(timeout=2.5)  # two idle wake-ups pass: no read
     resources.device_changes.bump()
     assert resources.device_reads.get(timeout=5) is MEM
+    stream.cancel()
+
+
+def test_an_open_watch_stream_wakes_nothing_while_nothing_changes(stub, resources):
+    """Idle, the plugin loop's thread sleeps: an open ListAndWatch stream is woken by a
+    change, not by a timer (a synchronous server polled five times a second and each
+    stream once a second); a change still reaches the stream at once."""
+    stream = stub.ListAndWatch(dp.Empty(), timeout=30)
+    next(stream)
+    assert wakeups_while_idle(PLUGIN_LOOP.thread, 1.5) <= 1
+    resources.device_list = [DeviceInfo("GPU-a-_-0", False, 0)]
+    resources.device_changes.bump()
+    assert [d.health for d in next(stream).devices] == ["Unhealthy"]
     stream.cancel()

@@ -9,6 +9,7 @@ refusals and violations become pod Events (none for a process of no known pod)."
 
 import json
 import threading
+import time
 
 from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import KubernetesSettings
@@ -28,6 +29,7 @@ from nodemgr.kubernetes.sync import (
     post_refusal,
     post_violation,
 )
+from tests.harness.threadstats import wakeups_while_idle
 from tests.unit.kubernetes.support import CORE, MEM, NODE, PREFIX, TIMEOUT_SECONDS, wait_until
 
 CARDS = (Card(0, "GPU-a", "Tesla T4", 15360), Card(1, "GPU-b", "Tesla T4", 15360))
@@ -293,6 +295,24 @@ def test_the_publisher_publishes_at_start_and_after_a_change():
     finally:
         sync.stop()
     assert sync.join(5)
+
+
+def test_an_idle_publisher_sleeps_until_its_next_periodic_publish():
+    """With nothing changing it does not wake on a short timer (it polled twice a second
+    before): its waits last until the next periodic publish, and stop still ends it at
+    once."""
+    allocator = FakeAllocator()
+    adapter = FakeAdapter([pod("train-0")])
+    sync = publisher(adapter, allocator)
+    sync.start()
+    try:
+        assert adapter.published.wait(5), "no publish at start"
+        time.sleep(1.1)  # past the one-per-second limit: now it waits for a change
+        assert wakeups_while_idle(sync._thread, 1.5) <= 1
+    finally:
+        stopped = time.monotonic()
+        sync.stop()
+    assert sync.join(5) and time.monotonic() - stopped < 2
 
 
 def test_a_failing_publish_does_not_end_the_publisher(caplog):
