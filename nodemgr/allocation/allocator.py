@@ -53,7 +53,7 @@ from nodemgr.domain.envs import shared_envs, whole_envs
 from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
 from nodemgr.domain.podmatch import Demand
-from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile
+from nodemgr.domain.reconcile import DeviceKey, ReconcilePlan, plan_reconcile
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import Card
 
@@ -131,6 +131,8 @@ class Allocator:
         # same record against the same state plans nothing again, at any time, so the
         # periodic reconcile skips the plan (and, given the very same object, the walk).
         self._settled: tuple[int, dict, object] | None = None
+        # (record object, its reported devices) of the last reconcile: see _reported_devices.
+        self._last_reported: tuple[object, dict[DeviceKey, ContainerRef]] | None = None
         self._check_memory_unit()
 
     def _check_memory_unit(self) -> None:
@@ -474,6 +476,59 @@ class Allocator:
             if not hints and last is not None and last[2] is kubelet_record:
                 if last[0] == self.changes.generation:
                     return ReconcilePlan()
+        reported = self._reported_devices(kubelet_record)
+        with self._lock:
+            if (
+                not hints
+                and self._settled is not None
+                and self._settled[:2] == (self.changes.generation, reported)
+            ):
+                self._settled = (*self._settled[:2], kubelet_record)
+                return ReconcilePlan()
+            generation, snapshot = self.changes.generation, list(self._allocations.values())
+            now = self._clock()
+        # Planned outside the lock: the plan walks every allocation (milliseconds on a full
+        # node, every reconcile while allocations wait for kubelet's record), and Allocate
+        # must not wait for it. It is applied only if nothing moved meanwhile; otherwise it
+        # is planned again under the lock, against the state it changes.
+        plan = self._plan(snapshot, reported, now, hints)
+        with self._lock:
+            if self.changes.generation != generation:
+                plan = self._plan(list(self._allocations.values()), reported, self._clock(), hints)
+            self._id_hints = {}  # adopted once; later adoptions are new pods
+            if not plan.empty:
+                self._apply(plan.put, plan.delete)
+            # Only a confirmed allocation's fate is independent of the clock (an unconfirmed
+            # one is released once its grace runs out, with the same record).
+            settled = plan.empty and all(
+                a.confirmed_at is not None for a in self._allocations.values()
+            )
+            self._settled = (self.changes.generation, reported, kubelet_record) if settled else None
+        for note in plan.notes:
+            log.info("reconcile: %s", note)
+        return plan
+
+    def _plan(
+        self,
+        allocations: list[Allocation],
+        reported: dict[DeviceKey, ContainerRef],
+        now: float,
+        hints: Mapping[ContainerRef, str],
+    ) -> ReconcilePlan:
+        return plan_reconcile(
+            allocations, reported, now, self._grace_seconds, self._unit_mib,
+            new_allocation_id, hints,
+        )  # fmt: skip
+
+    def _reported_devices(
+        self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]
+    ) -> dict[DeviceKey, ContainerRef]:
+        """Each of this node's devices kubelet reports, with its container. The same record
+        object as last time gives the same answer without a walk (kubelet's answer did not
+        change; what this node advertises changes only with a restart)."""
+        last = self._last_reported
+        if last is not None and last[0] is kubelet_record:
+            return last[1]
         reported = {}
         for ref, resources in kubelet_record.items():
             for resource_name, device_ids in resources.items():
@@ -491,35 +546,8 @@ class Allocator:
                             device_id,
                             ref,
                         )
-        with self._lock:
-            if (
-                not hints
-                and self._settled is not None
-                and self._settled[:2] == (self.changes.generation, reported)
-            ):
-                self._settled = (*self._settled[:2], kubelet_record)
-                return ReconcilePlan()
-            plan = plan_reconcile(
-                list(self._allocations.values()),
-                reported,
-                self._clock(),
-                self._grace_seconds,
-                self._unit_mib,
-                new_allocation_id,
-                hints,
-            )
-            self._id_hints = {}  # adopted once; later adoptions are new pods
-            if not plan.empty:
-                self._apply(plan.put, plan.delete)
-            # Only a confirmed allocation's fate is independent of the clock (an unconfirmed
-            # one is released once its grace runs out, with the same record).
-            settled = plan.empty and all(
-                a.confirmed_at is not None for a in self._allocations.values()
-            )
-            self._settled = (self.changes.generation, reported, kubelet_record) if settled else None
-        for note in plan.notes:
-            log.info("reconcile: %s", note)
-        return plan
+        self._last_reported = (kubelet_record, reported)
+        return reported
 
     # -- views -------------------------------------------------------------------
 

@@ -2,6 +2,8 @@
 
 - ``servicer``: one gRPC DevicePlugin server per resource; it only translates
   between protobuf and the allocation state's narrow interface;
+- ``pluginloop``: the one asyncio event loop thread that serves them all (grpc.aio:
+  nothing polls at idle);
 - ``devicelists``: the ListAndWatch message size, computed without building it;
 - ``registration``: Register with kubelet over kubelet.sock;
 - ``podresources``: kubelet's own record of who holds which device;

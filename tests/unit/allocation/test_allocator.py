@@ -284,6 +284,35 @@ def test_the_very_record_settled_last_time_is_not_walked_again(allocator, monkey
     assert len(plans) == 1
 
 
+def test_reconcile_plans_outside_the_lock_and_again_when_the_state_moved(
+    allocator, clock, monkeypatch
+):
+    """The plan (a walk over every allocation) is made without the allocator's lock, so
+    Allocate does not wait for it; an Allocate that lands meanwhile makes it plan again
+    under the lock, so the newcomer is judged as it is (fresh: kept) while the one whose
+    grace ran out is released."""
+    import nodemgr.allocation.allocator as module
+
+    admit(allocator, [(MEM, 2)])
+    [old] = allocator.allocations()
+    clock.now += 3600
+    real = module.plan_reconcile
+    locked_at_call: list[bool] = []
+
+    def planning(*args, **kwargs):
+        locked_at_call.append(allocator._lock.locked())
+        if len(locked_at_call) == 1:
+            admit(allocator, [(MEM, 1)])  # an Allocate while the plan is made
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, "plan_reconcile", planning)
+    plan = allocator.reconcile({})
+    assert locked_at_call == [False, True]
+    assert plan.delete == [old.id]
+    [kept] = allocator.allocations()
+    assert kept.id != old.id
+
+
 def test_an_unconfirmed_allocation_is_released_after_its_grace_with_the_same_record(
     allocator, clock
 ):
