@@ -24,6 +24,7 @@ import time
 import pytest
 
 from mps import CardDaemon, HealthState
+from tests.gpu.clients import finish, start_client
 
 pytestmark = pytest.mark.gpu
 
@@ -136,27 +137,6 @@ def client(daemon, code, **env):
     )
     assert done.returncode == 0, done.stderr
     return done.stdout
-
-
-def start_client(code: str, env: dict) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-c", code],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen) -> str:
-    """Close the client's stdin (it then exits) and return what it printed."""
-    if proc.stdin is not None:
-        proc.stdin.close()
-        proc.stdin = None  # communicate() would flush it
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err
-    return out
 
 
 def free_mib(out: str) -> int:

@@ -4,8 +4,6 @@ Skipped where NVML cannot initialise (no driver), with the reason."""
 
 import importlib.util
 import os
-import subprocess
-import sys
 import tempfile
 
 import pytest
@@ -13,6 +11,7 @@ import pytest
 from nodemgr.config.schema import GpuSettings
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import open_inventory
+from tests.gpu.clients import finish, start_client
 
 pytestmark = pytest.mark.gpu
 
@@ -61,14 +60,7 @@ def test_a_cuda_process_is_listed_with_its_memory(inventory, record_property):
     card = inventory.cards()[0]
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": card.uuid}
     env["CUDA_MPS_PIPE_DIRECTORY"] = tempfile.mkdtemp(prefix="nomps-")  # no MPS daemon there
-    proc = subprocess.Popen(
-        [sys.executable, "-c", HOLD_MEMORY],
-        env=env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start_client(HOLD_MEMORY, env)
     try:
         pid = int(proc.stdout.readline() or 0)
         assert pid, proc.stderr.read() if proc.poll() is not None else "no PID"
@@ -77,5 +69,4 @@ def test_a_cuda_process_is_listed_with_its_memory(inventory, record_property):
         record_property("nvml_plain_process_used_mib", usage[pid].used_mib)
         assert usage[pid].gpu_uuid == card.uuid and usage[pid].used_mib >= 1024, usage[pid]
     finally:
-        proc.stdin.close()
-        proc.wait(timeout=60)
+        finish(proc)

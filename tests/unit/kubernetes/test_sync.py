@@ -301,9 +301,8 @@ def test_an_idle_publisher_sleeps_until_its_next_periodic_publish():
     """With nothing changing it does not wake on a short timer (it polled twice a second
     before): its waits last until the next periodic publish, and stop still ends it at
     once."""
-    allocator = FakeAllocator()
     adapter = FakeAdapter([pod("train-0")])
-    sync = publisher(adapter, allocator)
+    sync = publisher(adapter, FakeAllocator())  # nothing will change
     sync.start()
     try:
         assert adapter.published.wait(5), "no publish at start"
