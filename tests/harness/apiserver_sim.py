@@ -745,15 +745,17 @@ class TestApiServer:
         httpd = ThreadingHTTPServer(("127.0.0.1", self._port), _Handler)  # SO_REUSEADDR on
         httpd.sim = self
         self._port = httpd.server_address[1]
-        self._httpd = httpd
         name = f"kube-apiserver-sim-{self._port}"
-        self._thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name=name)
-        self._thread.daemon = True
-        self._thread.start()
+        thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), name=name)
+        thread.daemon = True
+        thread.start()
+        self._thread, self._httpd = thread, httpd  # both at once, serving: stop() joins it
 
     def stop(self) -> None:
         """Close the listening socket and every connection: open watches end abruptly."""
-        httpd, self._httpd = self._httpd, None
+        # This server's own thread, taken now: a start() in another thread while this
+        # stop() runs (a test restarting it once its watch broke) makes a new one.
+        httpd, thread, self._httpd = self._httpd, self._thread, None
         if httpd is None:
             return
         httpd.shutdown()
@@ -767,7 +769,7 @@ class TestApiServer:
                 c.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-        self._thread.join()
+        thread.join()
 
     def restart(self, compact: bool = False) -> None:
         """stop() and start() on the same port with the same objects. A real API server

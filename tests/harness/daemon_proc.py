@@ -14,6 +14,8 @@ import time
 import psutil
 import yaml
 
+from tests.harness import exitwait
+
 GPU0 = "GPU-e2e00000-0000-4000-8000-000000000000"
 GPU1 = "GPU-e2e00001-0000-4000-8000-000000000001"
 MEMORY = "aliyun.com/gpu-mem"
@@ -107,7 +109,8 @@ class Node:
         self.process.send_signal(signum)
 
     def wait(self, timeout: float) -> int:
-        return self.process.wait(timeout)
+        """The daemon's exit status, as soon as it exits (shutdown timings use it)."""
+        return exitwait.wait_for_exit(self.process, timeout)
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

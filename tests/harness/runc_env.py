@@ -21,6 +21,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from tests.harness import exitwait
 from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
@@ -154,8 +155,9 @@ class Runtime:
             json.dump(config, f)
         return bundle
 
-    def _runc(self, *args: str, **kwargs) -> subprocess.CompletedProcess:
-        return subprocess.run(["runc", "--root", self.state_root, *args], **kwargs)
+    def _runc(self, *args: str, timeout: float = 60, **kwargs) -> subprocess.CompletedProcess:
+        # exitwait, not subprocess.run: its timed wait polls, and the benchmarks time these.
+        return exitwait.run(["runc", "--root", self.state_root, *args], timeout=timeout, **kwargs)
 
     def run(self, container_id: str, bundle: str) -> subprocess.CompletedProcess:
         """``runc run -d``: returns once the container started or was refused.
