@@ -19,8 +19,9 @@ in its own module with what it measures and why:
    hung (bench/shutdown.py);
 9. the cluster side (bench/cluster_sim.py): pods refused at admission with node
    totals only vs with gpushare-scheduler, filter/bind p99, extender RSS;
-10. the scale curve (bench/scale.py): Allocate p99 ratio, idle CPU and RSS on
-    1, 8, 16 cards x 0, 384, 1,000 allocations, plotted next to the Allocate plot;
+10. the scale curve (bench/scale.py): Allocate p99 ratio, idle CPU, RSS and CPU per
+    admission on 1, 8, 16 cards x 0, 384, 1,000 allocations (a daemon per point, their
+    Allocate phases interleaved), plotted next to the Allocate plot;
 11. MPS probe cost, NVIDIA's control binary next to the stand-in, and the idle
     CPU of an 8-card node's probes with the real binary (bench/mps_probe.py).
 

@@ -8,6 +8,8 @@ two units only (it is deterministic and fast).
 
 from __future__ import annotations
 
+import math
+import os
 import sys
 
 import pytest
@@ -255,13 +257,21 @@ def test_shutdown_figure_is_the_worse_situations_p99_against_its_target():
 
 
 def scale_point(
-    cards: int, allocations: int, rss_mib: float, cpu_percent: float, allocate_s: float = 0.004
+    cards: int,
+    allocations: int,
+    rss_mib: float,
+    cpu_percent: float,
+    allocate_s: float = 0.004,
+    tail_s: float | None = None,
+    cpu_ms_per_admission: float = 3.0,
 ) -> scale.Point:
-    """A measured point of the scale curve: every Allocate ``allocate_s``, the floor 2 ms."""
+    """A measured point of the scale curve: every Allocate ``allocate_s`` (its worst two
+    ``tail_s``, when given), the floor 2 ms."""
+    allocate = [allocate_s] * 98 + [allocate_s if tail_s is None else tail_s] * 2
     return scale.Point(
         cards,
         allocations,
-        allocate=[allocate_s] * 100,
+        allocate=allocate,
         floor=[0.002] * 200,
         preferred=[0.01] * 100,
         idle_cpu_percent=cpu_percent,
@@ -271,6 +281,7 @@ def scale_point(
         held=allocations,
         events_per_s=80.0,
         rate_per_s=8.0,
+        cpu_ms_per_admission=cpu_ms_per_admission,
     )
 
 
@@ -288,9 +299,10 @@ def scale_points(
 
 
 def test_scale_figures_name_every_point_and_meet_both_rules_when_cost_is_linear_and_flat():
-    """Each point gives its three figures; flat in allocations is the worst RSS or ratio
-    growth from 0 to 1,000; linear in cards is the worst of CPU growth over card growth
-    and the per-card RSS increment of the last step over the first."""
+    """Each point gives its figures; flat in allocations is the worst growth from 0 to
+    1,000 of RSS, the Allocate p50 ratio or CPU per admission; linear in cards is the
+    worst of CPU growth over card growth and the per-card RSS increment of the last step
+    over the first."""
     by_name = {f.name: f for f in scale.figures(scale_points())}
     for c in (1, 8, 16):
         for a in (0, 1000):
@@ -311,18 +323,44 @@ def test_scale_figures_name_every_point_and_meet_both_rules_when_cost_is_linear_
     assert "scale_linear_in_cards_met=yes" in lines
 
 
-def test_scale_flat_rule_fails_when_allocate_slows_with_allocations():
-    """Allocate 1.5 x slower at 1,000 allocations on 8 cards (the floor unchanged)."""
-    points = [
-        scale_point(p.cards, p.allocations, p.rss_mib, p.idle_cpu_percent, 0.006)
+def _with_8_cards_1000(**changes) -> list[scale.Point]:
+    """scale_points(), the 8-card 1,000-allocation point made with ``changes``."""
+    return [
+        scale_point(p.cards, p.allocations, p.rss_mib, p.idle_cpu_percent, **changes)
         if (p.cards, p.allocations) == (8, 1000)
         else p
         for p in scale_points()
     ]
-    by_name = {f.name: f for f in scale.figures(points)}
+
+
+def test_scale_flat_rule_fails_when_allocate_slows_with_allocations():
+    """Allocate 1.5 x slower at 1,000 allocations on 8 cards (the floor unchanged): the
+    median moved, so the rule fails."""
+    by_name = {f.name: f for f in scale.figures(_with_8_cards_1000(allocate_s=0.006))}
+    assert by_name["scale_allocate_p50_ratio_growth_c8"].value == pytest.approx(1.5)
     assert by_name["scale_allocate_ratio_growth_c8"].value == pytest.approx(1.5)
     assert by_name["scale_flat_in_allocations"].value == pytest.approx(1.5)
     assert by_name["scale_flat_in_allocations"].met is False
+
+
+def test_scale_flat_rule_fails_when_an_admission_costs_more_cpu_with_allocations():
+    """The daemon spends 2 x the CPU per admission at 1,000 allocations on 8 cards (a walk
+    over every allocation per admission): the rule fails though latency did not move."""
+    by_name = {f.name: f for f in scale.figures(_with_8_cards_1000(cpu_ms_per_admission=6.0))}
+    assert by_name["scale_cpu_ms_per_admission_c8_a1000"].value == pytest.approx(6.0)
+    assert by_name["scale_cpu_per_admission_growth_c8"].value == pytest.approx(2.0)
+    assert by_name["scale_flat_in_allocations"].met is False
+
+
+def test_scale_flat_rule_shows_but_does_not_judge_a_p99_alone():
+    """Two slow calls of 100 at one point (the p99 ratio x 3, the median unchanged): the
+    p99 growth is shown, marked as not judged, and the rule holds."""
+    by_name = {f.name: f for f in scale.figures(_with_8_cards_1000(tail_s=0.012))}
+    p99_growth = by_name["scale_allocate_ratio_growth_c8"]
+    assert p99_growth.value == pytest.approx(3.0)
+    assert p99_growth.note == "shown, not judged"
+    assert by_name["scale_allocate_p50_ratio_growth_c8"].value == pytest.approx(1.0)
+    assert by_name["scale_flat_in_allocations"].met is True
 
 
 def test_scale_linear_rule_fails_when_each_card_costs_more_than_the_one_before():
@@ -331,6 +369,19 @@ def test_scale_linear_rule_fails_when_each_card_costs_more_than_the_one_before()
     assert by_name["scale_rss_vs_linear_a0"].value == pytest.approx(3.0)
     assert by_name["scale_rss_mib_per_card_a0"].value == pytest.approx((8 + 24 - 1) / 15)
     assert by_name["scale_linear_in_cards"].met is False
+
+
+def test_scale_cpu_rule_reads_a_quiet_window_as_one_clock_tick():
+    """A 1-card daemon that used no CPU tick in its window: its idle CPU counts as one tick
+    over the window (0.1 % of 10 s at 100 ticks/s), not 0, so the growth is finite."""
+    points = [
+        scale_point(p.cards, p.allocations, p.rss_mib, 0.0) if p.cards == 1 else p
+        for p in scale_points()
+    ]
+    tick_percent = 100 / os.sysconf("SC_CLK_TCK") / 10.0
+    by_name = {f.name: f for f in scale.figures(points)}
+    assert by_name["scale_idle_cpu_vs_linear_a0"].value == pytest.approx(5.2 / tick_percent / 16)
+    assert math.isfinite(by_name["scale_linear_in_cards"].value)
 
 
 def test_scale_rss_rule_floors_a_tiny_first_increment():
