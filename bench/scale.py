@@ -44,22 +44,22 @@ Figures: per point ``scale_allocate_p99_ratio_c{cards}_a{allocations}``,
 the worst of its parts, within ``TOLERANCE`` (25 %, a shared machine's noise):
 
 - ``scale_flat_in_allocations``: per card count, at the most allocations over
-  at none: RSS (``scale_rss_growth_c..``), the Allocate p50 ratio
-  (``scale_allocate_p50_ratio_growth_c..``) and the daemon's CPU per
-  steady-state admission (``scale_cpu_per_admission_growth_c..``; per point
-  ``scale_cpu_ms_per_admission_c.._a..``). Shown, not judged: the Allocate p99
-  ratio's (``scale_allocate_ratio_growth_c..``), which does not repeat within
-  25 % here even between points measured side by side (1.24 to 1.96 at 8
-  cards in one run), and idle CPU's (``scale_idle_cpu_growth_c..``): a 10 s
+  at none: RSS (``scale_rss_growth_c..``), the Allocate p99 ratio
+  (``scale_allocate_ratio_growth_c..``) and its p50 ratio
+  (``scale_allocate_p50_ratio_growth_c..``). Shown, not judged: the daemon's
+  CPU per steady-state admission (``scale_cpu_per_admission_growth_c..``; per
+  point ``scale_cpu_ms_per_admission_c.._a..``), which holds the steady
+  phase's reconciles, and idle CPU's (``scale_idle_cpu_growth_c..``): a 10 s
   window holds one reconcile, and the machine's other work moves it by more
   than 25 %;
 - ``scale_linear_in_cards``: per allocation count, idle CPU at the most cards
   over at the fewest, divided by the card ratio (1: proportional to cards;
-  ``scale_idle_cpu_vs_linear_a..``; a window with no CPU tick counts as one). RSS has a big fixed part, so its rule is
-  on the RSS a card adds: that of the last step (8 to 16 cards) over that of
-  the first (1 to 8; at least ``RSS_INCREMENT_FLOOR_MIB`` so that noise on a
-  tiny increment cannot blow it up): above 1, each card costs more than the
-  one before (``scale_rss_vs_linear_a..``; ``scale_rss_mib_per_card_a..``).
+  ``scale_idle_cpu_vs_linear_a..``; a window with no CPU tick counts as one).
+  RSS has a big fixed part, so its rule is on the RSS a card adds: that of the
+  last step (8 to 16 cards) over that of the first (1 to 8; at least
+  ``RSS_INCREMENT_FLOOR_MIB`` so that noise on a tiny increment cannot blow it
+  up): above 1, each card costs more than the one before
+  (``scale_rss_vs_linear_a..``; ``scale_rss_mib_per_card_a..``).
   With two card counts RSS takes the CPU rule.
 
 Run: ``.venv/bin/python -m bench.scale [--cards 1,8,16] [--allocations 0,384,1000]
