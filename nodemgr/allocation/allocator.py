@@ -125,7 +125,8 @@ class Allocator:
         for allocation in self._allocations.values():
             self._usage.add(allocation)
         # kind -> (generation, device list): every ListAndWatch stream shares one build.
-        self._device_lists: dict[ResourceKind, tuple[int, list[DeviceInfo]]] = {}
+        # Per resource: (card_changes generation, what the list shows, the list).
+        self._device_lists: dict[ResourceKind, tuple[int, tuple, list[DeviceInfo]]] = {}
         # (changes.generation, the device IDs kubelet reported, the record object) of the
         # last reconcile that found nothing to change with every allocation confirmed: the
         # same record against the same state plans nothing again, at any time, so the
@@ -150,14 +151,23 @@ class Allocator:
     # -- devices and health (ListAndWatch) ---------------------------------
 
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
-        """The full device list of one resource, with linkage health."""
+        """The full device list of one resource, with linkage health.
+
+        The same list object while what it shows is unchanged: a card taking or dropping
+        shared work moves ``card_changes`` (the whole-card list shows it) but not the
+        memory and share lists, which stay as they were (16 cards: ~17,000 memory IDs, not
+        rebuilt and compared at every such flip)."""
         with self._lock:
             generation = self.card_changes.generation
             cached = self._device_lists.get(kind)
             if cached is not None and cached[0] == generation:
-                return cached[1]
+                return cached[2]
             shared_cards, whole_cards = self._usage.shared_cards(), self._usage.whole_cards()
             problems = set(self._card_problems)
+            shows = self._list_shows(kind, shared_cards, whole_cards, problems)
+            if cached is not None and cached[1] == shows:
+                self._device_lists[kind] = (generation, shows, cached[2])
+                return cached[2]
         listing = []
         for card in self.cards:
             if kind is ResourceKind.WHOLE:
@@ -168,8 +178,18 @@ class Allocator:
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
             if self.card_changes.generation == generation:
-                self._device_lists[kind] = (generation, listing)
+                self._device_lists[kind] = (generation, shows, listing)
         return listing
+
+    def _list_shows(
+        self, kind: ResourceKind, shared_cards: set[str], whole_cards: set[str], problems: set[str]
+    ) -> tuple:
+        """What one resource's device list depends on (see ``devices``): the cards, and the
+        cards it shows unhealthy."""
+        cards = tuple((card.uuid, self._units[card.uuid], card.numa_node) for card in self.cards)
+        if kind is ResourceKind.WHOLE:
+            return cards, frozenset(shared_cards)
+        return cards, frozenset(whole_cards | problems)
 
     # -- admission -------------------------------------------------------------
 

@@ -185,7 +185,8 @@ class _DeviceWatch:
             return None
         self._seen = generation
         devices = self._resources.devices(self._kind)
-        if devices == self._sent:
+        # The allocator hands back the same list while it shows the same: no compare then.
+        if devices is self._sent or devices == self._sent:
             return None
         self._sent = devices
         return dp.ListAndWatchResponse(devices=[_device(d) for d in devices])

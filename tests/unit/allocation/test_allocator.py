@@ -634,3 +634,25 @@ def test_card_changes_move_only_when_a_cards_state_changes(allocator):
     allocator.set_card_problem(GPU1, "MPS control daemon not running")
     assert cards.generation == before + 1
     assert first.allocation_id in {a.id for a in allocator.allocations()}
+
+
+def test_a_card_taking_or_dropping_shared_work_rebuilds_only_the_whole_card_list(allocator, clock):
+    """A card that starts or stops holding shared work changes what the whole-card resource
+    lists (it cannot be given out whole meanwhile), not what the memory and share lists show:
+    those stay the same list objects, so their ListAndWatch streams send nothing and do not
+    compare thousands of devices (16 cards: ~17,000 memory IDs) at every such flip."""
+    lists = {kind: allocator.devices(kind) for kind in (MEM, CORE, WHOLE)}
+    admit(allocator, [(MEM, 2)])  # an empty card now holds shared work
+    assert allocator.devices(MEM) is lists[MEM]
+    assert allocator.devices(CORE) is lists[CORE]
+    whole = allocator.devices(WHOLE)
+    assert whole is not lists[WHOLE]
+    assert sum(not d.healthy for d in whole) == 1
+    clock.now += 100  # past the grace period, and kubelet does not report it: released
+    allocator.reconcile({})  # the card is empty again
+    assert allocator.devices(MEM) is lists[MEM]
+    assert all(d.healthy for d in allocator.devices(WHOLE))
+    allocator.set_card_problem(GPU1, "MPS control daemon not running")
+    problem = allocator.devices(MEM)  # health changed: rebuilt
+    assert problem is not lists[MEM]
+    assert {d.healthy for d in problem if d.id.startswith(GPU1)} == {False}
