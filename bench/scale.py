@@ -158,9 +158,15 @@ def measure_node(
             points[level] = rig.idle(idle_seconds)
         for rig in rigs.values():
             rig.reload(STEADY_KUBELET)
-        steady([(rig, points[level]) for level, rig in rigs.items()], floor, admissions)
+        try:
+            steady([(rig, points[level]) for level, rig in rigs.items()], floor, admissions)
+        except Refused as e:  # the phase is shared: no point of this card count has one
+            for level in rigs:
+                points[level] = Point(cards, level, skipped=str(e))
     for level in rigs:
         point = points[level]
+        if point.skipped:
+            continue
         print(
             f"scale: {cards} card(s), {level} allocations: Allocate p99 ratio "
             f"{point.ratio:.2f}, idle CPU {point.idle_cpu_percent:.2f} %, RSS "
@@ -331,7 +337,10 @@ def steady(rigs: list[tuple[Rig, Point]], floor: FloorServer, admissions: int) -
             try:
                 client.admit(f"steady-a{point.allocations}-{round_}", dict(STEADY_POD))
             except grpc.RpcError as e:
-                raise Refused(f"steady-state admission {round_} refused: {e.details()}") from e
+                raise Refused(
+                    f"steady-state admission {round_} to the daemon holding "
+                    f"{point.allocations} allocations refused: {e.details()}"
+                ) from e
             floor_samples += [floor.call() for _ in range(FLOOR_CALLS)]
             if client.pods > WINDOW:
                 client.remove_oldest()
