@@ -54,8 +54,10 @@ def h200_node(
     api: TestApiServer | ApiServerProcess | None = None,
     control_binary: str = MPS_STANDIN,
     cards: int = CARD_COUNT,
+    name: str | None = None,
 ) -> Node:
-    """A Node (not started) with ``cards`` H200 cards (8 by default).
+    """A Node (not started) with ``cards`` H200 cards (8 by default), named ``name``
+    (default: the harness's node-a; two daemons on one test API server need two names).
 
     The test config speeds up reconcile and MPS health checks;
     ``production_intervals`` puts the defaults back (what idle cost is about).
@@ -80,6 +82,8 @@ def h200_node(
         config.setdefault("resources", {}).update(resources or {})
         config["mps"].update(mps or {})
         config["kubernetes"] = {"enabled": False}
+        if name is not None:
+            config["node_name"] = name
 
     node.rewrite_config(change)
     if api is not None:

@@ -115,8 +115,7 @@ def _growth(new: float, old: float) -> float:
 # is that of the Allocate latency alone. Shown, not judged: idle CPU (a 10 s window holds
 # one reconcile, and the machine's other work moves it by more than 25 %) and the
 # daemon's CPU per admission, which holds the steady phase's reconciles (every second,
-# a walk over every allocation) and measured the first daemon of 8 and 16 cards at twice
-# the others' in one run, not yet explained (docs/benchmarks.md).
+# a walk over every allocation: it grows with allocations by design of the phase).
 _FLAT_PARTS = (
     ("rss", "RSS", lambda p: p.rss_mib, True),
     ("allocate_ratio", "Allocate p99 ratio", lambda p: p.ratio, True),
