@@ -124,8 +124,8 @@ class Allocator:
         self._usage = CardUsage()
         for allocation in self._allocations.values():
             self._usage.add(allocation)
-        # kind -> (generation, device list): every ListAndWatch stream shares one build.
-        # Per resource: (card_changes generation, what the list shows, the list).
+        # Per resource: (card_changes generation, what the list shows, the list): every
+        # ListAndWatch stream shares one build.
         self._device_lists: dict[ResourceKind, tuple[int, tuple, list[DeviceInfo]]] = {}
         # (changes.generation, the device IDs kubelet reported, the record object) of the
         # last reconcile that found nothing to change with every allocation confirmed: the
@@ -168,12 +168,10 @@ class Allocator:
             if cached is not None and cached[1] == shows:
                 self._device_lists[kind] = (generation, shows, cached[2])
                 return cached[2]
+        unhealthy = shows[1]
         listing = []
         for card in self.cards:
-            if kind is ResourceKind.WHOLE:
-                healthy = card.uuid not in shared_cards
-            else:
-                healthy = card.uuid not in whole_cards and card.uuid not in problems
+            healthy = card.uuid not in unhealthy
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
@@ -184,8 +182,9 @@ class Allocator:
     def _list_shows(
         self, kind: ResourceKind, shared_cards: set[str], whole_cards: set[str], problems: set[str]
     ) -> tuple:
-        """What one resource's device list depends on (see ``devices``): the cards, and the
-        cards it shows unhealthy."""
+        """What one resource's device list depends on (see ``devices``): (the cards, the
+        cards it shows unhealthy). A whole card is unhealthy while it holds shared work; a
+        card's memory and share IDs while it is given out whole or has a problem."""
         cards = tuple((card.uuid, self._units[card.uuid], card.numa_node) for card in self.cards)
         if kind is ResourceKind.WHOLE:
             return cards, frozenset(shared_cards)
