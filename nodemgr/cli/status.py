@@ -25,7 +25,7 @@ from types import SimpleNamespace
 from hooks.protocol import ProtocolError
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.cli.cluster_status import run_cluster
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.config.schema import Settings
 from nodemgr.domain.statusdoc import build_status, render_table
 from nodemgr.errors import ConfigError, LedgerError
@@ -43,7 +43,7 @@ def add_parser(sub) -> None:
         "per allocation: pod, container, card, quota and use, state, violations. With "
         "--cluster: every node's cards and pods as `kubectl inspect gpushare` shows them.",
     )
-    parser.add_argument("--config", metavar="FILE", help="the daemon's config (finds its socket)")
+    parser.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--cluster",
