@@ -197,8 +197,8 @@ class RunLoop:
         allocator, facts, notifier = self.allocator, self.facts, self.notifier
         problems = allocator.card_problems()
         summary = (
-            f"serving {resources} resources on {len(allocator.cards)} GPUs, "
-            f"{allocator.allocation_count()} allocations"
+            f"serving {_count(resources, 'resource')} on {_count(len(allocator.cards), 'GPU')}, "
+            f"{_count(allocator.allocation_count(), 'allocation')}"
         )
         if problems:
             summary += "; " + "; ".join(
@@ -310,3 +310,8 @@ def _inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except FileNotFoundError:
         return None
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 allocation``, ``2 allocations``: the STATUS= line is read by people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -188,7 +188,7 @@ def test_ready_once_then_status_only_when_it_changed(daemon):
     allocate(daemon.allocator)
     daemon.loop._tell_systemd(3)
     later = daemon.told()
-    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in later
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocation"} in later
     assert not [m for m in later if "READY" in m]
 
 
@@ -391,7 +391,7 @@ def test_a_reload_outcome_stays_in_status_until_the_summary_changes_or_time_pass
     assert [m["STATUS"] for m in daemon.told() if "STATUS" in m] == ["reloading", applied]
     allocate(daemon.allocator)  # the summary changes: it is news, shown at once
     daemon.loop._tell_systemd(3)
-    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in daemon.told()
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocation"} in daemon.told()
 
 
 # --- a dead worker makes the daemon unhealthy (issue 14, item 3) ----------------------------
