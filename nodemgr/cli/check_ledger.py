@@ -16,13 +16,13 @@ import sys
 
 from nodemgr.allocation.audit import LedgerAudit, audit_ledger, card_capacities
 from nodemgr.allocation.ledger import LEDGER_FILE
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("check-ledger", help="check the ledger's invariants (read-only)")
-    parser.add_argument("--config", metavar="FILE")
+    parser.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(run=run)
 

@@ -27,7 +27,8 @@ from nodemgr.cli import check_ledger
 from nodemgr.cli import status as status_cli
 from nodemgr.cli.doctor import command as doctor
 from nodemgr.cli.install import command as install
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.common.version import package_version
+from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 
 # Subcommands that live in their own module: each has ``add_parser(sub)``, which
@@ -37,16 +38,17 @@ _COMMAND_MODULES: tuple = (status_cli, doctor, install, check_ledger)
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="nodemgr", description="gpushare-node operator tool")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for module in _COMMAND_MODULES:
         module.add_parser(sub)
     check = sub.add_parser("check-config", help="validate the daemon's configuration file")
-    check.add_argument("--config", metavar="FILE")
+    check.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     allocs = sub.add_parser("allocations", help="list the allocations in the ledger")
-    allocs.add_argument("--config", metavar="FILE")
+    allocs.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     allocs.add_argument("--json", action="store_true", help="machine-readable output")
     history = sub.add_parser("violations", help="the history of quota violations")
-    history.add_argument("--config", metavar="FILE")
+    history.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     history.add_argument("--json", action="store_true", help="machine-readable output")
     history.add_argument("--limit", type=int, default=50, help="newest N rows (default 50)")
     args = parser.parse_args(argv)

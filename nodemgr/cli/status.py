@@ -5,8 +5,9 @@ says so and shows the last state the ledger holds (allocations and cards,
 without health, usage or MPS state), exiting 3 like ``systemctl status`` of
 a stopped unit. It changes nothing.
 
-Exit codes: 0 daemon answered; 1 no daemon and no ledger, or the socket
-refused us; 2 bad config; 3 daemon down, last state shown.
+Exit codes: 0 daemon answered; 1 the socket refused us (not root); 2 bad
+config; 3 daemon down (with the last state when the ledger can be read, else
+one line saying why not).
 
 This module owns the ``status`` command line, ``--cluster``, ``-d`` and
 ``--kubeconfig`` included; ``nodemgr status --cluster`` (the whole cluster
@@ -25,7 +26,7 @@ from types import SimpleNamespace
 from hooks.protocol import ProtocolError
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.cli.cluster_status import run_cluster
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.config.schema import Settings
 from nodemgr.domain.statusdoc import build_status, render_table
 from nodemgr.errors import ConfigError, LedgerError
@@ -43,7 +44,7 @@ def add_parser(sub) -> None:
         "per allocation: pod, container, card, quota and use, state, violations. With "
         "--cluster: every node's cards and pods as `kubectl inspect gpushare` shows them.",
     )
-    parser.add_argument("--config", metavar="FILE", help="the daemon's config (finds its socket)")
+    parser.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.add_argument(
         "--cluster",
@@ -90,16 +91,17 @@ def run(args: argparse.Namespace) -> int:
         return 1
     except (OSError, ProtocolError) as e:
         why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
-        print(
-            f"nodemgr: gpushare-node is not answering on {settings.status_socket} ({why}); "
-            "showing the last state from the ledger. Check: systemctl status gpushare-node",
-            file=sys.stderr,
-        )
+        down = f"nodemgr: gpushare-node is not answering on {settings.status_socket} ({why})"
         try:
             status = _from_ledger(settings)
-        except LedgerError as e:
-            print(f"nodemgr: {e}", file=sys.stderr)
-            return 1
+        except LedgerError as ledger_error:
+            print(f"{down}, and {ledger_error}", file=sys.stderr)
+            return EXIT_DAEMON_DOWN
+        print(
+            f"{down}; showing the last state from the ledger. "
+            "Check: systemctl status gpushare-node",
+            file=sys.stderr,
+        )
         code = EXIT_DAEMON_DOWN
     if args.json:
         print(json.dumps(status, indent=2))

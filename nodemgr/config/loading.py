@@ -42,10 +42,18 @@ from nodemgr.config.schema import (
 from nodemgr.errors import ConfigError
 
 __all__ = [
+    "CONFIG_HELP",
     "config_error_line",
     "load_settings",
     "settings_from_mapping",
 ]
+
+# The one help text of every command's --config: which file, and what happens without it.
+CONFIG_HELP = (
+    "the daemon's YAML config, e.g. /etc/gpushare/config.yaml as nodemgr install writes it "
+    "(the sockets, state_dir and run_dir are read from it; default: the built-in defaults, "
+    "which name /run/gpushare and /var/lib/gpushare)"
+)
 
 # Sections of later versions: refused by name so that nobody believes they work.
 _FUTURE_SECTIONS: tuple[str, ...] = ()

@@ -306,7 +306,12 @@ def _header(status: dict[str, Any], now: float) -> str:
             f"{node}: gpushare-node is NOT running; last state from the ledger "
             "(no health, usage or MPS state)"
         )
-    state = "ready" if daemon.get("ready") else "starting (not registered with kubelet yet)"
+    if not daemon.get("registered"):
+        state = "not registered with kubelet"
+    elif not daemon.get("ready"):
+        state = "registered, waiting for MPS"
+    else:
+        state = "ready"
     head = (
         f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
     )

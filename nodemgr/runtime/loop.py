@@ -88,6 +88,7 @@ class RunLoop:
     # at once (from its open copy, or rebuilt from what the daemon committed).
     check_ledger_file: Callable[[], str | None] = lambda: None
     _held: _HeldStatus | None = field(default=None, init=False, repr=False)
+    _told_ready: bool = field(default=False, init=False, repr=False)  # READY=1 sent
 
     @property
     def observe_allocate(self) -> ObserveAllocate | None:
@@ -114,7 +115,7 @@ class RunLoop:
             ]
             for server in servers:
                 server.start()
-            self.facts.registered = False
+            self.facts.registered = self.facts.ready = False
             kubelet_inode = self._register_all(servers, kubelet_socket, stop)
             self.facts.registered = kubelet_inode is not None
             # The first iteration runs at once: READY=1 (and the first reconcile) as soon
@@ -197,8 +198,8 @@ class RunLoop:
         allocator, facts, notifier = self.allocator, self.facts, self.notifier
         problems = allocator.card_problems()
         summary = (
-            f"serving {resources} resources on {len(allocator.cards)} GPUs, "
-            f"{allocator.allocation_count()} allocations"
+            f"serving {_count(resources, 'resource')} on {_count(len(allocator.cards), 'GPU')}, "
+            f"{_count(allocator.allocation_count(), 'allocation')}"
         )
         if problems:
             summary += "; " + "; ".join(
@@ -210,11 +211,13 @@ class RunLoop:
             # Not healthy: no READY, no WATCHDOG=1; systemd restarts us after WatchdogSec.
             notifier.status(_down_status(dead, summary))
             return
-        if not facts.ready and not problems:
-            facts.ready = True
+        # facts.ready is what is true now (status, doctor); READY=1 is told systemd once.
+        facts.ready = not problems
+        if facts.ready and not self._told_ready:
+            self._told_ready = True
             notifier.ready(summary)
             log.info("ready: %s", summary)
-        elif not facts.ready:
+        elif not self._told_ready:
             notifier.status(f"waiting for MPS: {summary}")
         else:
             notifier.status(self._reload_outcome(summary) or summary)
@@ -310,3 +313,8 @@ def _inode(path: str) -> int | None:
         return os.stat(path).st_ino
     except FileNotFoundError:
         return None
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 allocation``, ``2 allocations``: the STATUS= line is read by people."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

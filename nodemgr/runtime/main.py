@@ -18,12 +18,12 @@ import os
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import argparse
-import importlib.metadata
 import logging
 import signal
 import sys
 import threading
 
+from nodemgr.common.version import package_version
 from nodemgr.config.loading import config_error_line, load_settings
 from nodemgr.errors import ConfigError, GpushareError
 from nodemgr.runtime.wiring import run
@@ -36,8 +36,12 @@ def main(argv: list[str] | None = None) -> int:
         prog="gpushare-node", description="GPU sharing node daemon: kubelet device plugin"
     )
     parser.add_argument(
-        "--config", metavar="FILE", help="YAML configuration (default: built-in defaults)"
+        "--config",
+        metavar="FILE",
+        help="the YAML configuration (every key optional; default: the built-in defaults; "
+        "nodemgr install writes /etc/gpushare/config.yaml)",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     parser.add_argument(
         "--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"]
     )
@@ -72,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def version() -> str:
-    try:
-        return importlib.metadata.version("gpushare-node")
-    except importlib.metadata.PackageNotFoundError:
-        return "unknown (not installed)"
+    return package_version()
 
 
 def entry() -> None:

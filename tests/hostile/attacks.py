@@ -19,11 +19,12 @@ MOVE_TO_0XFF = (
     "for r in /sys/fs/cgroup/pids /sys/fs/cgroup; do [ -e $r/cgroup.procs ] && break; done; "
     "d=$r/$(printf 'gs-\\377'); mkdir $d && echo $$ > $d/cgroup.procs && exec sleep 1000"
 )
-# A second after its start (its exec-time environ can be read meanwhile), rewrites the
+# Three seconds after its start (its exec-time environ is read meanwhile, on a loaded
+# machine too), rewrites the
 # thread percentage in its own environ memory (what the kernel shows as /proc/PID/environ)
 # from 99 to 30 through /proc/self/mem, then stays.
 REWRITE_ENVIRON_99_TO_30 = (
-    "sleep 1; set -- $(sed 's/.*) //' /proc/$$/stat); shift 47; start=$1; "  # field 50: env_start
+    "sleep 3; set -- $(sed 's/.*) //' /proc/$$/stat); shift 47; start=$1; "  # field 50: env_start
     "rel=$(tr '\\0' '\\n' < /proc/$$/environ | "
     "awk '/^CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=/{print o+34; exit} {o+=length($0)+1}'); "
     "exec 3<>/proc/$$/mem; printf 30 | dd bs=1 seek=$((start + rel)) conv=notrunc 1>&3 "

@@ -519,7 +519,7 @@ def test_env_rewritten_in_place_after_exec_is_not_seen(site):
         "hider", "env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=99", "sh", "-c",
         attacks.REWRITE_ENVIRON_99_TO_30,
     )  # fmt: skip
-    exec_env = cluster.node.wait_for(  # once env exec'd sh, a second before the rewrite
+    exec_env = cluster.node.wait_for(  # once env exec'd sh, three seconds before the rewrite
         lambda: tenant.environ(hider).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), 5, "sh"
     )
     assert exec_env == "99"

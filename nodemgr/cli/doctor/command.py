@@ -43,7 +43,7 @@ from nodemgr.cli.doctor.kubernetes_api import check_kubernetes
 from nodemgr.cli.doctor.report import FAIL, Result, render
 from nodemgr.cli.doctor.runtime_hook import check_runtime_hook
 from nodemgr.cli.doctor.system import check_cgroups, check_privileges
-from nodemgr.config.loading import load_settings
+from nodemgr.config.loading import CONFIG_HELP, load_settings
 from nodemgr.config.schema import Settings
 from nodemgr.errors import ConfigError
 
@@ -55,7 +55,7 @@ def add_parser(sub) -> None:
         description="One line per check: PASS, WARN or FAIL with the fix. "
         "Exit 1 if any check FAILs, 2 if the config file is unusable.",
     )
-    doctor.add_argument("--config", metavar="FILE", help="the daemon's config file")
+    doctor.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     doctor.add_argument("--json", action="store_true", help="machine-readable output")
     doctor.set_defaults(run=run)
 

@@ -121,7 +121,7 @@ def daemon_result(
         )
     daemon = document.get("daemon") or {}
     who = f"running (pid {daemon.get('pid', '?')}, version {daemon.get('version', '?')})"
-    if daemon.get("ready"):
+    if daemon.get("ready") and daemon.get("registered"):
         return Result(
             name, PASS, f"{who}, ready: registered with kubelet, MPS healthy; {answering}"
         )

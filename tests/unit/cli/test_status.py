@@ -1,6 +1,8 @@
 """``nodemgr status`` of this node (nodemgr/cli/status.py) when the daemon does not answer.
 
-Pins: with no daemon and no ledger it exits 1 naming the state_dir; with the ledger the
+Pins: with no daemon and no ledger it says both in one message and exits 3 (the daemon is
+not running, as ``systemctl status`` of a stopped unit says), promising nothing; with the
+ledger the
 daemon left it says the daemon is not answering, shows the last state from the ledger
 (``source: ledger``, the cards the daemon kept in the ledger) and exits 3, as ``systemctl
 status`` of a stopped unit; a bad config exits 2; the ``--cluster`` flags without
@@ -34,12 +36,16 @@ def args(config_path, as_json=False, **flags):
     return SimpleNamespace(**{**values, **flags})
 
 
-def test_no_daemon_and_no_ledger_exits_1(tmp_path, capsys):
-    """Without a daemon or a ledger there is nothing to show: exit 1 naming the state_dir."""
-    assert status_cli.run(args(config(tmp_path))) == 1
-    err = capsys.readouterr().err
-    assert "gpushare-node is not answering on " in err
-    assert f"nodemgr: no ledger in {tmp_path / 'state'}: gpushare-node has not run here" in err
+def test_no_daemon_and_no_ledger_exits_3_promising_nothing(tmp_path, capsys):
+    """Without a daemon or a ledger there is nothing to show: one message naming the socket
+    and the state_dir, no promise of the ledger's state, and exit 3 (daemon not running)."""
+    assert status_cli.run(args(config(tmp_path))) == status_cli.EXIT_DAEMON_DOWN == 3
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "gpushare-node is not answering on " in captured.err
+    assert f"no ledger in {tmp_path / 'state'}: gpushare-node has not run here" in captured.err
+    assert "showing the last state" not in captured.err
+    assert len(captured.err.strip().splitlines()) == 1
 
 
 def test_daemon_down_shows_the_last_state_from_the_ledger_and_exits_3(tmp_path, capsys):

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
+
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.model import Allocation, ContainerRef
@@ -54,7 +56,7 @@ def status(allocations, **overrides):
         containers={"a1": 1},
         violations={"a2": 3},
         enforcement={"action": "kill", "violations": {"memory": 3}, "kills": 2},
-        daemon={"pid": 42, "started_at": 900.0, "ready": True},
+        daemon={"pid": 42, "started_at": 900.0, "ready": True, "registered": True},
     )
     arguments.update(overrides)
     return build_status("node-a", CARDS, allocations, **arguments)
@@ -139,6 +141,24 @@ def test_unknown_stays_unknown_with_the_daemon_down():
     table = render_table(doc, now=1010.0)
     assert "NOT running" in table
     assert "4.0G / ? / 15.0G" in table
+
+
+@pytest.mark.parametrize(
+    ("daemon", "state"),
+    [
+        ({"ready": True, "registered": True}, "ready"),
+        ({"ready": True, "registered": False}, "not registered with kubelet"),
+        ({"ready": False, "registered": False}, "not registered with kubelet"),
+        ({"ready": False, "registered": True}, "registered, waiting for MPS"),
+    ],
+)
+def test_the_header_says_ready_only_when_registered_and_ready(daemon, state):
+    """The header's state is what the daemon is now: ready only while it is registered with
+    kubelet and ready; otherwise what it lacks (never "starting" for a daemon whose kubelet
+    went away)."""
+    info = {"pid": 42, "started_at": 900.0, **daemon}
+    header = render_table(status([], daemon=info), now=1065.0).splitlines()[0]
+    assert header.startswith(f"node node-a: gpushare-node pid 42, up 2m, {state}")
 
 
 def test_mps_disabled_is_said():

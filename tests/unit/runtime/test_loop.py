@@ -188,7 +188,7 @@ def test_ready_once_then_status_only_when_it_changed(daemon):
     allocate(daemon.allocator)
     daemon.loop._tell_systemd(3)
     later = daemon.told()
-    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in later
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocation"} in later
     assert not [m for m in later if "READY" in m]
 
 
@@ -391,7 +391,7 @@ def test_a_reload_outcome_stays_in_status_until_the_summary_changes_or_time_pass
     assert [m["STATUS"] for m in daemon.told() if "STATUS" in m] == ["reloading", applied]
     allocate(daemon.allocator)  # the summary changes: it is news, shown at once
     daemon.loop._tell_systemd(3)
-    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocations"} in daemon.told()
+    assert {"STATUS": "serving 3 resources on 2 GPUs, 1 allocation"} in daemon.told()
 
 
 # --- a dead worker makes the daemon unhealthy (issue 14, item 3) ----------------------------
@@ -475,3 +475,51 @@ def test_ready_is_sent_as_soon_as_every_resource_is_registered(make_daemon, monk
         runner.join(30)
         kubelet.stop()
     assert seen[-1]["READY"] == "1" and "serving 3 resources" in seen[-1]["STATUS"]
+
+
+def test_ready_is_cleared_when_kubelet_goes_away(make_daemon):
+    """``ready`` says what is true now, not what was once: when kubelet goes away (its
+    socket removed) the daemon is neither registered nor ready until it registers again,
+    and ready once more after that."""
+    daemon = make_daemon(watchdog_usec="400000")  # period 0.1 s
+    kubelet = TestKubelet(f"{daemon.root}/dp", f"{daemon.root}/pr/kubelet.sock")
+    kubelet.start()
+    stop = threading.Event()
+    runner = threading.Thread(target=daemon.loop.run, args=(stop, threading.Event()))
+    runner.start()
+    facts = daemon.loop.facts
+
+    def wait_for(condition):
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return condition()
+
+    try:
+        assert wait_for(lambda: facts.ready and facts.registered)
+        kubelet.stop()
+        assert wait_for(lambda: not facts.registered)
+        assert not facts.ready
+        kubelet = TestKubelet(f"{daemon.root}/dp", f"{daemon.root}/pr/kubelet.sock")
+        kubelet.start()
+        assert wait_for(lambda: facts.ready and facts.registered)
+    finally:
+        stop.set()
+        runner.join(30)
+        kubelet.stop()
+
+
+def test_ready_is_cleared_while_a_card_has_a_problem(daemon):
+    """A card whose MPS goes down after READY makes the daemon not ready (status and
+    doctor say so) without a second READY=1; fixed, it is ready again."""
+    daemon.loop._tell_systemd(3)
+    assert daemon.loop.facts.ready is True
+    daemon.allocator.set_card_problem(GPU1, "MPS control daemon not answering")
+    daemon.loop._tell_systemd(3)
+    assert daemon.loop.facts.ready is False
+    daemon.allocator.set_card_problem(GPU1, None)
+    daemon.loop._tell_systemd(3)
+    assert daemon.loop.facts.ready is True
+    assert [m for m in daemon.told() if "READY" in m] == [
+        {"READY": "1", "STATUS": "serving 3 resources on 2 GPUs, 0 allocations"}
+    ]

@@ -151,3 +151,13 @@ def test_ledger_probe(tmp_path):
     write(os.path.join(settings.state_dir, LEDGER_FILE), "not a database at all " * 100)
     corrupt = daemon_checks.check_ledger(settings)
     assert corrupt.status == FAIL and "move the file aside" in corrupt.fix
+
+
+def test_ready_without_registration_is_not_a_pass():
+    """A document saying ready but not registered (a daemon whose kubelet went away, as an
+    older daemon reported it) is not a PASS: doctor says it is not registered with kubelet."""
+    hook, status, ok = "/run/gpushare/hook.sock", "/run/gpushare/status.sock", SocketProbe("ok")
+    daemon = {"pid": 42, "version": "0.4.0", "ready": True, "registered": False}
+    result = daemon_checks.daemon_result(hook, ok, status, ok, {"daemon": daemon, "gpus": []})
+    assert result.status == WARN
+    assert "not ready: not registered with kubelet" in result.detail

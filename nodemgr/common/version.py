@@ -1,0 +1,15 @@
+"""The installed gpushare-node's version, for ``--version`` and the status document."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+DISTRIBUTION = "gpushare-node"
+
+
+def package_version() -> str:
+    """The version pip recorded for the distribution, or why there is none."""
+    try:
+        return importlib.metadata.version(DISTRIBUTION)
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
