@@ -18,7 +18,10 @@ API server, answers ``/healthz`` and a filter, as UID 65534 with a read-only roo
 system and no capabilities: under podman with a kubeconfig; under containerd through
 the CRI as kubelet runs the rendered Deployment (its image name, command, args but the
 address, security context) with in-cluster credentials (a service account token and CA,
-the API server behind TLS).
+the API server behind TLS). README's ways to a registry work: ``skopeo copy
+oci-archive:... docker://...`` (the registry serves the archive's manifest digest) and
+``podman load`` + ``podman push``, into a real registry (``scripts/setup-registry``:
+Debian's docker-registry) from which containerd pulls and runs the image.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ from tests.harness.setup_script import run_setup
 pytestmark = pytest.mark.e2e
 
 BUILD = os.path.join(REPO, "scripts", "build-image")
+SETUP_REGISTRY = os.path.join(REPO, "scripts", "setup-registry")
 BUILD_TIMEOUT_SECONDS = 900  # a cold build from nothing (Debian packages, wheels) included
 NON_ROOT = 65534  # the Deployment's runAsUser: nobody
 KUBECONFIG_IN_CONTAINER = "/etc/gpushare/kubeconfig"
@@ -140,15 +144,19 @@ def read_archive(archive: str, ref: str, digest: str) -> Image:
     return Image(archive, ref, digest, index, config, layers, files, contents)
 
 
-@pytest.fixture(scope="session")
-def image() -> Image:
-    found = build()
-    if isinstance(found, Image):
+def require(found, reason: str):
+    """``found``, or skip with why not (fail under GPUSHARE_REQUIRE_REAL_PARTS=1)."""
+    if not isinstance(found, str):
         return found
-    reason = f"the gpushare-scheduler image cannot be built here: {found}"
+    reason = f"{reason}: {found}"
     if os.environ.get("GPUSHARE_REQUIRE_REAL_PARTS") == "1":
         pytest.fail(f"GPUSHARE_REQUIRE_REAL_PARTS=1 but {reason}")
     pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def image() -> Image:
+    return require(build(), "the gpushare-scheduler image cannot be built here")
 
 
 def deployment(image_name: str) -> dict:
@@ -544,3 +552,94 @@ def container_log(sandbox: cri.PodSandboxConfig, name: str) -> str:
             return f.read()
     except OSError as e:
         return f"(no log: {e})"
+
+
+# ---------------------------------------------------------------------------- a registry
+
+
+@dataclass(frozen=True)
+class RegistryTools:
+    skopeo: str
+    registry: str  # Debian's docker-registry (CNCF Distribution)
+
+
+@functools.cache
+def registry_tools() -> RegistryTools | str:
+    if os.geteuid() != 0:
+        return "installing skopeo needs root"
+    values = run_setup(SETUP_REGISTRY, BUILD_TIMEOUT_SECONDS)
+    if isinstance(values, str):
+        return values
+    return RegistryTools(values["GPUSHARE_SKOPEO"], values["GPUSHARE_REGISTRY"])
+
+
+@pytest.fixture
+def registry(tmp_path):
+    """A real registry on a loopback port (plain HTTP), its storage under tmp_path; its
+    host:port."""
+    tools = require(registry_tools(), "skopeo and a registry cannot be had here")
+    address = f"127.0.0.1:{free_port()}"
+    config = tmp_path / "registry.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: warn\n"
+        f"storage:\n  filesystem:\n    rootdirectory: {tmp_path / 'data'}\n"
+        f"http:\n  addr: {address}\n"
+    )
+    with open(tmp_path / "registry.log", "w") as log:
+        process = subprocess.Popen(
+            [tools.registry, "serve", str(config)], stdout=log, stderr=subprocess.STDOUT
+        )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if get(f"http://{address}/v2/")[0] == 200:
+                    break
+            except OSError:
+                pass
+            assert process.poll() is None, (tmp_path / "registry.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "registry.log").read_text()
+            time.sleep(0.1)
+        yield address, tools.skopeo
+    finally:
+        process.terminate()
+        process.wait(10)
+
+
+def test_pushed_to_a_registry_as_the_readme_says_and_pulled_by_containerd(
+    image, registry, podman, containerd
+):
+    """README's two ways to a registry: ``skopeo copy oci-archive:... docker://...`` keeps
+    the manifest as written (the registry serves the archive's digest), and ``podman load``
+    then ``podman push``; containerd pulls each (as kubelet would from a registry) and
+    runs ``gpushare-scheduler --help`` from it."""
+    address, skopeo = registry
+    tag = image.ref.rsplit(":", 1)[1]
+    copied = f"{address}/gpushare-scheduler:{tag}"
+    done = subprocess.run(
+        [skopeo, "copy", "--dest-tls-verify=false", f"oci-archive:{image.archive}",
+         f"docker://{copied}"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    request = urllib.request.Request(
+        f"http://{address}/v2/gpushare-scheduler/manifests/{tag}",
+        headers={"Accept": "application/vnd.oci.image.manifest.v1+json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.headers["Docker-Content-Digest"] == image.digest
+
+    pushed = f"{address}/gpushare-scheduler:pushed"
+    assert podman.podman("load", "-i", image.archive, timeout=300).returncode == 0
+    done = podman.podman("push", "--tls-verify=false", image.ref, pushed, timeout=300)
+    assert done.returncode == 0, done.stderr
+
+    for ref in (copied, pushed):
+        containerd.ctr("images", "pull", "--plain-http", ref)
+        helped = subprocess.run(
+            ["ctr", "--address", containerd.socket, "-n", "k8s.io", "run", "--rm", ref,
+             f"help-{new_uid()[:8]}", "gpushare-scheduler", "--help"],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        assert helped.returncode == 0, (ref, helped.stderr)
+        assert "usage: gpushare-scheduler" in helped.stdout
