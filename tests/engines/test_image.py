@@ -311,23 +311,35 @@ GPUS = {
 
 @pytest.fixture
 def api():
-    """The test API server with one GPU node and a pending pod asking 4 GiB + 30 %."""
+    """The test API server with one GPU node (one idle 15 GiB card) and two pending pods:
+    one asking 4 GiB + 30 %, one asking 20 GiB."""
     api = TestApiServer()
     api.start()
     api.add_node("node-a", annotations={"gpushare.aliyun.com/gpus": json.dumps(GPUS)})
     requests = {"aliyun.com/gpu-mem": "4", "aliyun.com/gpu-core.percentage": "30"}
     api.add_pod("default", "cuda", containers=[{"name": "main", "requests": requests}])
+    requests = {"aliyun.com/gpu-mem": "20"}
+    api.add_pod("default", "big", containers=[{"name": "main", "requests": requests}])
     yield api
     api.stop()
 
 
 def check_extender(api: TestApiServer, url: str) -> None:
-    """A filter answered from inside the container: node-a's card has room for the pod."""
-    pod = api.pod("default", "cuda")
-    status, result = post(
-        url + "/gpushare-scheduler/filter", {"Pod": pod, "Nodes": None, "NodeNames": ["node-a"]}
-    )
-    assert status == 200 and result["NodeNames"] == ["node-a"] and not result["Error"], result
+    """Filters answered from inside the container from what it listed: node-a's card has
+    room for the small pod, not for the big one (with the reason)."""
+    for name, fits in (("cuda", True), ("big", False)):
+        args = {"Pod": api.pod("default", name), "Nodes": None, "NodeNames": ["node-a"]}
+        status, result = post(url + "/gpushare-scheduler/filter", args)
+        assert status == 200 and not result["Error"], result
+        if fits:
+            assert result["NodeNames"] == ["node-a"], result
+        else:
+            assert not result["NodeNames"], result
+            failed = {
+                **(result["FailedNodes"] or {}),
+                **(result["FailedAndUnresolvableNodes"] or {}),
+            }
+            assert "20 GiB" in failed["node-a"], failed
 
 
 def status_line(pid: int, key: str) -> list[str]:
