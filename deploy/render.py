@@ -10,7 +10,7 @@ new file of mode 0600 (the kubeconfig holds a credential)::
     python deploy/render.py kubeconfig --server https://10.0.0.1:6443 \\
         --ca-file ca.crt --token-file token -o kubeconfig
     python deploy/render.py scheduler-rbac | kubectl apply -f -
-    python deploy/render.py scheduler-deployment --image REGISTRY/gpushare-node:0.1.0
+    python deploy/render.py scheduler-deployment --image REGISTRY/gpushare-scheduler:0.1.0
     python deploy/render.py gpushare-scheduler-config
 
 Every value except the kubeconfig's server, CA and token has a default
@@ -257,7 +257,9 @@ def _parser() -> argparse.ArgumentParser:
             help="default: %(default)s",
         )
     deployment.add_argument(
-        "--image", required=True, help="an image with gpushare-node installed (pip install .)"
+        "--image",
+        required=True,
+        help="gpushare-scheduler:VERSION of scripts/build-image, or any with this package",
     )
     for name in ("node_port", "container_port"):
         deployment.add_argument(

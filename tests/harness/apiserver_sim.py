@@ -42,8 +42,9 @@ Implemented, with the real server's wire shapes and status codes:
   "patch"); group, namespace and name are not looked at; a non-resource review is allowed
   only when everything is. Exactly one of resourceAttributes and nonResourceAttributes, or
   422.
-* Bearer-token auth (401), 404/405/415 Status bodies, failure injection (``fail_next``,
-  ``delay_next``), ``drop_watches()`` and a request log (``requests``).
+* Bearer-token auth (401; the scheme in any case, as kube-apiserver), 404/405/415 Status
+  bodies, failure injection (``fail_next``, ``delay_next``), ``drop_watches()`` and a
+  request log (``requests``).
 
 * Pod ``binding`` (POST ``/api/v1/namespaces/{ns}/pods/{name}/binding``, what a scheduler
   or a binding scheduler extender creates): sets spec.nodeName and the PodScheduled
@@ -1042,7 +1043,12 @@ class TestApiServer:
         is_watch = query.get("watch") in ("true", "1")
         try:
             auth = h.headers.get("Authorization")
-            if auth != f"Bearer {self.token}" and (auth is not None or not self.anonymous):
+            # The scheme in any case, as kube-apiserver takes it (the official client's
+            # in-cluster loader sends "bearer").
+            scheme, _, token = (auth or "").partition(" ")
+            if (scheme.lower(), token) != ("bearer", self.token) and (
+                auth is not None or not self.anonymous
+            ):
                 raise ApiError(401, "Unauthorized")
             if delay := self._take_rule("delay", method, url.path, is_watch):
                 time.sleep(delay)

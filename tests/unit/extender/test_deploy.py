@@ -88,9 +88,11 @@ def test_deployment_and_service():
     assert pod.service_account_name == "gpushare-scheduler"
     (container,) = pod.containers
     assert container.image == "registry.example/gpushare-node:0.1.0"
-    assert container.command[0] == "gpushare-scheduler"
-    assert "--address=0.0.0.0:32766" in container.command
-    assert "--url-prefix=/gpushare-scheduler" in container.command
+    # The command is the entrypoint of scripts/build-image's image (tests/engines/test_image.py
+    # runs the image with this command and these args); the flags are args.
+    assert container.command == ["gpushare-scheduler"]
+    assert "--address=0.0.0.0:32766" in container.args
+    assert "--url-prefix=/gpushare-scheduler" in container.args
     assert container.readiness_probe.http_get.path == "/healthz"
     assert container.security_context.read_only_root_filesystem is True
     assert service.spec.type == "NodePort"

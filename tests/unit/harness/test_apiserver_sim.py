@@ -552,6 +552,19 @@ def test_anonymous_requests_served_only_when_allowed(server):
     assert http.request("GET", url, headers=good).status == 200
 
 
+def test_bearer_scheme_is_case_insensitive_as_in_kube_apiserver(server):
+    """The in-cluster loader of the official client sends ``bearer <token>``: the real API
+    server takes the scheme in any case (RFC 7235), so does the test server; the token
+    itself must match exactly."""
+    http = urllib3.PoolManager()
+    url = server.url + "/api/v1/nodes"
+    for scheme in ("bearer", "BEARER", "Bearer"):
+        auth = {"Authorization": f"{scheme} {server.token}"}
+        assert http.request("GET", url, headers=auth).status == 200, scheme
+    for wrong in (f"Basic {server.token}", f"bearer {server.token.upper()}x", "bearer"):
+        assert http.request("GET", url, headers={"Authorization": wrong}).status == 401, wrong
+
+
 def test_discovery_read_by_the_official_client(server, tmp_path):
     """/version, /api, /apis, /apis/<group> and the APIResourceLists: what kubectl reads
     before any request for an object, deserialised into the client's typed models."""
