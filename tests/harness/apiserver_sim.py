@@ -55,9 +55,9 @@ Implemented, with the real server's wire shapes and status codes:
   that does not parse: 400), the request defaults, and the validation of each kind,
   answered as 422 with the real field paths and one cause per error. A claim is created
   without status; ``reservedFor`` merges by uid in a strategic merge patch. Test-side
-  helpers: ``add_device_class``, ``add_resource_claim``, ``allocate_claim`` (as
-  kube-scheduler: tests.harness.dra_allocator), ``reserve_claim``, and pods with
-  ``resource_claims`` and containers with ``claims``.
+  helpers: ``add_resource_slice``, ``add_device_class``, ``add_resource_claim``,
+  ``allocate_claim`` (as kube-scheduler: tests.harness.dra_allocator),
+  ``reserve_claim``, and pods with ``resource_claims`` and containers with ``claims``.
 * Pod ``binding`` (POST ``/api/v1/namespaces/{ns}/pods/{name}/binding``, what a scheduler
   or a binding scheduler extender creates): sets spec.nodeName and the PodScheduled
   condition, copies the Binding's annotations onto the pod, answers 201 with a Success
@@ -716,7 +716,12 @@ def _container(c: dict) -> dict:
 def _pod_status(pod: dict, phase: str) -> dict:
     """The status kubelet reports for a pod in that phase."""
     spec, t = pod["spec"], _now()
-    used = {r for c in spec["containers"] for part in c["resources"].values() for r in part}
+    used = {
+        r
+        for c in spec["containers"]
+        for part in (c["resources"].get("limits") or {}, c["resources"].get("requests") or {})
+        for r in part
+    }
     st = {"phase": phase, "qosClass": "Burstable" if {"cpu", "memory"} & used else "BestEffort"}
     bound = "True" if spec.get("nodeName") else "False"
     st["conditions"] = [{"type": "PodScheduled", "status": bound, "lastTransitionTime": t}]
@@ -1021,6 +1026,10 @@ class TestApiServer:
         if config:
             spec["config"] = [dict(c) for c in config]
         return self._create(DEVICE_CLASSES, "", {"metadata": {"name": name}, "spec": spec})
+
+    def add_resource_slice(self, obj) -> dict:
+        """A ResourceSlice as a driver would create it (admitted as over HTTP)."""
+        return self._create(RESOURCE_SLICES, "", copy.deepcopy(obj))
 
     def add_resource_claim(self, namespace, name, requests=None, spec=None) -> dict:
         """A ResourceClaim: ``spec`` as given, or one ``exactly`` request per entry of
