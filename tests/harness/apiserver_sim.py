@@ -428,6 +428,11 @@ def _validate(res: _Res, obj: dict) -> None:
             )
 
 
+def _qualified(res: _Res) -> str:
+    """The resource as the API server names it in messages: pods, events.events.k8s.io."""
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
 def _admit_dra(res: _Res, obj: dict, old: dict | None, sub: str | None) -> None:
     """resource.k8s.io objects: what kube-apiserver does with the body (tests.harness.
     resource_v1): canonical quantities (one that does not parse: 400), defaults, and
@@ -1031,13 +1036,20 @@ class TestApiServer:
         """A ResourceSlice as a driver would create it (admitted as over HTTP)."""
         return self._create(RESOURCE_SLICES, "", copy.deepcopy(obj))
 
-    def add_resource_claim(self, namespace, name, requests=None, spec=None) -> dict:
+    def add_resource_claim(self, namespace, name, requests=None, spec=None, owner=None) -> dict:
         """A ResourceClaim: ``spec`` as given, or one ``exactly`` request per entry of
         ``requests`` ({"name", "deviceClassName", optional "count", "capacity" (a map of
-        capacity requests), "selectors" (CEL strings)})."""
+        capacity requests), "selectors" (CEL strings)}). ``owner``: a pod that controls
+        it, as kube-controller-manager sets for a claim made from a template."""
         if spec is None:
             spec = {"devices": {"requests": [_dra_request(r) for r in requests or []]}}
         body = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        if owner is not None:
+            meta = owner["metadata"]
+            body["metadata"]["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                 "controller": True, "blockOwnerDeletion": True}
+            ]  # fmt: skip
         return self._create(RESOURCE_CLAIMS, namespace, body)
 
     def allocate_claim(self, namespace, name, node, pod=None, match=None) -> dict:
@@ -1109,7 +1121,7 @@ class TestApiServer:
         if key not in self._objs:
             res, _, name = key
             details = {"name": name, "group": res.group, "kind": res.plural}
-            raise ApiError(404, f'{res.plural} "{name}" not found', details=details)
+            raise ApiError(404, f'{_qualified(res)} "{name}" not found', details=details)
         return key
 
     def _commit(self, key, obj, ev_type) -> dict:
@@ -1151,7 +1163,7 @@ class TestApiServer:
             if key in self._objs:
                 details = {"name": name, "kind": res.plural}
                 raise ApiError(
-                    409, f'{res.plural} "{name}" already exists', "AlreadyExists", details
+                    409, f'{_qualified(res)} "{name}" already exists', "AlreadyExists", details
                 )
             return self._commit(key, body, "ADDED")
 
@@ -1166,7 +1178,7 @@ class TestApiServer:
         if rv and rv != cur["metadata"]["resourceVersion"]:
             raise ApiError(
                 409,
-                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has been '
                 "modified; please apply your changes to the latest version and try again",
                 details={"name": name, "kind": res.plural},
             )
@@ -1459,7 +1471,7 @@ class TestApiServer:
                     msg = f"Precondition failed: {f}: {want}, {f} in object meta: "
                     msg += str(cur["metadata"].get(f))
                     raise ApiError(
-                        409, f'Operation cannot be fulfilled on {res.plural} "{name}": ' + msg
+                        409, f'Operation cannot be fulfilled on {_qualified(res)} "{name}": ' + msg
                     )
             obj = self._commit(key, None, "DELETED")
         if res.return_deleted:

@@ -456,7 +456,7 @@ def test_a_pod_that_cannot_be_prepared_makes_no_call(env, api, case):
         pod = api.add_pod(
             "ns", "p", NODE, resource_claims=[{"name": "c", "resourceClaimName": "c"}]
         )
-        words = 'fetch ResourceClaim c: resourceclaims "c" not found'
+        words = 'fetch ResourceClaim c: resourceclaims.resource.k8s.io "c" not found'
     result = env.kubelet.prepare_pod(pod)
     assert not result.ok and words in result.error, result.error
     assert plugin.methods() == []
@@ -472,15 +472,13 @@ def test_a_template_claim_must_be_owned_by_the_pod(env, api):
     assert "ResourceClaim not created yet" in env.kubelet.prepare_pod(waiting).error
     generated = [{"name": "gpu", "resourceClaimName": "p-gpu"}]
     pod = api.add_pod("ns", "p", NODE, resource_claims=claims, resource_claim_statuses=generated)
-    api.add_resource_claim("ns", "p-gpu", [{"name": "gpu", "deviceClassName": DRIVER}])
+    request = [{"name": "gpu", "deviceClassName": DRIVER}]
+    api.add_resource_claim("ns", "p-gpu", request)
     api.allocate_claim("ns", "p-gpu", NODE, pod)
     assert "(pod is not owner)" in env.kubelet.prepare_pod(pod).error
-    owner = {"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": pod["metadata"]["uid"],
-             "controller": True}  # fmt: skip
-    with api._cond:
-        api._objs[next(k for k in api._objs if k[2] == "p-gpu")]["metadata"]["ownerReferences"] = [
-            owner
-        ]
+    api.delete_resource_claim("ns", "p-gpu")
+    api.add_resource_claim("ns", "p-gpu", request, owner=pod)
+    api.allocate_claim("ns", "p-gpu", NODE, pod)
     assert env.kubelet.prepare_pod(pod).ok
 
 
