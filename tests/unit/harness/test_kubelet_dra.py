@@ -373,7 +373,8 @@ def test_slices_are_wiped_at_start_and_after_the_driver_is_gone(workdir, api):
     other["spec"] |= {"nodeName": "node-b", "pool": {"name": "node-b", "generation": 1,
                                                      "resourceSliceCount": 1}}  # fmt: skip
     api.add_resource_slice(other)
-    env = Env(workdir, api, wiping_delay=0.5)
+    delay = 2.0
+    env = Env(workdir, api, wiping_delay=delay)
     try:
         env.kubelet.start()
         assert [s["spec"]["nodeName"] for s in api.resource_slices()] == ["node-b"]
@@ -381,13 +382,15 @@ def test_slices_are_wiped_at_start_and_after_the_driver_is_gone(workdir, api):
         env.kubelet.wait_registered(DRIVER)
         api.add_resource_slice(gpu_slice())  # the driver republishes
         plugin.stop()
+        stopped = time.monotonic()
         env.plugins.remove(plugin)
         back = env.plugin()  # back within the delay: nothing wiped
+        wait(lambda: len(env.kubelet.registrations()) == 2, "the second registration")
         env.kubelet.wait_registered(DRIVER)
-        time.sleep(0.8)
+        time.sleep(max(0.0, stopped + delay + 0.5 - time.monotonic()))
         assert len(api.resource_slices(NODE)) == 1
         back.stop()
-        wait(lambda: api.resource_slices(NODE) == [], "the wipe", 5)
+        wait(lambda: api.resource_slices(NODE) == [], "the wipe", delay + 5)
         assert len(api.resource_slices("node-b")) == 1
     finally:
         env.close()
