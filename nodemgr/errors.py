@@ -84,3 +84,7 @@ class KubeExpired(KubeApiError):
 
 class KubeCredentialsError(KubeApiError):
     """No usable credentials for the API server (kubeconfig missing or unreadable)."""
+
+
+class CdiError(GpushareError):
+    """A CDI spec cannot be written for these values: a name, env entry or mount CDI refuses."""

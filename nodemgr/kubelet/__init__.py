@@ -7,7 +7,8 @@
 - ``devicelists``: the ListAndWatch message size, computed without building it;
 - ``registration``: Register with kubelet over kubelet.sock;
 - ``podresources``: kubelet's own record of who holds which device;
-- ``api``: code generated from kubelet's .proto files (see docs/kubelet-api.md).
+- ``api``: code generated from kubelet's .proto files (see docs/kubelet-api.md and
+  docs/dra.md).
 
 What it must not do: decide placement or hold allocation state; import
 ``enforcement``, ``kubernetes`` or ``supervision``.

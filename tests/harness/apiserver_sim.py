@@ -46,6 +46,19 @@ Implemented, with the real server's wire shapes and status codes:
   bodies, failure injection (``fail_next``, ``delay_next``), ``drop_watches()`` and a
   request log (``requests``).
 
+* resource.k8s.io/v1 (DRA, GA in 1.34): cluster-scoped ``resourceslices`` (field
+  selectors spec.nodeName, spec.driver, spec.pool.name) and ``deviceclasses``,
+  namespaced ``resourceclaims`` (with the ``status`` subresource) and
+  ``resourceclaimtemplates``, served like the other kinds (list, watch, get, create,
+  update, patch, delete) plus DELETE on a collection (deletecollection, with selectors:
+  how kubelet wipes a node's slices). Every write goes through the API server's
+  admission (tests.harness.resource_v1): quantities parsed and stored canonical (one
+  that does not parse: 400), the request defaults, and the validation of each kind,
+  answered as 422 with the real field paths and one cause per error. A claim is created
+  without status; ``reservedFor`` merges by uid in a strategic merge patch. Test-side
+  helpers: ``add_resource_slice``, ``add_device_class``, ``add_resource_claim``,
+  ``allocate_claim`` (as kube-scheduler: tests.harness.dra_allocator),
+  ``reserve_claim``, and pods with ``resource_claims`` and containers with ``claims``.
 * Pod ``binding`` (POST ``/api/v1/namespaces/{ns}/pods/{name}/binding``, what a scheduler
   or a binding scheduler extender creates): sets spec.nodeName and the PodScheduled
   condition, copies the Binding's annotations onto the pod, answers 201 with a Success
@@ -67,15 +80,17 @@ Implemented, with the real server's wire shapes and status codes:
 
 Not implemented: other resources and access reviews, server-side apply (415),
 ``remainingItemCount``, ``sendInitialEvents``,
-``dryRun``, managedFields, generation, quantity checks and canonical forms, graceful
+``dryRun``, managedFields, generation, quantity checks and canonical forms outside
+resource.k8s.io, finalizers and the claim controllers (a claim is not deallocated or
+unreserved when its pod goes), graceful
 deletion over HTTP (a DELETE removes at once; ``delete_pod(graceful=True)`` marks a pod
 terminating), strategic merge directives other than ``$patch``, shared storage of the two
 Event APIs, pod spec immutability, TLS.
 
 Why this module is longer than 400 lines: it stands in for the Kubernetes API server's
 REST and watch protocol as the official client and kubectl use it (discovery, lists with
-paging and selectors, watches, patches, bindings, access reviews, events, Table output);
-one server, one store.
+paging and selectors, watches, patches, bindings, access reviews, events, Table output,
+resource.k8s.io); one server, one store.
 """
 
 from __future__ import annotations
@@ -98,6 +113,8 @@ from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import NamedTuple
 from urllib.parse import parse_qs, urlsplit
+
+from tests.harness import dra_allocator, resource_v1
 
 
 @dataclass(frozen=True)
@@ -131,7 +148,44 @@ EVENTS_V1 = _Res(
     tuple(_EVENT_FIELDS[:2]),
     False,
 )
-_RESOURCES = {(r.group, r.plural): r for r in (PODS, NODES, EVENTS, EVENTS_V1)}
+# resource.k8s.io/v1 (DRA). DELETE answers the deleted object, as for pods.
+_RESOURCE_GROUP, _RESOURCE_V1 = resource_v1.GROUP, resource_v1.API_VERSION
+_NS_FIELDS = ("metadata.name", "metadata.namespace")
+RESOURCE_SLICES = _Res(
+    _RESOURCE_GROUP,
+    "resourceslices",
+    resource_v1.SLICE,
+    _RESOURCE_V1,
+    False,
+    False,
+    ("metadata.name", "spec.nodeName", "spec.driver", "spec.pool.name"),
+    True,
+)
+RESOURCE_CLAIMS = _Res(
+    _RESOURCE_GROUP, "resourceclaims", resource_v1.CLAIM, _RESOURCE_V1, True, True, _NS_FIELDS, True
+)
+DEVICE_CLASSES = _Res(
+    _RESOURCE_GROUP,
+    "deviceclasses",
+    resource_v1.CLASS,
+    _RESOURCE_V1,
+    False,
+    False,
+    ("metadata.name",),
+    True,
+)
+RESOURCE_CLAIM_TEMPLATES = _Res(
+    _RESOURCE_GROUP,
+    "resourceclaimtemplates",
+    resource_v1.TEMPLATE,
+    _RESOURCE_V1,
+    True,
+    False,
+    _NS_FIELDS,
+    True,
+)
+_DRA = (RESOURCE_SLICES, RESOURCE_CLAIMS, DEVICE_CLASSES, RESOURCE_CLAIM_TEMPLATES)
+_RESOURCES = {(r.group, r.plural): r for r in (PODS, NODES, EVENTS, EVENTS_V1, *_DRA)}
 ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 _PATH = re.compile(
     r"^/(?:api/v1|apis/(?P<group>[a-z0-9.-]+)/v1)/(?:namespaces/(?P<ns>[^/]+)/)?"
@@ -145,7 +199,7 @@ _PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0
 _MERGE_KEYS = dict(
     containers="name", initContainers="name", volumes="name", env="name",
     volumeMounts="mountPath", conditions="type", addresses="type", taints="key",
-    containerStatuses="name", initContainerStatuses="name",
+    containerStatuses="name", initContainerStatuses="name", reservedFor="uid",
 )  # fmt: skip
 
 # What the API server adds to a pod spec and a node on their way in (defaults, kubelet).
@@ -375,6 +429,32 @@ def _validate(res: _Res, obj: dict) -> None:
             )
 
 
+def _qualified(res: _Res) -> str:
+    """The resource as the API server names it in messages: pods, events.events.k8s.io."""
+    return f"{res.plural}.{res.group}" if res.group else res.plural
+
+
+def _admit_dra(res: _Res, obj: dict, old: dict | None, sub: str | None) -> None:
+    """resource.k8s.io objects: what kube-apiserver does with the body (tests.harness.
+    resource_v1): canonical quantities (one that does not parse: 400), defaults, and
+    validation (422 with one cause per field). ``sub``: as for ``_update``."""
+    if res not in _DRA:
+        return
+    status = sub == "status" or (
+        sub == "all" and old is not None and old.get("status") != obj.get("status")
+    )
+    try:
+        errors = resource_v1.admit(res.kind, obj, old, status=status)
+    except resource_v1.DecodeError as e:
+        raise ApiError(
+            400, f'{res.kind} in version "v1" cannot be handled as a {res.kind}: {e}'
+        ) from None
+    if errors:
+        name = (obj.get("metadata") or {}).get("name", "")
+        message, details = resource_v1.invalid_details(res.kind, name, errors)
+        raise ApiError(422, message, details=details)
+
+
 def _time(value, micro: bool) -> str:
     """A Time/MicroTime in the server's format; Go's parser refuses a time without a zone."""
     try:
@@ -392,7 +472,8 @@ _VERSION = """{"major": "1", "minor": "30", "gitVersion": "v1.30.2", "gitCommit"
   "39683505b630ff2121012f3c5b16215a1449d5ed", "gitTreeState": "clean", "buildDate":
   "2024-06-11T20:21:00Z", "goVersion": "go1.22.4", "compiler": "gc", "platform": "linux/amd64"}"""
 _VERBS = ("create", "delete", "get", "list", "patch", "update", "watch")
-_GROUPS = {"events.k8s.io": "v1", "authorization.k8s.io": "v1"}
+_VERBS_ALL = ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch")
+_GROUPS = {"events.k8s.io": "v1", "authorization.k8s.io": "v1", "resource.k8s.io": "v1"}
 
 
 def _api_resource(name, kind, namespaced, verbs=_VERBS, singular="", short=()) -> dict:
@@ -413,6 +494,20 @@ def _api_resources(path: str) -> list[dict] | None:
             _api_resource("pods/status", "Pod", True, status),
         ],
         "/apis/events.k8s.io/v1": [_api_resource(*event, singular="event", short=["ev"])],
+        "/apis/resource.k8s.io/v1": [
+            _api_resource("deviceclasses", "DeviceClass", False, _VERBS_ALL, "deviceclass"),
+            _api_resource(
+                "resourceclaims", "ResourceClaim", True, _VERBS_ALL, "resourceclaim"
+            ),
+            _api_resource("resourceclaims/status", "ResourceClaim", True, status),
+            _api_resource(
+                "resourceclaimtemplates", "ResourceClaimTemplate", True, _VERBS_ALL,
+                "resourceclaimtemplate",
+            ),
+            _api_resource(
+                "resourceslices", "ResourceSlice", False, _VERBS_ALL, "resourceslice"
+            ),
+        ],
         "/apis/authorization.k8s.io/v1": [
             _api_resource(
                 "selfsubjectaccessreviews", "SelfSubjectAccessReview", False, ("create",),
@@ -618,6 +713,8 @@ def _container(c: dict) -> dict:
         requests.setdefault(k, v)  # API defaulting: requests default to limits
     out = {"name": c["name"], "image": c.get("image", "registry.k8s.io/pause:3.9")}
     out["resources"] = {k: v for k, v in (("limits", limits), ("requests", requests)) if v}
+    if c.get("claims"):  # DRA: [{"name": <pod claim name>, "request"?: <request>}]
+        out["resources"]["claims"] = [dict(claim) for claim in c["claims"]]
     out |= {"terminationMessagePath": "/dev/termination-log", "imagePullPolicy": "IfNotPresent"}
     return out | ({"env": c["env"]} if c.get("env") else {})
 
@@ -625,7 +722,12 @@ def _container(c: dict) -> dict:
 def _pod_status(pod: dict, phase: str) -> dict:
     """The status kubelet reports for a pod in that phase."""
     spec, t = pod["spec"], _now()
-    used = {r for c in spec["containers"] for part in c["resources"].values() for r in part}
+    used = {
+        r
+        for c in spec["containers"]
+        for part in (c["resources"].get("limits") or {}, c["resources"].get("requests") or {})
+        for r in part
+    }
     st = {"phase": phase, "qosClass": "Burstable" if {"cpu", "memory"} & used else "BestEffort"}
     bound = "True" if spec.get("nodeName") else "False"
     st["conditions"] = [{"type": "PodScheduled", "status": bound, "lastTransitionTime": t}]
@@ -648,6 +750,17 @@ def _pod_status(pod: dict, phase: str) -> dict:
             cs["containerID"] = "containerd://" + digest
         statuses.append(cs)
     return st | {"containerStatuses": statuses}
+
+
+def _dra_request(request: dict) -> dict:
+    exact = {"deviceClassName": request["deviceClassName"]}
+    if "count" in request:
+        exact["count"] = request["count"]
+    if request.get("capacity"):
+        exact["capacity"] = {"requests": dict(request["capacity"])}
+    if request.get("selectors"):
+        exact["selectors"] = [{"cel": {"expression": e}} for e in request["selectors"]]
+    return {"name": request["name"], "exactly": exact}
 
 
 class _Ev(NamedTuple):
@@ -839,19 +952,28 @@ class TestApiServer:
         phase="Pending",
         init_containers=None,
         labels=None,
+        resource_claims=None,
+        resource_claim_statuses=None,
     ) -> dict:
         """A pod as stored once bound to node_name (None: not scheduled yet). A container is
-        {"name", "requests", optional "limits", "image", "env"}."""
+        {"name", "requests", optional "limits", "image", "env", "claims"}. DRA:
+        resource_claims is spec.resourceClaims ([{"name", "resourceClaimName" or
+        "resourceClaimTemplateName"}]), resource_claim_statuses status.resourceClaimStatuses
+        ([{"name", "resourceClaimName"}], the claims generated from templates)."""
         containers = containers or [{"name": "main", "requests": {"aliyun.com/gpu-mem": "4"}}]
         spec = {"containers": [_container(c) for c in containers]} | json.loads(_POD_SPEC_DEFAULTS)
         if init_containers:
             spec["initContainers"] = [_container(c) for c in init_containers]
+        if resource_claims:
+            spec["resourceClaims"] = [dict(claim) for claim in resource_claims]
         if node_name:
             spec["nodeName"] = node_name
         meta = {"name": name, "namespace": namespace, "uid": str(uuid.uuid4())}
         meta |= {"labels": dict(labels or {}), "annotations": dict(annotations or {})}
         pod = {"kind": "Pod", "apiVersion": "v1", "metadata": meta, "spec": spec}
         pod["status"] = _pod_status(pod, phase)
+        if resource_claim_statuses:
+            pod["status"]["resourceClaimStatuses"] = [dict(s) for s in resource_claim_statuses]
         return self._create(PODS, namespace, pod, uid=meta["uid"])
 
     def update_pod(self, namespace, name, fn) -> dict:
@@ -902,6 +1024,87 @@ class TestApiServer:
     def nodes(self) -> list[dict]:
         return self._all(NODES)
 
+    # ---- resource.k8s.io (DRA); the writes go through the API server's admission ----
+
+    def add_device_class(self, name, selectors=None, config=None) -> dict:
+        """A DeviceClass; selectors are CEL expressions (strings)."""
+        spec = {"selectors": [{"cel": {"expression": e}} for e in selectors or []]}
+        if config:
+            spec["config"] = [dict(c) for c in config]
+        return self._create(DEVICE_CLASSES, "", {"metadata": {"name": name}, "spec": spec})
+
+    def add_resource_slice(self, obj) -> dict:
+        """A ResourceSlice as a driver would create it (admitted as over HTTP)."""
+        return self._create(RESOURCE_SLICES, "", copy.deepcopy(obj))
+
+    def add_resource_claim(self, namespace, name, requests=None, spec=None, owner=None) -> dict:
+        """A ResourceClaim: ``spec`` as given, or one ``exactly`` request per entry of
+        ``requests`` ({"name", "deviceClassName", optional "count", "capacity" (a map of
+        capacity requests), "selectors" (CEL strings)}). ``owner``: a pod that controls
+        it, as kube-controller-manager sets for a claim made from a template."""
+        if spec is None:
+            spec = {"devices": {"requests": [_dra_request(r) for r in requests or []]}}
+        body = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        if owner is not None:
+            meta = owner["metadata"]
+            body["metadata"]["ownerReferences"] = [
+                {"apiVersion": "v1", "kind": "Pod", "name": meta["name"], "uid": meta["uid"],
+                 "controller": True, "blockOwnerDeletion": True}
+            ]  # fmt: skip
+        return self._create(RESOURCE_CLAIMS, namespace, body)
+
+    def allocate_claim(self, namespace, name, node, pod=None, match=None) -> dict:
+        """Allocate the claim as kube-scheduler would (tests.harness.dra_allocator) from the
+        ResourceSlices, classes and other claims stored now, reserved for ``pod`` (a pod
+        dict, e.g. from add_pod); written through the status subresource. Raises
+        dra_allocator.AllocationError when nothing fits."""
+        with self._cond:
+            key = self._existing((RESOURCE_CLAIMS, namespace, name))
+            claim = copy.deepcopy(self._objs[key])
+            slices = [o for _, o in self._items(RESOURCE_SLICES)]
+            claims = [o for _, o in self._items(RESOURCE_CLAIMS)]
+            classes = {k[2]: o for k, o in self._items(DEVICE_CLASSES)}
+            claim["status"] = dra_allocator.allocate(
+                claim, copy.deepcopy(slices), copy.deepcopy(claims), node, pod,
+                copy.deepcopy(classes), match,
+            )  # fmt: skip
+            return self._update(key, claim, "status")
+
+    def reserve_claim(self, namespace, name, pod) -> dict:
+        """Add ``pod`` to the claim's reservedFor (another pod sharing it)."""
+        with self._cond:
+            key = self._existing((RESOURCE_CLAIMS, namespace, name))
+            claim = copy.deepcopy(self._objs[key])
+            claim["status"] = dra_allocator.reserve(claim, pod)
+            return self._update(key, claim, "status")
+
+    def update_resource_claim(self, namespace, name, fn) -> dict:
+        """fn changes (or returns) a copy of the claim; stored as a status update."""
+        with self._cond:
+            key = self._existing((RESOURCE_CLAIMS, namespace, name))
+            claim = copy.deepcopy(self._objs[key])
+            out = fn(claim)
+            return self._update(key, claim if out is None else out, "status")
+
+    def delete_resource_claim(self, namespace, name) -> dict:
+        with self._cond:
+            return self._commit(self._existing((RESOURCE_CLAIMS, namespace, name)), None, "DELETED")
+
+    def resource_claim(self, namespace, name) -> dict | None:
+        with self._cond:
+            return copy.deepcopy(self._objs.get((RESOURCE_CLAIMS, namespace, name)))
+
+    def resource_claims(self) -> list[dict]:
+        return self._all(RESOURCE_CLAIMS)
+
+    def resource_slices(self, node=None) -> list[dict]:
+        """The ResourceSlices (only ``node``'s with a node)."""
+        return [
+            s
+            for s in self._all(RESOURCE_SLICES)
+            if node is None or s["spec"].get("nodeName") == node
+        ]
+
     def events(self) -> list[dict]:
         """The events of both APIs, core/v1 first."""
         return self._all(EVENTS) + self._all(EVENTS_V1)
@@ -919,7 +1122,7 @@ class TestApiServer:
         if key not in self._objs:
             res, _, name = key
             details = {"name": name, "group": res.group, "kind": res.plural}
-            raise ApiError(404, f'{res.plural} "{name}" not found', details=details)
+            raise ApiError(404, f'{_qualified(res)} "{name}" not found', details=details)
         return key
 
     def _commit(self, key, obj, ev_type) -> dict:
@@ -952,13 +1155,16 @@ class TestApiServer:
         meta.pop("resourceVersion", None)
         meta |= {"uid": uid or str(uuid.uuid4()), "creationTimestamp": _now()}
         body["kind"], body["apiVersion"] = res.kind, res.api_version
+        if res is RESOURCE_CLAIMS:
+            body.pop("status", None)  # a claim is created without status (its strategy)
         _validate(res, body)
+        _admit_dra(res, body, None, None)
         key, name = (res, ns, meta["name"]), meta["name"]
         with self._cond:
             if key in self._objs:
                 details = {"name": name, "kind": res.plural}
                 raise ApiError(
-                    409, f'{res.plural} "{name}" already exists', "AlreadyExists", details
+                    409, f'{_qualified(res)} "{name}" already exists', "AlreadyExists", details
                 )
             return self._commit(key, body, "ADDED")
 
@@ -973,7 +1179,7 @@ class TestApiServer:
         if rv and rv != cur["metadata"]["resourceVersion"]:
             raise ApiError(
                 409,
-                f'Operation cannot be fulfilled on {res.plural} "{name}": the object has been '
+                f'Operation cannot be fulfilled on {_qualified(res)} "{name}": the object has been '
                 "modified; please apply your changes to the latest version and try again",
                 details={"name": name, "kind": res.plural},
             )
@@ -990,6 +1196,7 @@ class TestApiServer:
                 meta[f] = cur["metadata"][f]
         new["kind"], new["apiVersion"] = res.kind, res.api_version
         _validate(res, new)
+        _admit_dra(res, new, cur, sub)
         if new == cur:  # the real server does not bump the RV of a no-op write
             return copy.deepcopy(new)
         return self._commit(key, new, "MODIFIED")
@@ -1127,6 +1334,8 @@ class TestApiServer:
             with self._cond:
                 patched = _PATCHERS[ctype](self._objs[self._existing(key)], doc)
                 return 200, self._update(key, patched, sub)
+        if name is None and method == "DELETE" and res.group == _RESOURCE_GROUP:
+            return 200, self._delete_collection(res, ns, query)
         if name and method == "DELETE" and not sub:
             return 200, self._delete(key, _json(body) if body.strip() else {})
         raise ApiError(405, "the server does not allow this method on the requested resource")
@@ -1247,6 +1456,18 @@ class TestApiServer:
             "code": 201
         }
 
+    def _delete_collection(self, res, ns, query) -> dict:
+        """DELETE on a collection (what kubelet wipes a node's ResourceSlices with): every
+        object the selectors match goes; the answer lists them."""
+        match = _matcher(res, ns, query)
+        with self._cond:
+            gone = [self._commit(k, None, "DELETED") for k, o in self._items(res) if match(o)]
+            items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")} for o in gone]
+            meta = {"resourceVersion": str(self._rv)}
+        return {"kind": f"{res.kind}List", "apiVersion": res.api_version, "metadata": meta} | {
+            "items": items
+        }
+
     def _delete(self, key, opts) -> dict:
         res, _, name = key
         with self._cond:
@@ -1256,7 +1477,7 @@ class TestApiServer:
                     msg = f"Precondition failed: {f}: {want}, {f} in object meta: "
                     msg += str(cur["metadata"].get(f))
                     raise ApiError(
-                        409, f'Operation cannot be fulfilled on {res.plural} "{name}": ' + msg
+                        409, f'Operation cannot be fulfilled on {_qualified(res)} "{name}": ' + msg
                     )
             obj = self._commit(key, None, "DELETED")
         if res.return_deleted:

@@ -23,6 +23,10 @@ behaviour a device plugin can observe, as described in
   which device, with one ``ContainerDevices`` entry per device (and NUMA node),
   like kubelet: clients have to merge entries of the same resource.
 
+* Optional DRA side (``attach_dra``, tests.harness.kubelet_dra): plugin registration
+  through plugins_registry and the DRA node API; its pods and each container's
+  ``dynamic_resources`` join the PodResources answers, and ``restart()`` restarts it.
+
 * Optional CRI mode (``use_cri``): ``run_pod`` admits a pod, then creates it
   through a container runtime's CRI v1 API (``tests.harness.cri``) as kubelet's
   SyncPod does: RunPodSandbox, then per container PreStartContainer,
@@ -368,6 +372,7 @@ class TestKubelet:
         self._cri_endpoint: str | None = None
         self._cri_log_root: str | None = None
         self._cri_pods: dict[tuple[str, str], CriPod] = {}
+        self._dra = None  # the DRA side (kubelet_dra.DraKubelet), see attach_dra
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -466,6 +471,13 @@ class TestKubelet:
                 self._devices.clear()
                 self._cond.notify_all()
         self.start()
+        if self._dra is not None:
+            self._dra.restart()
+
+    def attach_dra(self, dra) -> None:
+        """Give this kubelet a DRA side (a started ``kubelet_dra.DraKubelet``): PodResources
+        lists its pods and claims, and ``restart()`` restarts it too."""
+        self._dra = dra
 
     def _new_server(self, name: str) -> tuple[grpc.Server, futures.ThreadPoolExecutor]:
         executor = futures.ThreadPoolExecutor(
@@ -1037,7 +1049,9 @@ class TestKubelet:
                         ],
                     )
                 )
-            return out
+        if self._dra is not None:
+            out = self._dra.merge_pod_resources(out, only)
+        return out
 
     def _allocatable(self) -> list[pr.ContainerDevices]:
         """Healthy devices per resource, one entry per device (and NUMA node) like kubelet."""

@@ -18,6 +18,11 @@ relies on:
   without attributes; a node added with an address and annotations;
 * failure injection (5xx, delays: a PATCH times out but is applied anyway, a GET is
   retried by urllib3), 401 without the token, 404/405/415;
+* resource.k8s.io/v1 through ResourceV1Api: discovery, slices stored with canonical
+  quantities, listed and watched by node, wiped by node with deletecollection; an
+  invalid slice answered 422 with field causes, a bad quantity 400; claims created
+  without status, allocated through the status subresource (the main resource keeps
+  it), their spec immutable; classes and templates;
 * stop() breaks an open watch (urllib3 ProtocolError) and refuses connections,
   restart() serves the same data on the same port, drop_watches() ends watches cleanly
   (the client resumes from its last RV), bookmarks.
@@ -27,6 +32,7 @@ server's behaviour, request by request, as the stand-in itself is large.
 """
 
 import datetime
+import json
 import threading
 import time
 
@@ -576,6 +582,7 @@ def test_discovery_read_by_the_official_client(server, tmp_path):
     assert {g.name: g.preferred_version.group_version for g in groups} == {
         "events.k8s.io": "events.k8s.io/v1",
         "authorization.k8s.io": "authorization.k8s.io/v1",
+        "resource.k8s.io": "resource.k8s.io/v1",
     }
     assert client.EventsApi(api).get_api_group().name == "events.k8s.io"
     core = {r.name: r for r in client.CoreV1Api(api).get_api_resources().resources}
@@ -678,3 +685,152 @@ def test_connections_are_served_with_tcp_nodelay(server, v1):
         conns = list(server._conns)
     assert conns, "no connection held open after a request"
     assert all(c.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) for c in conns)
+
+
+# ---- resource.k8s.io/v1 (DRA) ----
+
+DRIVER = "gpushare.aliyun.com"
+
+
+def dra_slice(node="node-a", memory="16384Mi", name=None) -> dict:
+    policy = {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
+    device = {
+        "name": "gpu-0",
+        "allowMultipleAllocations": True,
+        "attributes": {"index": {"int": 0}},
+        "capacity": {"memory": {"value": memory, "requestPolicy": policy}},
+    }
+    spec = {"driver": DRIVER, "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "nodeName": node, "devices": [device]}  # fmt: skip
+    return {"metadata": {"name": name or f"{node}-{DRIVER}"}, "spec": spec}
+
+
+@pytest.fixture
+def resource(server, tmp_path):
+    api = make_api(server, tmp_path)
+    yield client.ResourceV1Api(api)
+    api.close()
+
+
+def test_resource_v1_discovery(server, resource):
+    """/apis/resource.k8s.io/v1 lists the four kinds (deletecollection among the verbs)
+    and the claims' status subresource."""
+    found = {r.name: r for r in resource.get_api_resources().resources}
+    assert set(found) == {
+        "deviceclasses",
+        "resourceclaims",
+        "resourceclaims/status",
+        "resourceclaimtemplates",
+        "resourceslices",
+    }
+    assert not found["resourceslices"].namespaced and found["resourceclaims"].namespaced
+    assert "deletecollection" in found["resourceslices"].verbs
+
+
+def test_resource_slices_through_the_client(server, resource):
+    """A slice created through the client is stored with canonical quantities (16384Mi
+    reads back 16Gi); lists and watches select by spec.nodeName; deletecollection with
+    that selector wipes one node's slices only (what kubelet does at start)."""
+    created = resource.create_resource_slice(dra_slice())
+    assert created.spec.devices[0].capacity["memory"].value == "16Gi"
+    resource.create_resource_slice(dra_slice("node-b"))
+    mine = resource.list_resource_slice(field_selector="spec.nodeName=node-a")
+    assert [s.metadata.name for s in mine.items] == [f"node-a-{DRIVER}"]
+    events = watch.Watch().stream(
+        resource.list_resource_slice,
+        field_selector=f"spec.driver={DRIVER},spec.pool.name=node-b",
+        timeout_seconds=1,
+    )
+    assert [(e["type"], e["object"].spec.node_name) for e in events] == [("ADDED", "node-b")]
+    resource.delete_collection_resource_slice(field_selector="spec.nodeName=node-a")
+    assert [s["spec"]["nodeName"] for s in server.resource_slices()] == ["node-b"]
+
+
+def test_invalid_slices_are_refused_like_the_real_server(server, resource):
+    """An invalid slice: 422, reason Invalid, one cause per field with its path; a
+    quantity that does not parse: 400 before validation. Nothing is stored."""
+    bad = dra_slice()
+    bad["spec"]["devices"][0]["name"] = "GPU_0"
+    bad["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = "1536Mi"
+    with pytest.raises(client.ApiException) as raised:
+        resource.create_resource_slice(bad)
+    body = json.loads(raised.value.body)
+    assert (raised.value.status, body["reason"]) == (422, "Invalid")
+    fields = [c["field"] for c in body["details"]["causes"]]
+    assert fields == [
+        "spec.devices[0].name",
+        "spec.devices[0].capacity[memory].requestPolicy.validRange.step",
+    ]
+    assert body["message"].startswith(
+        f'ResourceSlice.resource.k8s.io "node-a-{DRIVER}" is invalid: ['
+    )
+    unparsable = dra_slice()
+    unparsable["spec"]["devices"][0]["capacity"]["memory"]["value"] = "16 GB"
+    with pytest.raises(client.ApiException) as raised:
+        resource.create_resource_slice(unparsable)
+    assert raised.value.status == 400
+    assert (
+        "quantities must match the regular expression" in json.loads(raised.value.body)["message"]
+    )
+    assert server.resource_slices() == []
+
+
+def test_resource_claims_status_and_immutability(server, resource):
+    """A claim is created without status (the body's is dropped) and with its request
+    defaults; allocate_claim writes the allocation through the status subresource; a
+    status patch through the client adds to reservedFor; an update of the main resource
+    keeps the status; a changed spec is refused (422)."""
+    server.add_device_class(DRIVER, [f'device.driver == "{DRIVER}"'])
+    resource.create_resource_slice(dra_slice())
+    body = {
+        "metadata": {"name": "c"},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+            "deviceClassName": DRIVER, "capacity": {"requests": {"memory": "3072Mi"}}}}]}},
+        "status": {"reservedFor": [{"resource": "pods", "name": "x", "uid": "x"}]},
+    }  # fmt: skip
+    claim = resource.create_namespaced_resource_claim("ns", body)
+    assert claim.status is None or not claim.status.reserved_for
+    exact = claim.spec.devices.requests[0].exactly
+    assert (exact.allocation_mode, exact.count, exact.capacity.requests["memory"]) == (
+        "ExactCount",
+        1,
+        "3Gi",
+    )
+    pod = server.add_pod("ns", "p", "node-a")
+    stored = server.allocate_claim("ns", "c", "node-a", pod)
+    [result] = stored["status"]["allocation"]["devices"]["results"]
+    assert result["consumedCapacity"] == {"memory": "3Gi"}
+    reserved = [{"resource": "pods", "name": "q", "uid": "uid-q"}]
+    patched = resource.patch_namespaced_resource_claim_status(
+        "c", "ns", {"status": {"reservedFor": reserved}}
+    )
+    assert [r.name for r in patched.status.reserved_for] == ["p", "q"]  # merged by uid
+    current = server.resource_claim("ns", "c")
+    current["status"] = {}
+    kept = resource.replace_namespaced_resource_claim("c", "ns", current)
+    assert kept.status.allocation is not None
+    current["spec"]["devices"]["requests"][0]["exactly"]["count"] = 2
+    with pytest.raises(client.ApiException) as raised:
+        resource.replace_namespaced_resource_claim("c", "ns", current)
+    assert raised.value.status == 422
+    assert json.loads(raised.value.body)["details"]["causes"][0]["field"] == "spec"
+    resource.delete_namespaced_resource_claim("c", "ns")
+    assert server.resource_claim("ns", "c") is None
+
+
+def test_device_classes_and_claim_templates(server, resource):
+    """Classes and templates are stored and listed; a template's inner spec is checked
+    like a claim's."""
+    resource.create_device_class({"metadata": {"name": DRIVER}, "spec": {"selectors": [
+        {"cel": {"expression": f'device.driver == "{DRIVER}"'}}]}})  # fmt: skip
+    assert [c.metadata.name for c in resource.list_device_class().items] == [DRIVER]
+    template = {"metadata": {"name": "t"}, "spec": {"spec": {"devices": {"requests": [
+        {"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}}}}  # fmt: skip
+    resource.create_namespaced_resource_claim_template("ns", template)
+    listed = resource.list_namespaced_resource_claim_template("ns").items
+    assert listed[0].spec.spec.devices.requests[0].exactly.count == 1
+    template["metadata"]["name"] = "t2"
+    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = ""
+    with pytest.raises(client.ApiException) as raised:
+        resource.create_namespaced_resource_claim_template("ns", template)
+    assert raised.value.status == 422
