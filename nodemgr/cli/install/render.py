@@ -156,7 +156,7 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
     layout = MpsLayout(target.run_dir.replace("%", "%%"))  # %i below is a unit specifier
     values = {
         **dataclasses.asdict(target),
-        "shm_dir": MpsLayout(target.run_dir).shm_dir,
+        "shm_dir": MpsLayout(target.run_dir).shm_dir("<card UUID>"),
         "pipe_dir": layout.pipe_dir("%i"),
         "log_dir": layout.log_dir("%i"),
         "hook_launcher": HOOK_LAUNCHER,
