@@ -106,9 +106,6 @@ class _CardState:
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
     watched: tuple[DaemonIdentity, int] | None = None  # the verified daemon and its pidfd
     defaults_checked_at: float = 0.0  # monotonic
-    # Its /dev/shm may hold files of allocations that are gone: emptied once the card holds
-    # no shared allocation. True at start (files left while we were down).
-    shm_used: bool = True
     shm_problem: str | None = None  # why its tmpfs could not be mounted (no shared work)
 
 
@@ -239,9 +236,7 @@ class MpsSupervisor(ThreadWorker):
                 self._leave_mps(card, state)
             elif check or state.mode != "shared" or state.problem or state.failures:
                 self._keep_mps(card, state)
-            if uuid in shared:
-                state.shm_used = True
-            elif state.shm_used:
+            if uuid not in shared and _has_entries(self._layout.shm_dir(uuid)):
                 self._empty_shm(card, state, uuid in whole)
         except Exception:  # one card's surprise must not stop the others' care
             log.exception("GPU%d: MPS supervision failed", card.index)
@@ -674,17 +669,30 @@ class MpsSupervisor(ThreadWorker):
             self._keep_mps(card, state)
         if emptied is None:
             return
-        state.shm_used = False
         if emptied.left:
-            log.error(
+            self._note(
+                state,
+                "shm-left",
+                logging.ERROR,
                 "GPU%d: emptying its /dev/shm %s left %d entries that cannot be removed",
                 card.index,
                 path,
                 emptied.left,
             )
-        elif emptied.removed:
+            return
+        state.notes.discard("shm-left")
+        if emptied.removed:
             log.info(
                 "GPU%d holds no shared allocation: emptied its /dev/shm (%d entries removed)",
                 card.index,
                 emptied.removed,
             )
+
+
+def _has_entries(path: str) -> bool:
+    """Whether the directory holds anything (unreadable: no, nothing to empty there)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False
