@@ -127,6 +127,11 @@ class CardDaemon:
         }
         argv = [self.binary, "-d"]
         if self.namespace is not None:
+            # A new namespace replaces the card's: never while a daemon answers in the old.
+            if self.probe().state is not HealthState.DOWN:
+                raise MpsUnavailable(
+                    f"an MPS control daemon already answers at {self.pipe_dir}: not started again"
+                )
             self.namespace.create()
             argv = self.namespace.command(argv)
         done = run_binary(argv, env, self.timeout_seconds)

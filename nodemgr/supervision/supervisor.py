@@ -92,6 +92,45 @@ def card_shm_mib(setting_mib: int, memory_bytes: int, cards: int) -> int:
     return max(MIN_SHM_MIB, memory_bytes // 2 // max(1, cards) // 2**20)
 
 
+def card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, isolate: bool) -> CardDaemon:
+    """The card's control daemon as gpushare-node runs it: with ``isolate``, started in the
+    card's mount namespace, whose /dev/shm is the card's tmpfs."""
+    namespace = None
+    if isolate:
+        timeout = settings.command_timeout_seconds
+        namespace = CardNamespace(layout.namespace_file(uuid), layout.shm_dir(uuid), timeout)
+    return CardDaemon(
+        uuid,
+        settings.control_binary,
+        layout.pipe_dir(uuid),
+        layout.log_dir(uuid),
+        settings.command_timeout_seconds,
+        layout.client_dir(uuid),
+        namespace,
+    )
+
+
+def start_card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, cards: int) -> int:
+    """Start the card's control daemon as the supervisor does (what a ``gpushare-mps@`` unit
+    runs, through ``nodemgr mps-start``): as root, in the card's namespace on the card's
+    tmpfs (``mps.shm_size_mib``, of ``cards`` cards), made first. Its PID; MpsError or
+    MountError naming what failed (a daemon already answering is left alone)."""
+    isolate = os.geteuid() == 0
+    if isolate:
+        prepare_directory(layout.namespace_dir)
+        size_mib = card_shm_mib(settings.shm_size_mib, psutil.virtual_memory().total, cards)
+        shm.mount(layout.shm_dir(uuid), size_mib)
+    daemon = card_daemon(settings, layout, uuid, isolate)
+    if daemon.probe().state is not HealthState.DOWN:
+        raise MpsError(f"an MPS control daemon already answers at {daemon.pipe_dir}")
+    daemon.start()
+    daemon.publish()
+    pid = daemon.pid()
+    if pid is None:
+        raise MpsError(f"the MPS control daemon started at {daemon.pipe_dir} cannot be verified")
+    return pid
+
+
 @dataclass
 class _CardState:
     daemon: CardDaemon
@@ -133,31 +172,11 @@ class MpsSupervisor(ThreadWorker):
         )
         self._cards = {card.uuid: card for card in allocator.cards}
         self._states = {
-            card.uuid: _CardState(
-                CardDaemon(
-                    card.uuid,
-                    settings.control_binary,
-                    layout.pipe_dir(card.uuid),
-                    layout.log_dir(card.uuid),
-                    settings.command_timeout_seconds,
-                    layout.client_dir(card.uuid),
-                    self._namespace(card.uuid),
-                )
-            )
+            card.uuid: _CardState(card_daemon(settings, layout, card.uuid, self._isolate))
             for card in allocator.cards
         }
         # Written by card changes (a listener) and stop(): ends the wait in run().
         self._wake_pipe = WakePipe()  # lives as long as the supervisor: never closed
-
-    def _namespace(self, uuid: str) -> CardNamespace | None:
-        if not self._isolate:
-            return None
-        layout = self._layout
-        return CardNamespace(
-            layout.namespace_file(uuid),
-            layout.shm_dir(uuid),
-            self._settings.command_timeout_seconds,
-        )
 
     def mps_servers(self) -> frozenset[tuple[int, int]]:
         """(PID, start ticks) of the MPS servers of the verified control daemons, read
