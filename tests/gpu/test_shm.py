@@ -11,7 +11,9 @@ either the card's tmpfs (what Allocate gives today) or a private, empty tmpfs of
 Pins that the daemon and the server it starts have the card's tmpfs as /dev/shm, that a
 client sharing it computes through the server and is listed as its client, and that
 whatever a client with a private /dev/shm does, the daemon stays healthy and a sharing
-client is served after it. Records, for docs/gpu-tests.md, the open questions: does a
+client is served after it, and that a symbolic link a tenant plants in the card's tmpfs
+under a name client or server use does not make the server touch the file it points
+to. Records, for docs/gpu-tests.md, the open questions: does a
 client with a private /dev/shm work (then containers need no shared /dev/shm, and one
 tmpfs per allocation is possible); which files client and server make in /dev/shm; does
 the server exit after its last client; does a server whose files were removed while it
@@ -268,3 +270,33 @@ def test_a_server_whose_files_were_removed_while_up(card, record_property):
     finish(third)
     identity = daemon.identify()
     assert identity is not None and daemon.on_card_shm(identity) is True
+
+
+def test_a_link_planted_in_the_cards_tmpfs_is_not_followed_by_the_server(card, record_property):
+    """The server runs as its client's user with the host's file system in view and now
+    shares /dev/shm with the card's tenants, who may plant symbolic links there. A client
+    runs once to show which names client and server use; a link to a file outside is then
+    planted under each of those names that is free again, and a second client runs: the
+    file outside must be untouched. Records how many names could be planted."""
+    canary = os.path.join(card.root, "canary")
+    with open(canary, "w") as f:
+        f.write("canary")
+    first = start_contained(card, private_shm=False)
+    assert computed(first) is not None, end(first)
+    seen = set(os.listdir(card.shm_dir))
+    finish(first)
+    planted = 0
+    for name in seen:
+        path = os.path.join(card.shm_dir, name)
+        if not os.path.lexists(path):
+            os.symlink(canary, path)
+            planted += 1
+    record_property("links_planted_of_names_seen", f"{planted} of {len(seen)}")
+    second = start_contained(card, private_shm=False)
+    served = computed(second) is not None
+    record_property("client_with_links_planted", "served" if served else end(second))
+    if served:
+        finish(second)
+    assert not os.path.islink(canary)
+    with open(canary) as f:
+        assert f.read() == "canary"
