@@ -7,7 +7,10 @@ control daemon or binary is reported as an error, never waited on.
 
 It also tells which process is a card's control daemon and which are its MPS
 servers, from facts in /proc that no container can forge (mps.identity), and
-keeps what containers see of a daemon to its client directory (mps.layout).
+keeps what containers see of a daemon to its client directory (mps.layout). Each
+card has a /dev/shm tmpfs of its own (mps.shm), and its daemon runs in a mount
+namespace where /dev/shm is that tmpfs (mps.namespace), so its MPS servers share
+the card's tmpfs with the card's containers and with no one else.
 
 What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
 part of it); kill MPS clients or servers (a health check only reads); keep

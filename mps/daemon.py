@@ -7,6 +7,11 @@ forge (mps.identity: the listening ``control`` socket it holds, the file it runs
 its user, its mount namespace), never from a command line or an environment, and
 no PID file is kept.
 
+With a card namespace (mps.namespace) the daemon is started in it, so the daemon and
+its MPS servers have the card's tmpfs as /dev/shm, the one the card's containers get; a
+daemon found in the host's namespace (started by an older gpushare-node, or by hand) is
+still the card's daemon, and ``on_card_shm`` tells the caller it is not on that tmpfs.
+
 Containers never see the pipe directory itself: it holds ``control_privileged``,
 through which root may ``quit`` the daemon. They get the client directory, which
 holds only ``control``: a hard link to the daemon's socket, renewed whenever a
@@ -35,6 +40,7 @@ from mps.control import (
     run_binary,
 )
 from mps.identity import DaemonIdentity
+from mps.namespace import CardNamespace
 
 
 class HealthState(enum.StrEnum):
@@ -68,13 +74,17 @@ class CardDaemon:
         log_dir: str,
         timeout_seconds: float,
         client_dir: str | None = None,
+        namespace: CardNamespace | None = None,
     ):
-        """``client_dir``: what containers mount as their pipe directory (None: none)."""
+        """``client_dir``: what containers mount as their pipe directory (None: none).
+        ``namespace``: where the daemon is started, with the card's tmpfs at /dev/shm
+        (None: in ours, with our /dev/shm)."""
         self.card_uuid = card_uuid
         self.binary = binary
         self.pipe_dir = pipe_dir
         self.log_dir = log_dir
         self.client_dir = client_dir
+        self.namespace = namespace
         self.timeout_seconds = timeout_seconds
         self.client = ControlClient(binary, pipe_dir, timeout_seconds)
 
@@ -115,7 +125,16 @@ class CardDaemon:
             "CUDA_MPS_PIPE_DIRECTORY": self.pipe_dir,
             "CUDA_MPS_LOG_DIRECTORY": self.log_dir,
         }
-        done = run_binary([self.binary, "-d"], env, self.timeout_seconds)
+        argv = [self.binary, "-d"]
+        if self.namespace is not None:
+            # A new namespace replaces the card's: never while a daemon answers in the old.
+            if self.probe().state is not HealthState.DOWN:
+                raise MpsUnavailable(
+                    f"an MPS control daemon already answers at {self.pipe_dir}: not started again"
+                )
+            self.namespace.create()
+            argv = self.namespace.command(argv)
+        done = run_binary(argv, env, self.timeout_seconds)
         if done.returncode != 0:
             said = (done.stderr or done.stdout).strip() or f"exit status {done.returncode}"
             raise MpsUnavailable(f"{self.binary} -d for {self.card_uuid} failed: {said}")
@@ -144,7 +163,25 @@ class CardDaemon:
     def identify(self, previous: DaemonIdentity | None = None) -> DaemonIdentity | None:
         """The verified control daemon of this pipe directory; None when no process (or
         no single one) passes (mps.identity). ``previous`` stays while it still passes."""
-        return proc.find_daemon(self.pipe_dir, self.binary, previous)
+        bound = None if self.namespace is None else self.namespace.bound()
+        return proc.find_daemon(
+            self.pipe_dir, self.binary, previous, () if bound is None else (bound,)
+        )
+
+    def on_card_shm(self, daemon: DaemonIdentity) -> bool | None:
+        """Whether the daemon's /dev/shm is the card's tmpfs (the namespace's); None when
+        there is no namespace or the daemon is no longer that process."""
+        if self.namespace is None:
+            return None
+        try:
+            seen = os.stat(f"/proc/{daemon.pid}/root/dev/shm").st_dev
+            card = os.stat(self.namespace.shm_dir).st_dev
+        except OSError:
+            return None
+        stat = proc.stat_of(daemon.pid)
+        if stat is None or stat.start_ticks != daemon.start_ticks:
+            return None
+        return seen == card
 
     def pid(self) -> int | None:
         """PID of the verified control daemon of this pipe directory, if one runs."""

@@ -13,14 +13,17 @@ chooses its argv, its environ and its name; these it cannot:
   so a script is run by a process that holds the script file itself open;
 - its user: the node daemon's own (root on a node: uid 0, real, effective, saved and
   file system uid alike);
-- its mount namespace: the node daemon's own. Every container has a mount namespace of
-  its own (every OCI runtime makes one; Kubernetes has no setting to share the host's),
-  and gpushare-node stays in the host's, as do the control daemons it starts and those
-  of ``gpushare-mps@`` (their units say why). A process in it is in no container.
+- its mount namespace: the node daemon's own, or the card's own namespace, the one bound
+  at ``<run_dir>/mps/ns/<card UUID>`` (mps.namespace: the host's, with the card's tmpfs at
+  /dev/shm, made by gpushare-node for the daemons it starts). Every container has a mount
+  namespace of its own (every OCI runtime makes one; Kubernetes has no setting to share
+  the host's), gpushare-node stays in the host's, and only root in the host's namespace
+  can bind a namespace at that path. A process in either is in no container.
 
 The MPS servers are the direct children of that daemon that run the server binary
 (the daemon forks, sets the client's uid and execs ``nvidia-cuda-mps-server`` through
-its PATH): never a descendant further down, never a child that runs something else.
+its PATH), in the daemon's mount namespace: never a descendant further down, never a
+child that runs something else.
 
 Every parser takes bytes as /proc gives them and answers None (or nothing) for what
 is not as the kernel writes it: the caller then treats the process as not the daemon
@@ -85,7 +88,7 @@ class DaemonIdentity:
 @dataclass(frozen=True)
 class Candidate:
     """A process that holds the listening control socket, runs the control binary, as
-    the node daemon's user, in the node daemon's mount namespace."""
+    the node daemon's user, in a trusted mount namespace (the node daemon's, the card's)."""
 
     pid: int
     parent: int
@@ -101,7 +104,7 @@ class Child:
     start_ticks: int
     zombie: bool
     runs_server: bool  # it runs the MPS server binary (see ``runs``)
-    in_our_mount_ns: bool
+    in_daemon_mount_ns: bool
 
 
 def listening_inodes(lines: Iterable[bytes], path: bytes) -> set[int]:
@@ -228,14 +231,14 @@ def choose_daemon(
 
 def choose_servers(daemon: DaemonIdentity, children: Iterable[Child]) -> frozenset[tuple[int, int]]:
     """(PID, start ticks) of the daemon's MPS servers: its live direct children that run
-    the server binary in our mount namespace."""
+    the server binary in the daemon's mount namespace."""
     return frozenset(
         (child.pid, child.start_ticks)
         for child in children
         if child.parent == daemon.pid
         and not child.zombie
         and child.runs_server
-        and child.in_our_mount_ns
+        and child.in_daemon_mount_ns
     )
 
 

@@ -8,16 +8,21 @@ from dataclasses import dataclass
 # Where a shared container finds its card's MPS daemon: the card's client directory
 # is mounted there (read-only), and CUDA_MPS_PIPE_DIRECTORY names it.
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"
+# Where a shared container gets its card's tmpfs.
+CONTAINER_SHM_DIRECTORY = "/dev/shm"
 
 
 @dataclass(frozen=True)
 class MpsLayout:
-    """``<run_dir>/mps/<card UUID>/{pipe,log,client}`` and one shared ``<run_dir>/mps/shm``.
+    """``<run_dir>/mps/<card UUID>/{pipe,log,client,shm}`` and ``<run_dir>/mps/ns/<card UUID>``.
 
     ``pipe`` is the control daemon's own pipe directory (with ``control_privileged``, which
     lets root quit it): only the node daemon uses it. ``client`` is what containers
     mount: it holds only ``control``, a hard link to the daemon's socket. Both stay on one
-    file system (hard links need it).
+    file system (hard links need it). ``shm`` is the card's own tmpfs: the /dev/shm of the
+    card's shared containers and of its control daemon and MPS servers. ``ns/<card UUID>``
+    keeps the mount namespace that daemon runs in (mps.namespace), in a directory of its
+    own that is a private mount.
     """
 
     run_dir: str
@@ -35,6 +40,18 @@ class MpsLayout:
     def client_dir(self, card_uuid: str) -> str:
         return os.path.join(self.root, card_uuid, "client")
 
+    def shm_dir(self, card_uuid: str) -> str:
+        return os.path.join(self.root, card_uuid, "shm")
+
     @property
-    def shm_dir(self) -> str:
+    def namespace_dir(self) -> str:
+        return os.path.join(self.root, "ns")
+
+    def namespace_file(self, card_uuid: str) -> str:
+        return os.path.join(self.namespace_dir, card_uuid)
+
+    @property
+    def retired_shm_dir(self) -> str:
+        """The one tmpfs earlier versions gave every shared container of every card: never
+        mounted again, unmounted at start (mps.shm)."""
         return os.path.join(self.root, "shm")

@@ -7,16 +7,17 @@ closed), and the search goes on with the others. Nothing here raises because of 
 a process did: a hostile tenant must not stop the watchdog's scan.
 
 The daemon is the process that holds the listening socket bound at
-``<pipe dir>/control``, runs the control binary, as our user, in our mount namespace;
-its servers are its direct children running ``nvidia-cuda-mps-server``, found where
-its execlp finds it (the daemon's PATH) or next to the control binary.
+``<pipe dir>/control``, runs the control binary, as our user, in our mount namespace or
+the card's own (mps.namespace); its servers are its direct children running
+``nvidia-cuda-mps-server`` in the daemon's mount namespace, found where its execlp finds
+it (the daemon's PATH) or next to the control binary.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from typing import BinaryIO
 
 from mps.identity import (
@@ -55,39 +56,44 @@ _open = open  # the reading seam (tests make a file vanish, grow or fail mid-rea
 
 
 def find_daemon(
-    pipe_dir: str, binary: str, previous: DaemonIdentity | None = None
+    pipe_dir: str,
+    binary: str,
+    previous: DaemonIdentity | None = None,
+    namespaces: Collection[FileId] = (),
 ) -> DaemonIdentity | None:
     """The control daemon serving ``pipe_dir``, verified; None when no process (or more
     than one unrelated process) passes. ``previous``: the daemon verified before, which
-    stays while it still passes."""
+    stays while it still passes. ``namespaces``: mount namespaces trusted besides ours
+    (the card's own, as mps.namespace keeps it)."""
     program = executable(binary)
     listening = listening_at(os.path.join(pipe_dir, "control"))
     our_ns = mount_ns("self")
     if program is None or not listening or our_ns is None:
         return None
+    trusted = {our_ns, *namespaces}
     uid = os.geteuid()
     if previous is not None:
         # The daemon verified before wins while it still passes (choose_daemon): checking
         # it alone spares a walk of the whole process table at every health check.
-        again = _candidate(previous.pid, program, listening, our_ns, uid)
+        again = _candidate(previous.pid, program, listening, trusted, uid)
         if again is not None and again.start_ticks == previous.start_ticks:
             return previous
     candidates = []
     for pid in pids():
-        candidate = _candidate(pid, program, listening, our_ns, uid)
+        candidate = _candidate(pid, program, listening, trusted, uid)
         if candidate is not None:
             candidates.append(candidate)
     return choose_daemon(candidates, previous)
 
 
 def _candidate(
-    pid: int, program: Executable, listening: set[int], our_ns: FileId, uid: int
+    pid: int, program: Executable, listening: set[int], trusted: set[FileId], uid: int
 ) -> Candidate | None:
     """``pid`` as a candidate, if it passes every test (checked cheapest first)."""
     exe, link = exe_of(pid)
     if not program.script and not runs(exe, link, (), program):
         return None  # a binary: exe alone decides, no need to look further
-    if mount_ns(pid) != our_ns:
+    if mount_ns(pid) not in trusted:
         return None
     uids = uids_of(pid)
     if uids is None or any(u != uid for u in uids):
@@ -108,13 +114,13 @@ def find_servers(daemon: DaemonIdentity, binary: str) -> frozenset[tuple[int, in
     """(PID, start ticks) of the MPS servers of ``daemon``: its direct children that run
     the server binary. Empty when the daemon is no longer the one verified."""
     control = executable(binary)
-    our_ns = mount_ns("self")
-    if control is None or our_ns is None or not _still(daemon):
+    daemon_ns = mount_ns(daemon.pid)
+    if control is None or daemon_ns is None or not _still(daemon):
         return frozenset()
     programs = server_programs(daemon.pid, control)
     children = []
     for pid in children_of(daemon.pid) or ():
-        child = _child(pid, programs, our_ns)
+        child = _child(pid, programs, daemon_ns)
         if child is not None:
             children.append(child)
     if not _still(daemon):
@@ -127,7 +133,7 @@ def _still(daemon: DaemonIdentity) -> bool:
     return stat is not None and stat.start_ticks == daemon.start_ticks and stat.state != "Z"
 
 
-def _child(pid: int, programs: list[Executable], our_ns: FileId) -> Child | None:
+def _child(pid: int, programs: list[Executable], daemon_ns: FileId) -> Child | None:
     before = stat_of(pid)
     if before is None:
         return None
@@ -137,11 +143,11 @@ def _child(pid: int, programs: list[Executable], our_ns: FileId) -> Child | None
         held = held_by(pid, files=True)
         files = held[1] if held is not None else set()
     runs_server = any(runs(exe, link, files, program) for program in programs)
-    in_our_ns = mount_ns(pid) == our_ns
+    in_daemon_ns = mount_ns(pid) == daemon_ns
     if stat_of(pid) != before:
         return None  # exited (or its PID reused) while it was read
     return Child(
-        pid, before.parent, before.start_ticks, before.state == "Z", runs_server, in_our_ns
+        pid, before.parent, before.start_ticks, before.state == "Z", runs_server, in_daemon_ns
     )
 
 

@@ -3,7 +3,9 @@
 The gRPC servicers only translate messages and call this object; tests call
 it directly. Every decision happens under one lock and touches nothing slower
 than the local SQLite ledger, so Allocate's latency does not depend on the
-cluster (no API server, no kubelet call, no subprocess on that path).
+cluster (no API server, no kubelet call, no subprocess on that path). The one
+exception is ``while_idle``: the MPS supervisor empties an idle card's /dev/shm
+under the lock, so that no container of a new allocation meets the emptying.
 
 Which container is asking, and how its second shared resource follows its
 first onto the same card, is :mod:`nodemgr.allocation.admission`; per-card
@@ -25,8 +27,9 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import TypeVar
 
-from mps.layout import CONTAINER_PIPE_DIRECTORY, MpsLayout
+from mps.layout import CONTAINER_PIPE_DIRECTORY, CONTAINER_SHM_DIRECTORY, MpsLayout
 from nodemgr.allocation.admission import (
     DemandFinder,
     OpenAdmission,
@@ -58,6 +61,22 @@ from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDevice
 from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def shared_mounts(layout: MpsLayout | None, card_uuid: str) -> tuple[Mount, ...]:
+    """What a shared container of the card mounts (both resources, and a DRA claim, give
+    the same): the card's MPS client directory, read-only, and the card's own tmpfs as
+    /dev/shm. Not the daemon's pipe directory: root could ``quit`` the daemon through its
+    ``control_privileged``. Read-only: a container must not replace ``control`` for the
+    card's other tenants (docs/mps.md). Not another card's tmpfs, nor one for the whole
+    node: a /dev/shm holds tenants' data (PyTorch passes tensors through it)."""
+    if layout is None:
+        return ()
+    return (
+        Mount(CONTAINER_PIPE_DIRECTORY, layout.client_dir(card_uuid), read_only=True),
+        Mount(CONTAINER_SHM_DIRECTORY, layout.shm_dir(card_uuid)),
+    )
 
 
 def new_allocation_id() -> str:
@@ -319,7 +338,7 @@ class Allocator:
                     pipe,
                     demand.pod_memory_units if demand else None,
                 )
-                mounts = self._mps_mounts(card.uuid)
+                mounts = shared_mounts(self._mps_layout, card.uuid)
             log.info(
                 "allocated %s %s to allocation %s (%s)",
                 self.resource_names[kind],
@@ -329,24 +348,26 @@ class Allocator:
             )
             return AllocateResult(allocation.id, envs, mounts)
 
-    def _mps_mounts(self, card_uuid: str) -> tuple[Mount, ...]:
-        """The card's MPS client directory, read-only, and the shared MPS /dev/shm; the same
-        for both resources. Not the daemon's pipe directory: root could ``quit`` the daemon
-        through its ``control_privileged``. Read-only: a container must not replace
-        ``control`` for the card's other tenants (docs/mps.md)."""
-        if self._mps_layout is None:
-            return ()
-        return (
-            Mount(CONTAINER_PIPE_DIRECTORY, self._mps_layout.client_dir(card_uuid), read_only=True),
-            Mount("/dev/shm", self._mps_layout.shm_dir),
-        )
-
     # -- card state from the MPS supervisor -------------------------------------
 
     def whole_cards(self) -> set[str]:
         """UUIDs of the cards given out whole (they must leave MPS)."""
         with self._lock:
             return self._usage.whole_cards()
+
+    def shared_cards(self) -> set[str]:
+        """UUIDs of the cards holding at least one shared allocation."""
+        with self._lock:
+            return self._usage.shared_cards()
+
+    def while_idle(self, card_uuid: str, action: Callable[[], T]) -> T | None:
+        """``action()`` while the card holds no shared allocation, admission waiting until it
+        is done (the card's /dev/shm is emptied so: a container admitted meanwhile would
+        lose its first files); None, without running it, when the card holds one."""
+        with self._lock:
+            if card_uuid in self._usage.shared_cards():
+                return None
+            return action()
 
     def set_card_problem(self, card_uuid: str, problem: str | None) -> None:
         """Mark a card unable (problem) or able (None) to take shared work."""

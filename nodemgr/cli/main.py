@@ -1,7 +1,8 @@
 """``nodemgr``: the operator's command line.
 
 ``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/cli/install/) write and remove
-the systemd units, tmpfiles.d entry, default config and hook configs.
+the systemd units, tmpfiles.d entry, default config and hook configs, and
+``nodemgr mps-start`` (mps_start.py) starts one card's MPS control daemon for its unit.
 The other commands read what the daemon wrote; none of them changes state.
 ``nodemgr status`` (status.py; ``--cluster``: cluster_status.py) and
 ``nodemgr doctor`` (nodemgr/cli/doctor/) live in modules of their own; this one has:
@@ -23,7 +24,7 @@ import time
 from typing import Any
 
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
-from nodemgr.cli import check_ledger
+from nodemgr.cli import check_ledger, mps_start
 from nodemgr.cli import status as status_cli
 from nodemgr.cli.doctor import command as doctor
 from nodemgr.cli.install import command as install
@@ -33,7 +34,7 @@ from nodemgr.errors import ConfigError, LedgerError
 
 # Subcommands that live in their own module: each has ``add_parser(sub)``, which
 # adds its parser and sets ``run`` (args -> exit code) as the parser default.
-_COMMAND_MODULES: tuple = (status_cli, doctor, install, check_ledger)
+_COMMAND_MODULES: tuple = (status_cli, doctor, install, check_ledger, mps_start)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,7 +111,9 @@ class MpsSettings:
     # Who keeps the control daemons alive: "process" (started detached by
     # gpushare-node, adopted after its restart). "systemd" is not built yet.
     supervisor: str = "process"
-    shm_size_mib: int = 0  # size of the shared /dev/shm tmpfs; 0 = half of RAM
+    # Size of each card's /dev/shm tmpfs (its shared containers and its MPS daemon and servers);
+    # 0 = half of RAM shared out among the cards, at least 64 MiB.
+    shm_size_mib: int = 0
     # How often each control daemon is asked (finds a hung one or a server in FAULT);
     # a daemon that exits is noticed at once through its pidfd, not by this check.
     health_check_interval_seconds: float = 30.0

@@ -8,8 +8,8 @@ lexically normal, and resolved through symlinks), char device nodes among them, 
 - its own cards' ``/dev/nvidia<minor>`` (char 195:<minor>, the card's minor number) and the
   control nodes (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, /dev/nvidia-uvm,
   /dev/nvidia-uvm-tools, /dev/nvidia-caps);
-- with a shared allocation and MPS on: its card's MPS client directory (what Allocate
-  mounts) and the MPS /dev/shm;
+- with a shared allocation and MPS on: its card's MPS client directory and its card's own
+  /dev/shm tmpfs (what Allocate mounts), never another card's;
 - entries of the NVIDIA toolkit's device list (``/var/run/nvidia-container-devices/<name>``)
   naming its own cards (UUID or index).
 
@@ -79,7 +79,10 @@ class NodeGpus:
     mps_root: str | None = None
     # card UUID -> the directory its shared containers mount (mps.layout's client dir)
     client_dirs: Mapping[str, str] = field(default_factory=dict)
-    shm_dir: str | None = None
+    # card UUID -> its /dev/shm tmpfs, for its shared containers only (mps.layout's shm dir)
+    shm_dirs: Mapping[str, str] = field(default_factory=dict)
+    # The one /dev/shm tmpfs earlier versions gave every card's containers: no one's now.
+    retired_shm_dir: str | None = None
 
     def by_minor(self, minor: int) -> CardNode | None:
         return next((c for c in self.cards if c.minor == minor), None)
@@ -161,8 +164,9 @@ def spec_problem(
     held = ", ".join(str(node.by_name(uuid) or uuid) for uuid in grant.cards)
     return (
         f"{what} shows {thing}, beyond allocation {grant.allocation_id} ({held}): a "
-        "container may see only its own cards' device nodes and MPS pipe directory; remove "
-        "it (gpushare-node and the NVIDIA runtime give the container what it holds)"
+        "container may see only its own cards' device nodes, MPS pipe directory and "
+        "/dev/shm; remove it (gpushare-node and the NVIDIA runtime give the container what "
+        "it holds)"
     )
 
 
@@ -260,19 +264,28 @@ def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Sho
     root = node.mps_root
     assert root is not None
     if grant is not None and grant.shared:
-        allowed = [node.client_dirs[c] for c in grant.cards if c in node.client_dirs]
-        if node.shm_dir is not None:
-            allowed.append(node.shm_dir)
+        allowed = [
+            directories[c]
+            for directories in (node.client_dirs, node.shm_dirs)
+            for c in grant.cards
+            if c in directories
+        ]
         if any(under(path, normpath(d)) for d in allowed):
             return None
     if under(root, path):
         return what, f"every card's MPS directory (it holds gpushare-node's MPS root {root})"
     name = path[len(root) :].strip("/").split("/")[0]
     card = node.by_name(name)
+    card_shm = None if card is None else node.shm_dirs.get(card.uuid)
+    if card_shm is not None and under(path, normpath(card_shm)):
+        return what, f"{card}'s /dev/shm tmpfs (only for shared allocations on that card)"
     if card is not None:
         return what, f"{card}'s MPS directory {path[len(root) :].strip('/')}"
-    if node.shm_dir is not None and under(path, normpath(node.shm_dir)):
-        return what, "the MPS /dev/shm (only for shared allocations)"
+    if node.retired_shm_dir is not None and under(path, normpath(node.retired_shm_dir)):
+        return what, (
+            "the /dev/shm that earlier versions shared between every card's containers "
+            "(recreate the pod: it gets its card's own)"
+        )
     return what, f"gpushare-node's MPS directory {name}"
 
 

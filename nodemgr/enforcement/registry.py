@@ -339,4 +339,5 @@ def node_gpus(allocator: Allocator, mps_layout: MpsLayout | None) -> NodeGpus:
     if mps_layout is None:
         return NodeGpus(cards)
     client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in cards}
-    return NodeGpus(cards, mps_layout.root, client_dirs, mps_layout.shm_dir)
+    shm_dirs = {c.uuid: mps_layout.shm_dir(c.uuid) for c in cards}
+    return NodeGpus(cards, mps_layout.root, client_dirs, shm_dirs, mps_layout.retired_shm_dir)

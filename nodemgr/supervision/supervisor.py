@@ -31,6 +31,20 @@ daemon's defaults back: any client (a tenant) may set them through the
 unprivileged socket, so a changed pinned limit or thread percentage is restored
 and logged. The first tend at start runs every card at once.
 
+/dev/shm, per card (mps.shm, mps.namespace): each card has a tmpfs of its own,
+mounted at start (``mps.shm_size_mib`` each; 0: half of the machine's memory shared
+out among the cards), the /dev/shm of the card's shared containers (Allocate's
+mounts) and of its control daemon, which is started in a mount namespace of its own
+where /dev/shm is that tmpfs, so its MPS servers have it too. A daemon found on the
+host's /dev/shm (started by an earlier gpushare-node, or by hand) is adopted and
+replaced by one in the card's namespace as soon as it has no clients. Once a card
+holds no shared allocation its tmpfs is emptied (under the allocator's lock: no
+container of a new allocation meets it), after its MPS server, if one runs without
+clients, is stopped with its control daemon, which is then started again: the
+server's own files are there too. The one tmpfs earlier versions gave every card is
+unmounted at start. Without root none of this can be had: the daemons keep our
+/dev/shm and the cards' directories are plain ones (said once, at start).
+
 The node daemon's stop leaves every control daemon running: they and their
 clients must outlive a restart or upgrade of gpushare-node.
 """
@@ -41,7 +55,6 @@ import contextlib
 import logging
 import os
 import select
-import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,8 +62,10 @@ from dataclasses import dataclass, field
 
 import psutil
 
-from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout, proc
+from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout, proc, shm
 from mps.control import shown_pinned_limit_mib
+from mps.mounts import MountError
+from mps.namespace import CardNamespace, prepare_directory
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.wakepipe import WakePipe
 from nodemgr.common.workers import ThreadWorker
@@ -65,6 +80,55 @@ BACKOFF_MAX_SECONDS = 60.0
 # The MPS defaults are read back at most this often (two control commands per card).
 DEFAULTS_CHECK_SECONDS = 60.0
 DEFAULT_THREAD_PERCENT = 100.0  # no server-side share: each client's env sets its own
+MIN_SHM_MIB = 64  # a card's /dev/shm is never smaller than a container runtime's default
+
+
+def card_shm_mib(setting_mib: int, memory_bytes: int, cards: int) -> int:
+    """The size of each card's /dev/shm tmpfs: ``mps.shm_size_mib``, or for 0 half of the
+    machine's memory shared out among the cards (what one tmpfs for all held before), at
+    least MIN_SHM_MIB. A tmpfs takes memory only for what is written in it."""
+    if setting_mib:
+        return setting_mib
+    return max(MIN_SHM_MIB, memory_bytes // 2 // max(1, cards) // 2**20)
+
+
+def card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, isolate: bool) -> CardDaemon:
+    """The card's control daemon as gpushare-node runs it: with ``isolate``, started in the
+    card's mount namespace, whose /dev/shm is the card's tmpfs."""
+    namespace = None
+    if isolate:
+        timeout = settings.command_timeout_seconds
+        namespace = CardNamespace(layout.namespace_file(uuid), layout.shm_dir(uuid), timeout)
+    return CardDaemon(
+        uuid,
+        settings.control_binary,
+        layout.pipe_dir(uuid),
+        layout.log_dir(uuid),
+        settings.command_timeout_seconds,
+        layout.client_dir(uuid),
+        namespace,
+    )
+
+
+def start_card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, cards: int) -> int:
+    """Start the card's control daemon as the supervisor does (what a ``gpushare-mps@`` unit
+    runs, through ``nodemgr mps-start``): as root, in the card's namespace on the card's
+    tmpfs (``mps.shm_size_mib``, of ``cards`` cards), made first. Its PID; MpsError or
+    MountError naming what failed (a daemon already answering is left alone)."""
+    isolate = os.geteuid() == 0
+    if isolate:
+        prepare_directory(layout.namespace_dir)
+        size_mib = card_shm_mib(settings.shm_size_mib, psutil.virtual_memory().total, cards)
+        shm.mount(layout.shm_dir(uuid), size_mib)
+    daemon = card_daemon(settings, layout, uuid, isolate)
+    if daemon.probe().state is not HealthState.DOWN:
+        raise MpsError(f"an MPS control daemon already answers at {daemon.pipe_dir}")
+    daemon.start()
+    daemon.publish()
+    pid = daemon.pid()
+    if pid is None:
+        raise MpsError(f"the MPS control daemon started at {daemon.pipe_dir} cannot be verified")
+    return pid
 
 
 @dataclass
@@ -81,6 +145,7 @@ class _CardState:
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
     watched: tuple[DaemonIdentity, int] | None = None  # the verified daemon and its pidfd
     defaults_checked_at: float = 0.0  # monotonic
+    shm_problem: str | None = None  # why its tmpfs could not be mounted (no shared work)
 
 
 class MpsSupervisor(ThreadWorker):
@@ -91,25 +156,23 @@ class MpsSupervisor(ThreadWorker):
         inventory: Inventory,
         allocator: Allocator,
         memory_unit_mib: int,
+        isolate_shm: bool | None = None,
     ):
+        """``isolate_shm``: a tmpfs and a control daemon namespace per card (needs root;
+        None: when running as root)."""
         super().__init__("mps-supervisor")
         self._settings = settings
         self._layout = layout
         self._inventory = inventory
         self._allocator = allocator
         self._unit_mib = memory_unit_mib
+        self._isolate = os.geteuid() == 0 if isolate_shm is None else isolate_shm
+        self._shm_mib = card_shm_mib(
+            settings.shm_size_mib, psutil.virtual_memory().total, len(allocator.cards)
+        )
         self._cards = {card.uuid: card for card in allocator.cards}
         self._states = {
-            card.uuid: _CardState(
-                CardDaemon(
-                    card.uuid,
-                    settings.control_binary,
-                    layout.pipe_dir(card.uuid),
-                    layout.log_dir(card.uuid),
-                    settings.command_timeout_seconds,
-                    layout.client_dir(card.uuid),
-                )
-            )
+            card.uuid: _CardState(card_daemon(settings, layout, card.uuid, self._isolate))
             for card in allocator.cards
         }
         # Written by card changes (a listener) and stop(): ends the wait in run().
@@ -127,12 +190,12 @@ class MpsSupervisor(ThreadWorker):
         return frozenset(servers)
 
     def prepare(self) -> None:
-        """Once at start, before serving: the shared /dev/shm and every card's first
-        tend, all cards at once (each waits on its own control commands)."""
-        self._ensure_shm()
-        whole = self._allocator.whole_cards()
+        """Once at start, before serving: every card's /dev/shm and first tend, all cards
+        at once (each waits on its own control commands)."""
+        self._prepare_shm()
+        whole, shared = self._allocator.whole_cards(), self._allocator.shared_cards()
         with ThreadPoolExecutor(max(1, len(self._states)), "mps-prepare") as pool:
-            list(pool.map(lambda uuid: self._tend(uuid, whole, True), list(self._states)))
+            list(pool.map(lambda uuid: self._tend(uuid, whole, shared, True), list(self._states)))
 
     def run(self, stop: threading.Event) -> None:
         changes = self._allocator.card_changes
@@ -179,19 +242,21 @@ class MpsSupervisor(ThreadWorker):
     def tend_all(self, check: bool = True, died: set[str] | frozenset[str] = frozenset()) -> None:
         """Bring every card to its mode. ``check``: ask every control daemon (the health
         check); otherwise only the cards that changed state or whose daemon exited."""
-        whole = self._allocator.whole_cards()
+        whole, shared = self._allocator.whole_cards(), self._allocator.shared_cards()
         for uuid in self._states:
             if self.stopping:  # a stop waits for at most the one command in flight
                 return
-            self._tend(uuid, whole, check or uuid in died)
+            self._tend(uuid, whole, shared, check or uuid in died)
 
-    def _tend(self, uuid: str, whole: set[str], check: bool) -> None:
+    def _tend(self, uuid: str, whole: set[str], shared: set[str], check: bool) -> None:
         card, state = self._cards[uuid], self._states[uuid]
         try:
             if uuid in whole:
                 self._leave_mps(card, state)
             elif check or state.mode != "shared" or state.problem or state.failures:
                 self._keep_mps(card, state)
+            if uuid not in shared and _has_entries(self._layout.shm_dir(uuid)):
+                self._empty_shm(card, state, uuid in whole)
         except Exception:  # one card's surprise must not stop the others' care
             log.exception("GPU%d: MPS supervision failed", card.index)
 
@@ -212,7 +277,9 @@ class MpsSupervisor(ThreadWorker):
                 views[uuid] = MpsView(health.state.value, health.clients, health.reason)
         return views
 
-    def _keep_mps(self, card: Card, state: _CardState) -> None:
+    def _keep_mps(self, card: Card, state: _CardState, replaced: bool = False) -> None:
+        if self._without_shm(card, state):
+            return
         health = state.health = state.daemon.probe()
         if health.state is HealthState.DOWN and state.mode == "shared" and not state.failures:
             # It was running: tell kubelet first, restart after the backoff.
@@ -238,6 +305,8 @@ class MpsSupervisor(ThreadWorker):
             state.identity = None  # its servers are exempt no longer
             self._unverified(card, state)
             return
+        if self._outside_card_shm(card, state, identity, health, replaced):
+            return
         try:
             state.daemon.publish()
         except MpsError as e:
@@ -246,26 +315,105 @@ class MpsSupervisor(ThreadWorker):
         self._watch(state, identity)
         if state.identity == identity and state.mode == "shared":
             self._check_defaults(card, state)
-        if state.identity != identity or state.mode != "shared":
-            try:
-                self._inventory.set_compute_mode(card.uuid, "EXCLUSIVE_PROCESS")
-                shareable_mib = self._shareable_mib(card)
-                # Ordinal 0: the daemon sees only this card (CUDA_VISIBLE_DEVICES).
-                state.daemon.client.set_default_pinned_mem_limit("0", shareable_mib)
-            except (InventoryError, MpsError) as e:
-                self._problem(card, state, Health(HealthState.BROKEN, str(e)))
-                return
-            state.identity = identity
-            state.defaults_checked_at = time.monotonic()  # just set
-            log.info(
-                "GPU%d: MPS ready (control daemon pid %d, compute mode EXCLUSIVE_PROCESS, "
-                "pinned memory ceiling %d MiB)",
-                card.index,
-                identity.pid,
-                shareable_mib,
-            )
+        if not self._set_up(card, state, identity):
+            return
         state.mode, state.failures, state.retry_at = "shared", 0, 0.0
         self._set_problem(card, state, None)
+
+    def _without_shm(self, card: Card, state: _CardState) -> bool:
+        """The card's tmpfs could not be mounted (tried again now): no shared work, since
+        its containers' /dev/shm would be a directory of the host's run_dir."""
+        if state.shm_problem is None or self._mount_shm(card, state):
+            return False
+        reason = f"no /dev/shm for its containers: {state.shm_problem}"
+        self._problem(card, state, Health(HealthState.BROKEN, reason), "no /dev/shm tmpfs")
+        return True
+
+    def _set_up(self, card: Card, state: _CardState, identity: DaemonIdentity) -> bool:
+        """A daemon new to us gets EXCLUSIVE_PROCESS and the pinned memory ceiling. False
+        when that failed (the card's problem)."""
+        if state.identity == identity and state.mode == "shared":
+            return True
+        try:
+            self._inventory.set_compute_mode(card.uuid, "EXCLUSIVE_PROCESS")
+            shareable_mib = self._shareable_mib(card)
+            # Ordinal 0: the daemon sees only this card (CUDA_VISIBLE_DEVICES).
+            state.daemon.client.set_default_pinned_mem_limit("0", shareable_mib)
+        except (InventoryError, MpsError) as e:
+            self._problem(card, state, Health(HealthState.BROKEN, str(e)))
+            return False
+        state.identity = identity
+        state.defaults_checked_at = time.monotonic()  # just set
+        log.info(
+            "GPU%d: MPS ready (control daemon pid %d, compute mode EXCLUSIVE_PROCESS, "
+            "pinned memory ceiling %d MiB)",
+            card.index,
+            identity.pid,
+            shareable_mib,
+        )
+        return True
+
+    def _outside_card_shm(
+        self,
+        card: Card,
+        state: _CardState,
+        identity: DaemonIdentity,
+        health: Health,
+        replaced: bool,
+    ) -> bool:
+        """Whether the daemon's /dev/shm is not the card's tmpfs and that was dealt with:
+        the daemon quit once idle and one started in the card's namespace in its place, or
+        (one we have just started there is not on it either) the card's problem. False:
+        it is on the card's tmpfs (or there is no namespace), or it serves clients on."""
+        if state.daemon.on_card_shm(identity) is not False:
+            return False
+        if replaced:
+            reason = (
+                f"the MPS control daemon started in its namespace (pid {identity.pid}) does "
+                f"not have the card's tmpfs {self._layout.shm_dir(card.uuid)} as /dev/shm"
+            )
+            self._problem(card, state, Health(HealthState.BROKEN, reason))
+            return True
+        if not self._replace_outside(card, state, identity, health):
+            return False
+        self._keep_mps(card, state, replaced=True)
+        return True
+
+    def _replace_outside(
+        self, card: Card, state: _CardState, identity: DaemonIdentity, health: Health
+    ) -> bool:
+        """A daemon whose /dev/shm is not the card's tmpfs (it runs in the host's namespace:
+        an earlier gpushare-node or an admin started it) is quit once it has no clients, so
+        that one in the card's namespace takes its place. True once quit."""
+        if health.clients:
+            self._note(
+                state,
+                f"outside-{identity.pid}",
+                logging.WARNING,
+                "GPU%d: its MPS control daemon (pid %d) runs with the host's /dev/shm, not "
+                "the card's tmpfs %s (started by an earlier gpushare-node or by hand); it "
+                "serves its %d clients on and is replaced once they exit",
+                card.index,
+                identity.pid,
+                self._layout.shm_dir(card.uuid),
+                health.clients,
+            )
+            return False
+        log.warning(
+            "GPU%d: its MPS control daemon (pid %d) runs with the host's /dev/shm and has no "
+            "clients: replacing it with one whose /dev/shm is the card's tmpfs %s",
+            card.index,
+            identity.pid,
+            self._layout.shm_dir(card.uuid),
+        )
+        try:
+            state.daemon.stop()
+        except MpsError as e:
+            self._problem(card, state, Health(HealthState.BROKEN, str(e)))
+            return False
+        self._unwatch(state)
+        state.identity, state.mode, state.failures, state.retry_at = None, None, 0, 0.0
+        return True
 
     def _shareable_mib(self, card: Card) -> int:
         return (card.memory_mib // self._unit_mib) * self._unit_mib
@@ -440,26 +588,130 @@ class MpsSupervisor(ThreadWorker):
             state.notes.add(key)
             log.log(level, message, *args)
 
-    def _ensure_shm(self) -> None:
-        """One tmpfs for the MPS clients' /dev/shm, sized like other MPS deployments."""
-        path = self._layout.shm_dir
-        os.makedirs(path, mode=0o1777, exist_ok=True)
-        if os.path.ismount(path):
-            return
-        size_mib = self._settings.shm_size_mib or psutil.virtual_memory().total // 2**21
-        done = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={size_mib}m,mode=1777", "tmpfs", path],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if done.returncode != 0:
+    # -- /dev/shm ------------------------------------------------------------------
+
+    def _prepare_shm(self) -> None:
+        """At start: the node-wide tmpfs of earlier versions unmounted, the namespace
+        directory made private, every card's tmpfs mounted (or resized)."""
+        layout = self._layout
+        if not self._isolate:
             log.warning(
-                "MPS shared /dev/shm at %s is a plain directory: mounting a %d MiB tmpfs "
-                "failed (%s); run gpushare-node as root",
-                path,
-                size_mib,
-                done.stderr.strip() or done.returncode,
+                "not running as root: the cards' /dev/shm directories under %s are plain "
+                "directories (no tmpfs, no size) and the MPS control daemons keep "
+                "gpushare-node's /dev/shm; run gpushare-node as root",
+                layout.root,
             )
-        else:
-            log.info("MPS shared /dev/shm: %d MiB tmpfs at %s", size_mib, path)
+            for uuid in self._states:
+                os.makedirs(layout.shm_dir(uuid), exist_ok=True)
+                os.chmod(layout.shm_dir(uuid), 0o1777)
+            return
+        self._retire_node_wide_shm()
+        try:
+            prepare_directory(layout.namespace_dir)
+        except (MountError, OSError) as e:
+            # Every start of a control daemon then fails and says why (card Unhealthy).
+            log.error("cannot make %s a private mount: %s", layout.namespace_dir, e)
+        for uuid, state in self._states.items():
+            self._mount_shm(self._cards[uuid], state)
+
+    def _retire_node_wide_shm(self) -> None:
+        """Earlier versions gave every shared container of every card one tmpfs at
+        ``<run_dir>/mps/shm``. Unmounted (lazily: containers started with it keep theirs,
+        the kernel frees it after the last) and never mounted again; the runtime hook
+        refuses a container that still names it."""
+        path = self._layout.retired_shm_dir
+        try:
+            if shm.unmount(path):
+                log.warning(
+                    "unmounted the /dev/shm tmpfs that earlier versions shared between "
+                    "every card's containers (%s): containers started with it keep it until "
+                    "they exit; one of theirs started again is refused (recreate its pod); "
+                    "new containers get their card's own tmpfs",
+                    path,
+                )
+        except MountError as e:
+            log.error("cannot unmount the node-wide /dev/shm of earlier versions: %s", e)
+        with contextlib.suppress(OSError):
+            os.rmdir(path)
+
+    def _mount_shm(self, card: Card, state: _CardState) -> bool:
+        path = self._layout.shm_dir(card.uuid)
+        try:
+            how = shm.mount(path, self._shm_mib)
+        except (MountError, OSError) as e:
+            if state.shm_problem is None:
+                log.error("GPU%d: cannot mount its /dev/shm tmpfs at %s: %s", card.index, path, e)
+            state.shm_problem = str(e)
+            return False
+        state.shm_problem = None
+        if how != "kept":
+            log.info("GPU%d: /dev/shm %s: %d MiB tmpfs at %s", card.index, how, self._shm_mib, path)
+        return True
+
+    def _empty_shm(self, card: Card, state: _CardState, whole: bool) -> None:
+        """The card holds no shared allocation: what its tenants left goes. An MPS server
+        that still runs (without clients) is stopped first, with its control daemon, and
+        the daemon started again after: the server's own files are there too."""
+        identity, stopped = state.identity, False
+        if identity is not None and state.daemon.servers(identity):
+            health = state.daemon.probe()
+            if whole or not health.ok or health.clients:
+                return  # leaving MPS (whole), in trouble, or in use: not now
+            log.info(
+                "GPU%d holds no shared allocation: stopping its idle MPS server with the "
+                "control daemon to empty its /dev/shm",
+                card.index,
+            )
+            try:
+                state.daemon.stop()
+            except MpsError as e:
+                self._problem(card, state, Health(HealthState.BROKEN, str(e)))
+                return
+            self._unwatch(state)
+            state.identity, state.mode, state.failures, state.retry_at = None, None, 0, 0.0
+            stopped = True
+        path = self._layout.shm_dir(card.uuid)
+        try:
+            emptied = self._allocator.while_idle(card.uuid, lambda: shm.empty(path))
+        except OSError as e:
+            self._note(
+                state,
+                "empty-failed",
+                logging.ERROR,
+                "GPU%d: cannot empty %s: %s",
+                card.index,
+                path,
+                e,
+            )
+            emptied = None
+        if stopped:
+            self._keep_mps(card, state)
+        if emptied is None:
+            return
+        if emptied.left:
+            self._note(
+                state,
+                "shm-left",
+                logging.ERROR,
+                "GPU%d: emptying its /dev/shm %s left %d entries that cannot be removed",
+                card.index,
+                path,
+                emptied.left,
+            )
+            return
+        state.notes.discard("shm-left")
+        if emptied.removed:
+            log.info(
+                "GPU%d holds no shared allocation: emptied its /dev/shm (%d entries removed)",
+                card.index,
+                emptied.removed,
+            )
+
+
+def _has_entries(path: str) -> bool:
+    """Whether the directory holds anything (unreadable: no, nothing to empty there)."""
+    try:
+        with os.scandir(path) as entries:
+            return next(entries, None) is not None
+    except OSError:
+        return False

@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from mps import mounts
 from tests.harness import real_parts
 from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, MPS_STANDIN, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
@@ -71,11 +72,31 @@ def test_each_shared_card_has_its_own_control_daemon(node):
     assert "compute mode EXCLUSIVE_PROCESS" in node.log()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="a tmpfs and a mount namespace per card need root")
+def test_each_cards_daemon_has_the_cards_own_tmpfs_as_dev_shm(node):
+    """Each card's control daemon runs in a mount namespace of its own whose /dev/shm is
+    the card's tmpfs (its /proc/PID/mountinfo shows that tmpfs on top at /dev/shm), the
+    one its shared containers get, sized by mps.shm_size_mib; the two cards' differ."""
+    daemons = node.wait_for(lambda: len(node.mps_daemons()) == 2 and node.mps_daemons())
+    devices = set()
+    for card, pid in daemons.items():
+        shm_dir = os.path.join(node.root, "run", "mps", card, "shm")
+        assert mounts.top_mount(shm_dir).options.startswith("rw,size=65536k,nr_inodes=16384")
+        with open(f"/proc/{pid}/mountinfo", "rb") as f:
+            [*_, top] = [e for e in mounts.parse_mountinfo(f.read()) if e.mount_point == "/dev/shm"]
+        assert (top.fstype, top.options) == ("tmpfs", mounts.top_mount(shm_dir).options)
+        assert os.stat(f"/proc/{pid}/root/dev/shm").st_dev == os.stat(shm_dir).st_dev
+        assert os.readlink(f"/proc/{pid}/ns/mnt") != os.readlink("/proc/self/ns/mnt")
+        devices.add(os.stat(shm_dir).st_dev)
+    assert len(devices) == 2
+
+
 @pytest.mark.parametrize("order", [[MEMORY, CORE], [CORE, MEMORY]])
 def test_shared_container_gets_pipe_env_and_both_mounts(node, order):
     """Both resources give the card's client directory read-only at /tmp/nvidia-mps (not
-    the daemon's pipe directory, whose control_privileged lets root quit it) and the MPS
-    /dev/shm read-write; the client directory holds only the daemon's control socket."""
+    the daemon's pipe directory, whose control_privileged lets root quit it) and the card's
+    own /dev/shm tmpfs read-write; the client directory holds only the daemon's control
+    socket."""
     result = node.kubelet.admit_pod(
         "default", "job", [ContainerSpec("main", {MEMORY: 4, CORE: 30})], order=order
     )
@@ -84,7 +105,7 @@ def test_shared_container_gets_pipe_env_and_both_mounts(node, order):
     assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     expected = {
         ("/tmp/nvidia-mps", client_dir(node, GPU0), True),
-        ("/dev/shm", os.path.join(node.root, "run", "mps", "shm"), False),
+        ("/dev/shm", os.path.join(node.root, "run", "mps", GPU0, "shm"), False),
     }
     for resource in order:  # both resources give the same mounts
         mounts = {

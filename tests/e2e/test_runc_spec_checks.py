@@ -1,7 +1,7 @@
 """The OCI spec's mounts, device nodes and device-cgroup rules, with real runc (issue 14, item 7).
 
 A container may see only its own card: its /dev/nvidia<minor> (plus the control nodes), its
-own card's MPS client directory and the shared MPS /dev/shm. Pins, against the real daemon and
+own card's MPS client directory and its own card's /dev/shm tmpfs. Pins, against the real daemon and
 the runtime hook: another card's MPS directory mounted at /tmp/nvidia-mps by a container
 holding card 0's allocation is refused (written plainly, with ``..``, through a symlink), so
 are its own card's control daemon pipe directory and the whole MPS root; a container without

@@ -30,7 +30,6 @@ import re
 import shutil
 import signal
 import sqlite3
-import subprocess
 import time
 
 import pytest
@@ -55,7 +54,7 @@ from tests.faults.observe import (
     wait_card,
 )
 from tests.faults.survival import CONTAINER, NAMESPACE, admit, start_daemon
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE
+from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, unmount_under
 from tests.harness.kubelet_sim import _Allocation
 from tests.harness.outcome_table import OutcomeTable
 
@@ -448,9 +447,7 @@ class TestOneNode:
         for pid in node.mps_daemons().values():
             os.kill(pid, signal.SIGKILL)
         run_dir = os.path.join(node.root, "run")
-        shm = os.path.join(run_dir, "mps", "shm")
-        if os.path.ismount(shm):
-            subprocess.run(["umount", shm], check=True)
+        unmount_under(run_dir)
         for name in os.listdir(run_dir):
             shutil.rmtree(os.path.join(run_dir, name))
         cluster.kubelet.restart()  # kubelet back from its checkpoint

@@ -14,6 +14,7 @@ import time
 import psutil
 import yaml
 
+from mps.mounts import parse_mountinfo
 from tests.harness import exitwait
 
 GPU0 = "GPU-e2e00000-0000-4000-8000-000000000000"
@@ -178,7 +179,16 @@ class Node:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        shm = os.path.join(self.root, "run", "mps", "shm")
-        if os.path.ismount(shm):
-            subprocess.run(["umount", "-l", shm], check=False)
+        unmount_under(os.path.join(self.root, "run"))
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def unmount_under(directory: str) -> None:
+    """Unmount what the daemon mounted under ``directory`` (the cards' /dev/shm tmpfs,
+    their MPS namespaces and the directory keeping them), the deepest first, as a reboot
+    would; lazily, so a container still holding one does not stop the cleanup."""
+    prefix = os.path.abspath(directory) + "/"
+    with open("/proc/self/mountinfo", "rb") as f:
+        points = [entry.mount_point for entry in parse_mountinfo(f.read())]
+    for point in sorted({p for p in points if p.startswith(prefix)}, key=len, reverse=True):
+        subprocess.run(["umount", "-l", point], check=False, capture_output=True)

@@ -223,18 +223,19 @@ def test_the_watchdog_restarts_a_hung_daemon(running):
 def test_mps_unit_runs_a_cards_control_daemon(running):
     """`systemctl start gpushare-mps@<uuid>` runs that card's control daemon in its own
     unit (Type=forking: systemd finds the daemon as MainPID) when none runs for the card
-    (it fails while gpushare-node's own runs); gpushare-node adopts it.
+    (it fails while gpushare-node's own runs); gpushare-node adopts it and keeps it (it is
+    on the card's tmpfs, in the card's namespace, as gpushare-node's own would be).
     Stopping the unit quits the daemon (ExecStop), and gpushare-node, which still
     manages the card, starts its own. (mps.supervisor: systemd, i.e. gpushare-node
     starting these units itself, is refused by the config.)"""
     node = running
     # While gpushare-node's own control daemon serves the card, the unit cannot start one
-    # (the control binary refuses a second daemon on a pipe directory) and fails; the
-    # running daemon is left alone.
+    # (nodemgr mps-start finds it answering and leaves it, and its namespace, alone) and
+    # fails; the running daemon is left alone.
     busy_unit, busy_pid = f"gpushare-mps@{GPU0}.service", node.mps_pid(GPU0)
     assert node.c.systemctl("start", busy_unit, check=False).returncode != 0
     assert node.show("ActiveState", unit=busy_unit)["ActiveState"] == "failed"
-    assert "An instance of this daemon is already running" in node.c.journal(busy_unit)
+    assert "an MPS control daemon already answers at" in node.c.journal(busy_unit)
     assert node.mps_pid(GPU0) == busy_pid
     node.c.systemctl("reset-failed", busy_unit)
 
@@ -256,7 +257,9 @@ def test_mps_unit_runs_a_cards_control_daemon(running):
     node.c.systemctl("start", UNIT, timeout=90)
     log = node.journal_since(cursor)
     assert f"GPU1: adopted the running MPS control daemon (pid {unit_pid}," in log
+    assert "runs with the host's /dev/shm" not in log
     assert node.status_text() == SERVING
+    assert node.mps_pid(GPU1) == unit_pid
 
     cursor = node.cursor()
     node.c.systemctl("stop", mps_unit)

@@ -351,7 +351,15 @@ def _print_mps_leftovers(root: str, manifest: dict, out) -> None:
                 f"  echo quit | CUDA_MPS_PIPE_DIRECTORY={layout.pipe_dir(card)} {binary}",
                 file=out,
             )
-        print(f"  umount {layout.shm_dir}    # the MPS clients' shared tmpfs, if mounted", file=out)
+        print("then unmount what gpushare-node mounted for them:", file=out)
+        for card in cards:
+            print(f"  umount {layout.shm_dir(card)}    # its containers' /dev/shm tmpfs", file=out)
+            print(
+                f"  umount {layout.namespace_file(card)}    # the mount namespace of its "
+                "control daemon",
+                file=out,
+            )
+        print(f"  umount {layout.namespace_dir}", file=out)
 
 
 def _enabled_links(root: str) -> list[str]:

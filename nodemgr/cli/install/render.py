@@ -100,6 +100,11 @@ class Target:
     hook_python: str = SHIPPED_PYTHON  # the Python the hook launcher starts
     hook_package_dir: str = SHIPPED_PACKAGE_DIR  # where it imports the hooks package from
 
+    @property
+    def nodemgr_command(self) -> str:
+        """The nodemgr console script: next to gpushare-node (one distribution installs both)."""
+        return os.path.join(os.path.dirname(self.node_command), "nodemgr")
+
     @classmethod
     def of(
         cls,
@@ -156,7 +161,8 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
     layout = MpsLayout(target.run_dir.replace("%", "%%"))  # %i below is a unit specifier
     values = {
         **dataclasses.asdict(target),
-        "shm_dir": MpsLayout(target.run_dir).shm_dir,
+        "shm_dir": MpsLayout(target.run_dir).shm_dir("<card UUID>"),
+        "nodemgr_command": target.nodemgr_command,
         "pipe_dir": layout.pipe_dir("%i"),
         "log_dir": layout.log_dir("%i"),
         "hook_launcher": HOOK_LAUNCHER,

@@ -1,6 +1,7 @@
 """Pins nodemgr.domain.speccheck: a container's spec may show only its own cards' device nodes
 (by minor number, whatever a node is called), the control nodes, its own card's MPS client
-directory and the MPS /dev/shm (shared allocations), and device-list entries naming
+directory and its own card's /dev/shm tmpfs (shared allocations; never another card's, nor
+the node-wide one of earlier versions), and device-list entries naming
 its own cards, never the control daemon's own pipe directory; a container without an
 allocation may show none of them, and one whose env asks for no GPU none either. Paths are
 judged after ``..``, ``//`` and trailing slashes, and a parent directory shows everything below
@@ -27,7 +28,8 @@ NODE = NodeGpus(
     cards=(CardNode(GPU0, 0, 0), CardNode(GPU1, 1, 1)),
     mps_root=MPS,
     client_dirs={GPU0: f"{MPS}/{GPU0}/client", GPU1: f"{MPS}/{GPU1}/client"},
-    shm_dir=f"{MPS}/shm",
+    shm_dirs={GPU0: f"{MPS}/{GPU0}/shm", GPU1: f"{MPS}/{GPU1}/shm"},
+    retired_shm_dir=f"{MPS}/shm",
 )
 SHARED0 = Grant("ga-1", (GPU0,), shared=True)
 WHOLE0 = Grant("ga-2", (GPU0,), shared=False)
@@ -67,7 +69,7 @@ def test_a_shared_container_may_show_its_client_directory_shm_nodes_and_rules():
     spec = SpecFacts(
         mounts=(
             MountFact("/tmp/nvidia-mps", (f"{MPS}/{GPU0}/client",)),
-            MountFact("/dev/shm", (f"{MPS}/shm",)),
+            MountFact("/dev/shm", (f"{MPS}/{GPU0}/shm",)),
             MountFact("/dev/nvidia0", ("/dev/nvidia0",), ((195, 0),)),
             MountFact("/dev/nvidiactl", ("/dev/nvidiactl",), ((195, 255),)),
             MountFact("/dev/nvidia-uvm", ("/dev/nvidia-uvm",), ((510, 0),)),
@@ -140,11 +142,37 @@ def test_a_parent_of_the_mps_root_shows_every_card(source):
 
 
 def test_mps_directories_are_only_for_shared_allocations():
-    """A whole-card container may not mount its card's client directory or the MPS /dev/shm."""
+    """A whole-card container may not mount its card's client directory or its /dev/shm."""
     client = spec_problem(mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client")), WHOLE0, NODE)
     assert client is not None and f"GPU 0 ({GPU0})'s MPS directory" in client
-    shm = spec_problem(mounts(("/dev/shm", f"{MPS}/shm")), WHOLE0, NODE)
-    assert shm is not None and "the MPS /dev/shm" in shm
+    shm = spec_problem(mounts(("/dev/shm", f"{MPS}/{GPU0}/shm")), WHOLE0, NODE)
+    assert shm is not None and f"GPU 0 ({GPU0})'s /dev/shm tmpfs" in shm
+
+
+@pytest.mark.parametrize("source", [f"{MPS}/{GPU1}/shm", f"{MPS}/{GPU1}/shm/sub", f"{MPS}/{GPU1}"])
+def test_another_cards_shm_is_refused(source):
+    """A container on card 0 mounting card 1's /dev/shm tmpfs (or anything of it, or the
+    card's whole MPS directory) is refused, naming card 1."""
+    problem = spec_problem(mounts(("/dev/shm", source)), SHARED0, NODE)
+    assert problem is not None and f"GPU 1 ({GPU1})'s" in problem, problem
+    assert "beyond allocation ga-1" in problem
+
+
+def test_its_own_cards_shm_passes_anywhere_below():
+    """Card 0's tmpfs, or a directory in it, may be mounted by card 0's shared container."""
+    for source in (f"{MPS}/{GPU0}/shm", f"{MPS}/{GPU0}/shm/", f"{MPS}/{GPU0}/shm/a/../b"):
+        assert spec_problem(mounts(("/dev/shm", source)), SHARED0, NODE) is None
+
+
+@pytest.mark.parametrize("grant", [SHARED0, WHOLE0, None])
+def test_the_node_wide_shm_of_earlier_versions_is_refused_to_everyone(grant):
+    """``<run_dir>/mps/shm``, the one tmpfs earlier versions gave every card's containers,
+    is nobody's now: refused, with what to do (a kubelet that restarts a container of a pod
+    admitted before the upgrade still names it)."""
+    problem = spec_problem(mounts(("/dev/shm", f"{MPS}/shm")), grant, NODE)
+    assert problem is not None, grant
+    assert "the /dev/shm that earlier versions shared between every card's containers" in problem
+    assert "recreate the pod" in problem
 
 
 def test_without_mps_the_run_dir_is_not_judged():
@@ -239,7 +267,7 @@ def test_device_list_entries_of_other_cards_are_refused(path, fragment):
     ("spec", "fragment"),
     [
         (mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client")), f"GPU 0 ({GPU0})'s MPS directory"),
-        (mounts(("/dev/shm", f"{MPS}/shm")), "the MPS /dev/shm"),
+        (mounts(("/dev/shm", f"{MPS}/{GPU0}/shm")), f"GPU 0 ({GPU0})'s /dev/shm tmpfs"),
         (mounts(("/dev/nvidiactl", "/dev/nvidiactl")), "/dev/nvidiactl, a GPU node"),
         (mounts(("/dev/uvm", "/dev/nvidia-uvm")), "/dev/nvidia-uvm, a GPU node"),
         (devices((195, 255), path="/dev/nvidiactl"), "/dev/nvidiactl (c 195:255)"),

@@ -204,10 +204,10 @@ def test_servers_are_live_direct_children_running_the_server_in_our_namespace():
     namespace; a grandchild (or anything whose parent is another) is never one."""
     daemon = DaemonIdentity(40, 400)
     children = [
-        Child(41, 40, 410, zombie=False, runs_server=True, in_our_mount_ns=True),
-        Child(42, 40, 420, zombie=False, runs_server=False, in_our_mount_ns=True),
-        Child(43, 40, 430, zombie=True, runs_server=True, in_our_mount_ns=True),
-        Child(44, 40, 440, zombie=False, runs_server=True, in_our_mount_ns=False),
-        Child(45, 41, 450, zombie=False, runs_server=True, in_our_mount_ns=True),
+        Child(41, 40, 410, zombie=False, runs_server=True, in_daemon_mount_ns=True),
+        Child(42, 40, 420, zombie=False, runs_server=False, in_daemon_mount_ns=True),
+        Child(43, 40, 430, zombie=True, runs_server=True, in_daemon_mount_ns=True),
+        Child(44, 40, 440, zombie=False, runs_server=True, in_daemon_mount_ns=False),
+        Child(45, 41, 450, zombie=False, runs_server=True, in_daemon_mount_ns=True),
     ]
     assert choose_servers(daemon, children) == {(41, 410)}

@@ -1,9 +1,10 @@
 """Pins how mps.proc finds a card's control daemon in /proc, with real processes: only the
 process that holds the listening socket of the pipe directory, runs the control binary,
-as our user, in our mount namespace; never one that only poses (same path in another
-mount namespace, another user, another program); and every read fails closed: a process
-that vanishes mid-read, a file over its cap, a /proc/net/unix that cannot be read or a
-line that is not the kernel's leaves that process out, never raises."""
+as our user, in our mount namespace or one given as trusted (the card's own); never one
+that only poses (same path in another mount namespace, another user, another program);
+and every read fails closed: a process that vanishes mid-read, a file over its cap, a
+/proc/net/unix that cannot be read or a line that is not the kernel's leaves that
+process out, never raises."""
 
 from __future__ import annotations
 
@@ -130,6 +131,18 @@ def test_a_holder_in_another_mount_namespace_is_not_the_daemon(root, started):
     run(started, ["unshare", "--mount", binary, control(root)])
     assert proc.listening_at(control(root))  # it listens there, as /proc/net/unix says
     assert proc.find_daemon(os.path.join(root, "pipe"), binary) is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root for a mount namespace")
+def test_a_holder_in_a_trusted_mount_namespace_is_the_daemon(root, started):
+    """The same holder in a mount namespace of its own is the daemon when that namespace is
+    given as trusted (a card's own, as mps.namespace keeps it), and only then."""
+    binary = program(root)
+    pid = run(started, ["unshare", "--mount", binary, control(root)])
+    pipe = os.path.join(root, "pipe")
+    assert proc.find_daemon(pipe, binary) is None
+    found = proc.find_daemon(pipe, binary, namespaces=(proc.mount_ns(pid),))
+    assert found == DaemonIdentity(pid, start_ticks(pid))
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another user")

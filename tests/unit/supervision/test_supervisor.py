@@ -27,7 +27,7 @@ from nodemgr.inventory import open_inventory
 from nodemgr.supervision.supervisor import MpsSupervisor
 from tests.harness.cards import GPU0, GPU1, simulated_settings
 from tests.harness.clock import Clock
-from tests.harness.daemon_proc import MPS_STANDIN
+from tests.harness.daemon_proc import MPS_STANDIN, unmount_under
 
 SERVER_FILE = os.path.join(os.path.dirname(MPS_STANDIN), "nvidia-cuda-mps-server")
 
@@ -45,15 +45,14 @@ def world():
     )
 
     def supervisor():
-        sup = MpsSupervisor(mps_settings, layout, inventory, allocator, 1024)
-        sup._ensure_shm = lambda: None  # no tmpfs mount needed for these tests
-        return sup
+        return MpsSupervisor(mps_settings, layout, inventory, allocator, 1024)
 
     yield allocator, inventory, supervisor, clock
     for state in supervisor()._states.values():
         pid = state.daemon.pid()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
+    unmount_under(root)  # the cards' tmpfs and namespaces (as root)
     shutil.rmtree(root, ignore_errors=True)
 
 

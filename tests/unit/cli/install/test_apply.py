@@ -3,7 +3,8 @@ units, tmpfiles.d entry, default config and hook configs with their modes and th
 console-script paths, and prints the next commands in order; an existing config is kept and
 its settings used; --config names the file the unit passes; --dry-run writes nothing; a file
 install did not write is kept; uninstall removes what install wrote and keeps the config and
-an edited unit, refuses while the units are enabled, and removes nothing without an install.
+an edited unit, refuses while the units are enabled, removes nothing without an install, and
+says how to quit each card's MPS daemon and unmount its /dev/shm tmpfs and namespace.
 """
 
 from __future__ import annotations
@@ -181,3 +182,26 @@ def test_uninstall_without_an_install_removes_nothing(tmp_path, capsys):
     code, out, err = nodemgr(capsys, "uninstall", "--root", str(tmp_path))
     assert code == 0 and "Nothing to remove" in out
     assert set(tree(tmp_path)) == {CONFIG}
+
+
+def test_uninstall_says_how_to_quit_each_cards_daemon_and_unmount_its_shm(tmp_path, capsys):
+    """With cards' MPS directories in the run directory, uninstall prints, per card, how to
+    quit its control daemon, then how to unmount its /dev/shm tmpfs and its namespace,
+    then the namespace directory; never the node-wide tmpfs of earlier versions."""
+    assert nodemgr(capsys, "install", "--root", str(tmp_path))[0] == 0
+    card = "GPU-6a7c0d1e-2f30-4152-6374-8596a7b8c9d0"
+    mps_root = tmp_path / "run/gpushare/mps"
+    (mps_root / card / "pipe").mkdir(parents=True)
+    (mps_root / "ns").mkdir()
+    code, out, err = nodemgr(capsys, "uninstall", "--root", str(tmp_path))
+    assert code == 0, err
+    lines = [line.strip() for line in out.splitlines()]
+    quit_line = next(i for i, line in enumerate(lines) if line.startswith("echo quit |"))
+    assert f"CUDA_MPS_PIPE_DIRECTORY=/run/gpushare/mps/{card}/pipe" in lines[quit_line]
+    umounts = [line.split("#")[0].strip() for line in lines if line.startswith("umount ")]
+    assert umounts == [
+        f"umount /run/gpushare/mps/{card}/shm",
+        f"umount /run/gpushare/mps/ns/{card}",
+        "umount /run/gpushare/mps/ns",
+    ]
+    assert all(i > quit_line for i, line in enumerate(lines) if line.startswith("umount "))

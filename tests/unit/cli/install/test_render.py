@@ -108,7 +108,13 @@ def test_installed_units_and_tmpfiles_are_accepted_by_systemd(tmp_path, capsys):
     assert nodemgr(capsys, "install", "--root", str(root))[0] == 0
     verify(str(root / NODE_UNIT))
     mps = read(root, MPS_UNIT)
-    assert unit_values(mps, "ExecStart") == [f"{STAND_IN} -d"]
+    # The card's daemon is started as gpushare-node starts it (its tmpfs and namespace):
+    # by the nodemgr next to gpushare-node, with the config gpushare-node reads.
+    nodemgr_script = os.path.join(BIN, "nodemgr")
+    assert unit_values(mps, "ExecStart") == [
+        f"{nodemgr_script} mps-start --config /etc/gpushare/config.yaml %i"
+    ]
+    assert unit_values(mps, "ExecStop") == [f"/bin/sh -c 'echo quit | \"$$0\"' {STAND_IN}"]
     assert unit_values(mps, "Environment") == [
         "CUDA_VISIBLE_DEVICES=%i",
         '"CUDA_MPS_PIPE_DIRECTORY=/srv/gpu share/run/mps/%i/pipe"',
@@ -186,9 +192,9 @@ def test_shipped_files_are_what_the_templates_render():
 
 
 def test_shipped_units_are_accepted_by_systemd_as_they_are(tmp_path):
-    """The shipped units name /usr/local/bin/gpushare-node and nvidia-cuda-mps-control,
-    which verify checks: a private mount namespace shows this venv's scripts and the
-    MPS stand-in at /usr/local/bin, and nothing else changes."""
+    """The shipped units name /usr/local/bin/gpushare-node, /usr/local/bin/nodemgr and
+    nvidia-cuda-mps-control, which verify checks: a private mount namespace shows this
+    venv's scripts and the MPS stand-in at /usr/local/bin, and nothing else changes."""
     analyze = require_tool("systemd-analyze")
     unshare = require_tool("unshare")
     if os.geteuid() != 0:
@@ -201,6 +207,7 @@ def test_shipped_units_are_accepted_by_systemd_as_they_are(tmp_path):
     for name, target in (
         ("gpushare-node", os.path.join(BIN, "gpushare-node")),
         ("gpushare-hook", os.path.join(BIN, "gpushare-hook")),
+        ("nodemgr", os.path.join(BIN, "nodemgr")),
         ("nvidia-cuda-mps-control", STAND_IN),
     ):
         (fake_bin / name).symlink_to(target)

@@ -1,0 +1,187 @@
+"""The mount namespace a card's MPS control daemon runs in: the host's, with the card's
+tmpfs at /dev/shm.
+
+An MPS server is started by its control daemon and inherits its mount namespace, so a
+daemon started in the host's namespace gives its servers the host's /dev/shm, which no
+container shares. NVIDIA's own Kubernetes device plugin runs each MPS daemon with a
+/dev/shm from the same host tmpfs its clients get; here the daemon runs on the host, so
+it is started in a namespace of its own that differs from the host's in one mount: the
+card's tmpfs (mps.shm) over /dev/shm.
+
+How one is made (``CardNamespace.create``): a helper, ``unshare --mount --propagation
+slave``, binds the card's tmpfs over /dev/shm and waits; its /proc/PID/ns/mnt is
+bind-mounted at ``<run_dir>/mps/ns/<card UUID>``, which keeps the namespace after the
+helper exits; ``nsenter --mount=<that file>`` then runs ``<control binary> -d`` there.
+Slave propagation: what the host unmounts is unmounted there too, so the namespace
+keeps no copy of a file system the host let go (a container's rootfs, a volume), and
+nothing mounted there reaches the host. The kernel refuses to bind a namespace's file on
+a mount that propagates into that same namespace (a loop), so ``<run_dir>/mps/ns`` is a
+private mount (bound on itself: ``prepare_directory``), made before any namespace.
+
+Only root in the host's mount namespace can mount there; a namespace found bound at a
+card's file was put there by gpushare-node (or by root by hand), never by a container.
+mps.identity therefore trusts a control daemon in that namespace as it trusts one in the
+host's. Each start makes a new namespace and binds it in place of the last one, so a
+namespace never outlives the daemon started in it by more than one restart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shutil
+import subprocess
+import time
+
+from mps import mounts
+from mps.control import MpsUnavailable
+from mps.identity import FileId
+from mps.mounts import MountError
+
+TOOLS = ("unshare", "nsenter", "mount")
+READY = "ready"
+# The helper: /dev/shm becomes the card's tmpfs, then it waits until its stdin closes.
+HELPER = 'mount --bind -- "$0" /dev/shm && echo ' + READY + " && exec cat >/dev/null"
+
+
+def nsfs_device() -> int | None:
+    """The device every namespace file is on (a bind of one is on it too)."""
+    try:
+        return os.stat("/proc/self/ns/mnt").st_dev
+    except OSError:
+        return None
+
+
+def prepare_directory(directory: str) -> None:
+    """``directory`` (0700) as a private mount of itself, so that namespace files can be
+    bound in it; MountError when that cannot be had."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    top = mounts.top_mount(os.path.abspath(directory))
+    if top is None:
+        mounts.run(["mount", "--bind", directory, directory])
+    mounts.run(["mount", "--make-private", directory])
+
+
+def missing_tools() -> list[str]:
+    return [tool for tool in TOOLS if shutil.which(tool) is None]
+
+
+class CardNamespace:
+    """One card's namespace: kept at ``path``, its /dev/shm the tmpfs at ``shm_dir``."""
+
+    def __init__(self, path: str, shm_dir: str, timeout_seconds: float):
+        self.path = path
+        self.shm_dir = shm_dir
+        self.timeout_seconds = timeout_seconds
+
+    def bound(self) -> FileId | None:
+        """The namespace bound at ``path``; None when none is (a plain file, nothing)."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return None
+        if st.st_dev != nsfs_device():
+            return None
+        return FileId(st.st_dev, st.st_ino)
+
+    def command(self, argv: list[str]) -> list[str]:
+        """``argv`` run in the namespace."""
+        return ["nsenter", f"--mount={self.path}", "--", *argv]
+
+    def create(self) -> FileId:
+        """A new namespace for the card, bound at ``path`` in place of the last one.
+        MpsUnavailable naming what failed."""
+        missing = missing_tools()
+        if missing:
+            raise MpsUnavailable(
+                f"cannot give the MPS control daemon of {self.shm_dir} its own /dev/shm: "
+                f"{', '.join(missing)} not found (util-linux)"
+            )
+        try:
+            self._unbind()
+            return self._bind_new()
+        except (MountError, OSError) as e:
+            raise MpsUnavailable(
+                f"cannot make the mount namespace for the MPS control daemon (its /dev/shm "
+                f"on {self.shm_dir}, kept at {self.path}): {e}"
+            ) from e
+
+    def remove(self) -> bool:
+        """Unbind the namespace (its daemon, if one still runs, keeps it); False if none."""
+        try:
+            return self._unbind()
+        except MountError:
+            return False
+
+    def _unbind(self) -> bool:
+        if mounts.top_mount(os.path.abspath(self.path)) is None:
+            return False
+        mounts.run(["umount", "--lazy", self.path])  # detached even while a reader holds it
+        return True
+
+    def _bind_new(self) -> FileId:
+        helper = subprocess.Popen(
+            [
+                "unshare",
+                "--mount",
+                "--propagation",
+                "slave",
+                "--",
+                "sh",
+                "-c",
+                HELPER,
+                self.shm_dir,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            self._wait_ready(helper)
+            source = f"/proc/{helper.pid}/ns/mnt"
+            made = os.stat(source)
+            with open(self.path, "a"):
+                pass
+            os.chmod(self.path, 0o600)
+            mounts.run(["mount", "--bind", source, self.path])
+            kept = self.bound()
+            if kept is None or (kept.dev, kept.ino) != (made.st_dev, made.st_ino):
+                raise MountError(f"{self.path} does not hold the new namespace after the bind")
+            return kept
+        finally:
+            with contextlib.suppress(OSError):
+                helper.stdin.close()  # type: ignore[union-attr]
+            try:
+                helper.wait(self.timeout_seconds)
+            except subprocess.TimeoutExpired:
+                helper.kill()
+                helper.wait()
+            for stream in (helper.stdout, helper.stderr):
+                if stream is not None:
+                    stream.close()
+
+    def _wait_ready(self, helper: subprocess.Popen) -> None:
+        """Until the helper says its /dev/shm is the card's; MountError with what it said."""
+        assert helper.stdout is not None
+        assert helper.stderr is not None
+        deadline = time.monotonic() + self.timeout_seconds
+        said = b""
+        while not said.endswith(b"\n"):
+            left = deadline - time.monotonic()
+            ready, _, _ = select.select([helper.stdout], [], [], max(0.0, left))
+            if not ready:
+                raise MountError(
+                    f"the namespace helper did not answer in {self.timeout_seconds:g} s"
+                )
+            chunk = os.read(helper.stdout.fileno(), 64)
+            if not chunk:
+                helper.wait(self.timeout_seconds)
+                error = helper.stderr.read(4096).decode("utf-8", "replace").strip()
+                raise MountError(
+                    f"unshare --mount failed: {error or f'exit status {helper.returncode}'}"
+                )
+            said += chunk
+        if said.strip() != READY.encode():
+            raise MountError(f"the namespace helper said {said!r}")

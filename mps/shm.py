@@ -1,0 +1,165 @@
+"""A card's /dev/shm: one tmpfs per card, its size, and emptying it.
+
+MPS clients and servers, and PyTorch's data loaders, pass data through files in /dev/shm,
+so whoever shares a /dev/shm reads, overwrites, deletes and crowds out the others' files.
+Each card gets a tmpfs of its own at ``<run_dir>/mps/<card UUID>/shm`` (mps.layout): the
+/dev/shm of that card's shared containers and of its control daemon and MPS servers
+(mps.namespace), and of no one else.
+
+The tmpfs is mounted ``nosuid,nodev,mode=1777`` (the host's /dev/shm has the same) with a
+size and at most one file per 4 KiB of it (``nr_inodes``): a tmpfs inode costs kernel
+memory that its size does not count, so a tenant making empty files would otherwise take
+kernel memory without bound. A second mount at start changes the size of the one there
+(remount), so running containers and the daemon keep the same file system.
+
+Emptying (when the card holds no shared allocation any more) removes what tenants left,
+whatever they made of it: nothing is followed (every directory is opened with
+O_NOFOLLOW relative to its parent's descriptor, symbolic links are removed as links),
+and a tree of any depth is taken apart with two descriptors open at most, by moving the
+entries of a directory that is not empty up into the tmpfs's root.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from mps import mounts
+from mps.mounts import MountError
+
+BYTES_PER_INODE = 4096
+MIN_INODES = 1024
+TMPFS = "tmpfs"
+# Entries moved up while emptying get this name (plus a number): a tenant's file of the
+# same name is replaced, which is what emptying does to it anyway.
+HOISTED = ".gpushare-emptying-"
+
+
+@dataclass(frozen=True)
+class Emptied:
+    removed: int  # files, links and directories removed
+    left: int  # entries still in the root when it stopped (0: empty)
+
+
+def inodes_for(size_mib: int) -> int:
+    return max(MIN_INODES, size_mib * 1024 * 1024 // BYTES_PER_INODE)
+
+
+def mount(path: str, size_mib: int) -> str:
+    """A tmpfs of ``size_mib`` at ``path`` (made if missing): mounted, resized, or left as it
+    is. Says which, for the log. MountError when it cannot be had."""
+    os.makedirs(path, mode=0o755, exist_ok=True)
+    options = f"size={size_mib}m,nr_inodes={inodes_for(size_mib)}"
+    top = mounts.top_mount(os.path.abspath(path))
+    if top is not None and top.fstype == TMPFS:
+        if sized(path) == (size_mib * 1024 * 1024, inodes_for(size_mib)):
+            return "kept"
+        mounts.run(["mount", "-o", f"remount,{options}", path])
+        return "resized"
+    if top is not None:
+        raise MountError(f"{path} is a mount of {top.fstype}, not a tmpfs: unmount it")
+    mounts.run(["mount", "-t", TMPFS, "-o", f"{options},mode=1777,nosuid,nodev", TMPFS, path])
+    return "mounted"
+
+
+def sized(path: str) -> tuple[int, int]:
+    """(bytes, inodes) of the file system at ``path``."""
+    st = os.statvfs(path)
+    return st.f_blocks * st.f_frsize, st.f_files
+
+
+def is_tmpfs(path: str) -> bool:
+    top = mounts.top_mount(os.path.abspath(path))
+    return top is not None and top.fstype == TMPFS
+
+
+def device(path: str) -> int | None:
+    """The device of the file system at ``path``; None when it cannot be read."""
+    try:
+        return os.stat(path).st_dev
+    except OSError:
+        return None
+
+
+def unmount(path: str) -> bool:
+    """Detach whatever is mounted at ``path`` (lazily: processes holding it keep it, the
+    kernel frees it after them); False when nothing was mounted there."""
+    if mounts.top_mount(os.path.abspath(path)) is None:
+        return False
+    mounts.run(["umount", "--lazy", path])
+    return True
+
+
+def empty(path: str, deadline_seconds: float = 10.0) -> Emptied:
+    """Remove everything under ``path``, not ``path`` itself. Stops when nothing is left,
+    when a round removes and moves nothing (what is left cannot be removed), or after
+    ``deadline_seconds``. OSError when ``path`` itself cannot be opened."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    root = os.open(path, flags)
+    removed = 0
+    serials = itertools.count()
+    deadline = time.monotonic() + deadline_seconds
+    try:
+        progress = True
+        while progress and time.monotonic() < deadline:
+            progress = False
+            for name in os.listdir(root):
+                gone = _remove(root, name)
+                if gone:
+                    removed += 1
+                    progress = True
+                    continue
+                if gone is None:  # a directory with entries: bring them up to the root
+                    progress = _hoist(root, name, flags, serials) > 0 or progress
+                if time.monotonic() >= deadline:
+                    break
+        return Emptied(removed, len(os.listdir(root)))
+    finally:
+        os.close(root)
+
+
+def _remove(root: int, name: str) -> bool | None:
+    """Unlink ``name`` (a directory: rmdir). True: gone; None: a directory with entries;
+    False: it could not be removed (vanished counts as gone)."""
+    try:
+        os.unlink(name, dir_fd=root)
+        return True
+    except FileNotFoundError:
+        return True
+    except IsADirectoryError:
+        pass
+    except OSError as e:
+        if e.errno != errno.EPERM:  # Linux answers EISDIR; EPERM is what POSIX allows
+            return False
+    try:
+        os.rmdir(name, dir_fd=root)
+        return True
+    except FileNotFoundError:
+        return True
+    except OSError as e:
+        return None if e.errno in (errno.ENOTEMPTY, errno.EEXIST) else False
+
+
+def _hoist(root: int, name: str, flags: int, serials: Iterator[int]) -> int:
+    """Move the entries of directory ``name`` into the root, each under a new name; how
+    many moved."""
+    try:
+        directory = os.open(name, flags, dir_fd=root)
+    except OSError:
+        return 0
+    moved = 0
+    try:
+        for child in os.listdir(directory):
+            try:
+                target = f"{HOISTED}{next(serials)}"
+                os.rename(child, target, src_dir_fd=directory, dst_dir_fd=root)
+                moved += 1
+            except OSError:
+                continue
+    finally:
+        os.close(directory)
+    return moved
