@@ -17,7 +17,7 @@ import sys
 
 from mps import MpsError, MpsLayout
 from mps.mounts import MountError
-from nodemgr.config.loading import config_error_line, load_settings
+from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.errors import ConfigError, InventoryError
 from nodemgr.inventory import open_inventory
 from nodemgr.supervision.supervisor import start_card_daemon
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
         "mps-start", help="start a card's MPS control daemon as gpushare-node does (units)"
     )
-    parser.add_argument("--config", metavar="FILE")
+    parser.add_argument("--config", metavar="FILE", help=CONFIG_HELP)
     parser.add_argument("card", metavar="UUID", help="the card's UUID (nvidia-smi -L)")
     parser.set_defaults(run=run)
 

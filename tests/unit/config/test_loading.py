@@ -161,7 +161,12 @@ def test_public_names():
         "SimulatedSettings",
         "StatusSettings",
     }
-    assert set(loading.__all__) == {"config_error_line", "load_settings", "settings_from_mapping"}
+    assert set(loading.__all__) == {
+        "CONFIG_HELP",
+        "config_error_line",
+        "load_settings",
+        "settings_from_mapping",
+    }
     assert set(reload.__all__) == {"RELOADABLE_KEYS", "reload_settings"}
 
 
