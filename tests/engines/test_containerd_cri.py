@@ -11,16 +11,21 @@ one whole node path: the test kubelet in CRI mode admits a pod through the devic
 plugin, creates it through containerd's CRI, the hook registers it, and the
 watchdog kills its over-quota process. And the base spec changes nothing but the hooks:
 the same container under a second runtime without ``base_runtime_spec`` (containerd's CRI
-default spec) gets the same runtime spec and the same rlimits."""
+default spec) gets the same runtime spec and the same rlimits. And ``nodemgr doctor`` finds
+the config this containerd was started with from the running process."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
 
+from nodemgr.cli.doctor import runtime_hook
+from nodemgr.cli.doctor.host import Host
 from tests.engines.conftest import leftover_cgroups, new_uid
 from tests.harness import runc_env
 from tests.harness.cri import configs
@@ -182,3 +187,19 @@ def test_the_base_spec_changes_nothing_but_the_hooks(node, containerd, engines):
     assert hooked_limits == plain_limits
     for key in sorted(set(hooked) | set(plain)):
         assert hooked.get(key) == plain.get(key), key
+
+
+def test_doctor_reads_the_config_the_running_containerd_was_started_with(node, containerd):
+    """The private containerd runs with ``--config <its dir>/config.toml``, not
+    /etc/containerd/config.toml: doctor's runtime hook check finds that file from the running
+    process (its /proc/PID/cmdline), reads the base spec it names, sees the hooks calling this
+    node's socket, and says which file it checked."""
+    settings = SimpleNamespace(hook_socket=node.hook_socket)
+    result = runtime_hook.check_runtime_hook(settings, Host())
+    # Other containerds may run on this machine; this one's part of the answer is checked.
+    where = f"containerd ({containerd.config_path}, --config of pid {containerd.process.pid})"
+    launcher = os.path.join(node.install_root, "etc", "gpushare", "gpushare-hook")
+    assert f"{where}: {launcher} (createRuntime, poststop; socket {node.hook_socket})" in (
+        result.detail
+    ), result.detail
+    assert f"{where}:" not in result.detail.replace(f"{where}: {launcher} (", "")
