@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.workers import ThreadWorker
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
 from nodemgr.kubernetes.publish import (
     GPU_COUNT_RESOURCE,
@@ -151,6 +152,8 @@ class Publisher(ThreadWorker):
             self._allocator.cards,
             self._unit_mib,
             pods,
+            memory_resource=self._allocator.resource_names[ResourceKind.MEMORY],
+            core_resource=self._allocator.resource_names[ResourceKind.CORE],
             isolation=isolation_by_allocation(status),
             label_prefix=self._label_prefix,
         )

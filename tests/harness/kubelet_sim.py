@@ -704,13 +704,15 @@ class TestKubelet:
         pod: str,
         containers: list[ContainerSpec],
         order: list[str] | None = None,
+        after_allocate: Callable[[str, str], None] | None = None,
     ) -> AdmitResult:
         """Admit a pod like kubelet's device manager.
 
         Containers are handled in order; a container's resources in ``order``
         (resources it does not name come after, in dict order) or dict order.
         Allocations made before a failure stay recorded until ``remove_pod``,
-        as in kubelet.
+        as in kubelet. ``after_allocate(container, resource)`` is called after each
+        successful Allocate (a test's pause between a container's resources).
         """
         key = (namespace, pod)
         for spec in containers:
@@ -728,7 +730,10 @@ class TestKubelet:
                     admission = ContainerAdmission(name=spec.name)
                     admissions.append(admission)
                     for resource in self._resource_order(spec, order):
-                        self._admit_resource(key, spec, resource, admission)
+                        if self._admit_resource(key, spec, resource, admission) and (
+                            after_allocate is not None
+                        ):
+                            after_allocate(spec.name, resource)
             except _AdmissionFailed as exc:
                 return AdmitResult(ok=False, error=str(exc), containers=admissions)
             return AdmitResult(ok=True, error=None, containers=admissions)
@@ -747,11 +752,12 @@ class TestKubelet:
         spec: ContainerSpec,
         resource: str,
         admission: ContainerAdmission,
-    ) -> None:
-        """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate)."""
+    ) -> bool:
+        """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate);
+        whether Allocate was called."""
         count = spec.requests[resource]
         if count == 0:
-            return  # kubelet makes no call for a zero request
+            return False  # kubelet makes no call for a zero request
 
         with self._lock:
             plugin = self._plugins.get(resource)
@@ -836,6 +842,7 @@ class TestKubelet:
         for name, value in container_response.envs.items():
             admission.envs.setdefault(name, value)  # first value seen wins
         admission.mounts.extend(container_response.mounts)
+        return True
 
     def remove_pod(self, namespace: str, pod: str) -> None:
         """Drop the pod from kubelet's record, freeing its devices (no-op if unknown)."""

@@ -466,6 +466,29 @@ def test_envs_merge_first_value_wins_and_mounts_concatenate(kubelet, make_plugin
     assert admission.device_ids == {"example.com/a": ["a-1"], "example.com/b": ["b-1"]}
 
 
+def test_after_allocate_is_called_after_each_allocate(kubelet, make_plugin):
+    """``after_allocate(container, resource)`` runs after each Allocate answered, before the
+    next resource's calls: a test can look at the plugin between a container's resources.
+    None for a zero request (no Allocate)."""
+    plugins = {}
+    for name in ("a", "b"):
+        plugins[name] = make_plugin(n=2, socket=f"{name}.sock", prefix=name, tag=name)
+        plugins[name].register(kubelet.kubelet_socket, resource=f"example.com/{name}")
+        kubelet.wait_for_resource(f"example.com/{name}")
+    seen = []
+
+    def pause(container, resource):
+        seen.append(
+            (container, resource, plugins["a"].count("Allocate"), plugins["b"].count("Allocate"))
+        )
+
+    spec = ContainerSpec("c", {"example.com/a": 1, "example.com/b": 1, "example.com/z": 0})
+    result = kubelet.admit_pod("ns", "p", [spec], order=["example.com/b", "example.com/a"],
+                               after_allocate=pause)  # fmt: skip
+    assert result.ok, result.error
+    assert seen == [("c", "example.com/b", 0, 1), ("c", "example.com/a", 1, 1)]
+
+
 def test_insufficient_devices_fail_without_allocate(kubelet, make_plugin):
     plugin = make_plugin(n=2)
     plugin.register(kubelet.kubelet_socket)

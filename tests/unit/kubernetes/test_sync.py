@@ -58,6 +58,7 @@ def allocation(id_, pod_name, units=4, card="GPU-a"):
 class FakeAllocator:
     def __init__(self, allocations=()):
         self.cards = CARDS
+        self.resource_names = {ResourceKind.MEMORY: MEM, ResourceKind.CORE: CORE}
         self.changes = ChangeCounter()
         self.held = list(allocations)
 
