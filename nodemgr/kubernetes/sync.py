@@ -26,6 +26,7 @@ from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
+from nodemgr.errors import final_refusal
 from nodemgr.kubernetes.publish import (
     GPU_COUNT_RESOURCE,
     NODE_ANNOTATION,
@@ -176,7 +177,8 @@ class Publisher(ThreadWorker):
 
 
 def post_refusal(adapter, demand: Demand, message: str) -> None:
-    adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, message)
+    """A GPUShareRefused Event: the refusal, and that kubelet rejects the pod for good."""
+    adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, final_refusal(message))
 
 
 def post_violation(adapter, violation, card_label: str, action: str) -> None:

@@ -269,6 +269,7 @@ def test_a_refusal_becomes_a_pod_event(cluster):
     )
     assert event["involvedObject"]["name"] == "toobig"
     assert "8 GiB and 95%" in event["message"] and "default/toobig/main" in event["message"]
+    assert "never retries it" in event["message"] and "Deployment" in event["message"]
 
 
 def test_admissions_work_with_the_api_server_down_and_annotations_catch_up(cluster):
