@@ -76,6 +76,9 @@ class CandidatePods:
     def candidates(self) -> list[PodInfo]:
         return list(self._adapter.candidates())
 
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self._adapter.pod(namespace, name)
+
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
         """The adapter's index bucket itself: an immutable snapshot, no copy per Allocate."""
         return self._adapter.candidates_asking(resource, size)

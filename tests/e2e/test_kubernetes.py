@@ -7,10 +7,12 @@ annotations say so the way `kubectl inspect gpushare` reads them; the scheduler
 extender's card is honoured; a container asking 4 GiB + 40 % while one card has only
 30 % share left lands wholly on the other card, whichever resource kubelet allocates
 first; a pod gets no annotation while its container holds only the first of its two
-resources (either order); node labels (foreign ones untouched), gpu-count and the
-per-card annotation follow allocations and releases; a refusal becomes a pod Event; with
-the API server stopped for a minute admissions keep working and the annotations catch up
-when it returns; the pods are listed once, never on the Allocate path.
+resources (either order); a pod admitted right after another was deleted gets the room
+it left, before any reconcile, whichever resource comes first; node labels (foreign ones
+untouched), gpu-count and the per-card annotation follow allocations and releases; a
+refusal becomes a pod Event; with the API server stopped for a minute admissions keep
+working and the annotations catch up when it returns; the pods are listed once, never on
+the Allocate path.
 """
 
 from __future__ import annotations
@@ -212,6 +214,21 @@ def test_no_pod_annotation_from_half_a_containers_demand(cluster, order):
     isolation = json.loads(annotations[PREFIX + "isolation"])["main"]
     assert isolation["memory"] != "unlimited" and isolation["compute"] != "unlimited", isolation
     assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
+
+
+@pytest.mark.parametrize("order", [[CORE, MEMORY], [MEMORY, CORE]])
+def test_a_pod_admitted_right_after_another_left_gets_its_room(cluster, order):
+    """Both cards hold 12 GiB + 50 %. One pod is deleted and kubelet hands its devices to
+    the next pod at once, before gpushare-node reconciles: that pod, asking the same,
+    lands on the card it left, whichever resource kubelet allocates first (a refusal would
+    be final: kubelet never retries the pod)."""
+    for name in ("old-0", "old-1"):
+        assert cluster.admit(name, [("main", {MEMORY: 12, CORE: 50})]).ok
+    cluster.api.delete_pod("default", "old-0")
+    cluster.kubelet.remove_pod("default", "old-0")
+    result = cluster.admit("new", [("main", {MEMORY: 12, CORE: 50})], order=order)
+    assert result.ok, result.error
+    assert card_of(result, "main") == GPU0  # where old-0 was (binpack: the first card)
 
 
 def test_node_labels_count_and_card_annotation_follow_allocations_and_releases(cluster):
