@@ -35,6 +35,22 @@ class AllocationError(GpushareError):
     """A kubelet request that cannot be honoured; the message goes to kubelet."""
 
 
+# kubelet turns a failed GetPreferredAllocation or Allocate into UnexpectedAdmissionError:
+# the pod fails and kubelet never admits it again. Every such refusal ends with this
+# (``final_refusal``), so the pod's events say what happened to it and what to do.
+REFUSAL_IS_FINAL = (
+    "kubelet rejects the pod for good (UnexpectedAdmissionError) and never retries it: "
+    "create it again, or run it under a controller that does (a Deployment, a Job); with "
+    "the gpushare scheduler extender, pods are bound only where one GPU fits them"
+)
+
+
+def final_refusal(message: str) -> str:
+    """A refusal's message as kubelet passes it on for an admission call: with what it
+    means for the pod."""
+    return f"{message}. {REFUSAL_IS_FINAL}"
+
+
 class NoFitError(AllocationError):
     """No single card has room for the container's request."""
 

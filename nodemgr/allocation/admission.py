@@ -89,6 +89,10 @@ class PodSource(Protocol):
         """Pending pods asking for a shared resource; cheap, no I/O."""
         ...
 
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        """The cached pod of that name bound to this node (any phase); None if none."""
+        ...
+
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
         """Those of them some container of which requests exactly ``size`` of
         ``resource`` (podmatch.asked_sizes); an index lookup, no walk, no I/O."""

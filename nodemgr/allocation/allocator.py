@@ -55,7 +55,7 @@ from nodemgr.domain.deviceids import id_sort_key as _id_order
 from nodemgr.domain.envs import shared_envs, whole_envs
 from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
-from nodemgr.domain.podmatch import Demand
+from nodemgr.domain.podmatch import FINISHED_PHASES, Demand
 from nodemgr.domain.reconcile import DeviceKey, ReconcilePlan, plan_reconcile
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import Card
@@ -262,7 +262,7 @@ class Allocator:
                     self._release_refused(carried, message)
                 raise NoFitError(message)
         elif demand is not None:
-            card_uuid = self._place(kind, demand, free_here)
+            card_uuid = self._place(kind, demand, free_here, available)
         else:
             request = self._request(kind, size)
             card_uuid = choose_card(
@@ -292,10 +292,91 @@ class Allocator:
             return
         log.info("released allocation %s (%s): %s", carried.id, carried.owner, why)
 
-    def _place(self, kind: ResourceKind, demand: Demand, free_here: Counter) -> str:
-        """The card for a container's whole demand (memory and share together)."""
+    def _place(
+        self, kind: ResourceKind, demand: Demand, free_here: Counter, available: Sequence[str]
+    ) -> str:
+        """The card for a container's whole demand (memory and share together).
+
+        kubelet's free IDs are the truth for ``kind``; for the other resource the ledger
+        counts, and it may still hold pods kubelet has let go (it frees a gone pod's
+        devices at once, the ledger follows at the next reconcile), so:
+
+        - an allocation some of whose ``kind`` devices kubelet offers as free is gone
+          (kubelet frees all of a pod's devices together): its other resource is free too;
+        - when the demand then fits no card, an allocation whose pod the live pod cache
+          shows deleted, being deleted or finished does not count either. The chosen
+          card's other resource is checked against kubelet's own list at its request.
+
+        A refusal here is final for the pod (kubelet never retries it)."""
         loads = self._loads(kind, free_here)
-        return place_demand(demand, loads, self._policy, self._describe, self.node_name)
+        gone = self._gone_by_kubelet(kind, available)
+        if gone:
+            loads = self._without(loads, kind, gone)
+        try:
+            return place_demand(demand, loads, self._policy, self._describe, self.node_name)
+        except NoFitError as refused:
+            leaving = self._gone_by_pod_cache() - gone
+            if not leaving:
+                raise
+            try:
+                card_uuid = place_demand(
+                    demand,
+                    self._without(loads, kind, leaving),
+                    self._policy,
+                    self._describe,
+                    self.node_name,
+                )
+            except NoFitError:
+                raise refused from None
+            log.info(
+                "%s/%s/%s: placed on %s not counting %d allocation(s) of pods deleted or "
+                "finished (kubelet's list decides at the next request): %s",
+                demand.namespace, demand.pod, demand.container,
+                self._card_label(card_uuid), len(leaving), ", ".join(sorted(leaving)),
+            )  # fmt: skip
+            return card_uuid
+
+    def _gone_by_kubelet(self, kind: ResourceKind, available: Sequence[str]) -> set[str]:
+        """The allocations holding ``kind`` devices that kubelet offers as free."""
+        holders = self._usage.holders
+        return {holders[(kind, i)] for i in available if (kind, i) in holders}
+
+    def _gone_by_pod_cache(self) -> set[str]:
+        """The shared allocations whose pod the live pod cache shows deleted, being deleted
+        or finished (a walk of the allocations: only when a refusal is at hand)."""
+        if self._pods is None or not self._pods.live:
+            return set()
+        gone = set()
+        for allocation in self._allocations.values():
+            if allocation.owner is None or allocation.whole:
+                continue
+            pod = self._pods.pod(allocation.owner.namespace, allocation.owner.pod)
+            if pod is None or pod.deleting or pod.phase in FINISHED_PHASES:
+                gone.add(allocation.id)
+        return gone
+
+    def _without(
+        self, loads: Sequence[CardLoad], kind: ResourceKind, gone: set[str]
+    ) -> list[CardLoad]:
+        """``loads`` with the other resource (not ``kind``) of the allocations ``gone`` free."""
+        memory: Counter[str] = Counter()
+        core: Counter[str] = Counter()
+        for allocation_id in gone:
+            allocation = self._allocations.get(allocation_id)
+            if allocation is None or allocation.whole or not allocation.devices:
+                continue
+            memory[allocation.cards[0]] += allocation.memory_units
+            core[allocation.cards[0]] += allocation.core_percent
+        result = []
+        for load in loads:
+            if kind is ResourceKind.CORE:
+                memory_free = load.memory_units_free + memory[load.uuid]
+                load = replace(load, memory_units_free=min(memory_free, load.memory_units_total))
+            else:
+                core_free = load.core_percent_free + core[load.uuid]
+                load = replace(load, core_percent_free=min(core_free, CORE_DEVICES_PER_CARD))
+            result.append(load)
+        return result
 
     def allocate(self, kind: ResourceKind, device_ids: Sequence[str]) -> AllocateResult:
         """Record the container's devices durably, then give its env."""

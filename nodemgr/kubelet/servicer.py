@@ -3,8 +3,10 @@
 The servicer only translates: protobuf in, a call on the allocation state's
 narrow interface (:class:`~nodemgr.allocation.resources.ResourceManager`),
 protobuf out; our errors become gRPC status codes with the allocator's message, which
-kubelet shows in the pod's events. How long Allocate took is reported through a
-plain callback (``observe_allocate``); the servicer knows nothing of metrics.
+kubelet shows in the pod's events (for GetPreferredAllocation and Allocate followed by
+``REFUSAL_IS_FINAL``: kubelet fails the pod on those for good). How long Allocate took
+is reported through a plain callback (``observe_allocate``); the servicer knows nothing
+of metrics.
 
 The servers are ``grpc.aio`` servers on one event loop in one thread
 (:mod:`nodemgr.kubelet.pluginloop`): idle, that thread and gRPC's poller sleep
@@ -36,6 +38,7 @@ from nodemgr.errors import (
     GpushareError,
     NoFitError,
     UnknownDeviceError,
+    final_refusal,
 )
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
@@ -108,7 +111,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def GetPreferredAllocation(self, request, context):
         response = dp.PreferredAllocationResponse()
         for req in request.container_requests:
-            ids = self._call(
+            ids = self._call_admission(
                 context,
                 self._resources.preferred,
                 self._kind,
@@ -133,7 +136,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     def _allocate(self, request, context):
         response = dp.AllocateResponse()
         for req in request.container_requests:
-            result = self._call(
+            result = self._call_admission(
                 context, self._resources.allocate, self._kind, list(req.devices_ids)
             )
             container = response.container_responses.add(envs=result.envs)
@@ -157,17 +160,23 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         except Exception:  # a metrics bug must not turn an answer into an error
             log.exception("%s: observing Allocate failed", self._name)
 
-    def _call(self, context, method, *args):
+    def _call_admission(self, context, method, *args):
+        """``_call`` for GetPreferredAllocation and Allocate: kubelet fails the pod on any
+        error of theirs and never retries it, so the message says so (``final_refusal``)."""
+        return self._call(context, method, *args, admission=True)
+
+    def _call(self, context, method, *args, admission: bool = False):
         """Run an allocator call; our errors become a gRPC status kubelet shows the user."""
+        said = final_refusal if admission else str
         try:
             return method(*args)
         except GpushareError as e:
             code = next(code for cls, code in _STATUS if isinstance(e, cls))
             log.warning("%s: refused %s: %s", self._name, method.__name__, e)
-            context.abort(code, str(e))
+            context.abort(code, said(str(e)))
         except Exception as e:  # a bug must not kill the server thread silently
             log.exception("%s: %s failed", self._name, method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, f"gpushare-node internal error: {e!r}")
+            context.abort(grpc.StatusCode.INTERNAL, said(f"gpushare-node internal error: {e!r}"))
 
 
 class _DeviceWatch:

@@ -16,6 +16,14 @@ pod with several containers ``scheduler.framework.gpushare.allocation``
 where each container went. gpushare-node adds ``<label_prefix>isolation``: per
 container, what the node really enforces (nodemgr.domain.isolation), as
 ``{"<container>": {"memory": "<level>", "compute": "<level>"}}``.
+
+A pod's annotations are written only from its containers' whole demand: kubelet
+allocates a container's memory and share one after the other (in either order),
+and between the two its allocation holds half of what the container asks. So a
+pod is published once each of its containers asking for shared resources holds
+exactly what its spec asks (from the pod cache); until then, and while the pod
+is not in the cache, it gets nothing (a level "unlimited", or a pod total of 0,
+written from half a demand would stand until the next publish).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from nodemgr.domain.podmatch import (
     DEV_ANNOTATION,
     IDX_ANNOTATION,
     POD_ANNOTATION,
+    ContainerRequest,
     PodInfo,
 )
 from nodemgr.domain.statusdoc import CardFacts
@@ -53,10 +62,14 @@ def pod_annotations(
     memory_unit_mib: int,
     pods: Mapping[PodKey, PodInfo],
     *,
+    memory_resource: str,
+    core_resource: str,
     isolation: Mapping[str, Mapping[str, Any]] | None = None,
     label_prefix: str = "",
 ) -> dict[PodKey, dict[str, str]]:
-    """The gpushare annotations of every pod holding shared GPU resources here.
+    """The gpushare annotations of every pod holding shared GPU resources here whose
+    containers hold their whole demand (``pods``: the pod cache; the resource names say
+    which requests are the demand).
 
     ``isolation`` (allocation ID -> its isolation, ``isolation_by_allocation``)
     adds ``<label_prefix>isolation`` for the containers whose isolation is known."""
@@ -67,9 +80,14 @@ def pod_annotations(
         if allocation.owner is not None and not allocation.whole and allocation.cards:
             per_pod[(allocation.owner.namespace, allocation.owner.pod)].append(allocation)
     result = {}
-    for key, held in per_pod.items():
+    for key, all_held in per_pod.items():
         pod = pods.get(key)
-        order = {c.name: i for i, c in enumerate(pod.containers)} if pod else {}
+        if pod is None:
+            continue  # its demand is not known: nothing can be told whole from half
+        held = _whole_demands(pod, all_held, memory_resource, core_resource)
+        if not held:
+            continue
+        order = {c.name: i for i, c in enumerate(pod.containers)}
         held.sort(key=lambda a: (order.get(_owner(a).container, len(order)), _owner(a).container))
         first_card = held[0].cards[0]
         annotations = {
@@ -79,7 +97,7 @@ def pod_annotations(
             ASSIGNED_ANNOTATION: "true",
             ASSUME_TIME_ANNOTATION: str(int(min(a.created_at for a in held) * 1e9)),
         }
-        if pod is not None and len(pod.containers) > 1:
+        if len(pod.containers) > 1:
             per_container = {
                 str(order[_owner(a).container]): {str(index_of[a.cards[0]]): a.memory_units}
                 for a in held
@@ -91,6 +109,35 @@ def pod_annotations(
             annotations[label_prefix + ISOLATION_ANNOTATION] = levels
         result[key] = annotations
     return result
+
+
+def _whole_demands(
+    pod: PodInfo, held: Sequence[Allocation], memory_resource: str, core_resource: str
+) -> list[Allocation]:
+    """The allocations of ``pod`` that hold exactly their container's demand; [] while a
+    container of the pod that asks for shared resources does not hold its whole demand yet.
+
+    An init container is not waited for (kubelet may hand its devices on to the pod's
+    containers), but its allocation counts only when it is whole too."""
+
+    def demand(container: ContainerRequest) -> tuple[int, int]:
+        return (
+            container.requests.get(memory_resource, 0),
+            container.requests.get(core_resource, 0),
+        )
+
+    wanted = {c.name: demand(c) for c in (*pod.init_containers, *pod.containers)}
+    whole = [
+        a
+        for a in held
+        if wanted.get(_owner(a).container, (0, 0)) == (a.memory_units, a.core_percent)
+        and (a.memory_units or a.core_percent)
+    ]
+    holding = {_owner(a).container for a in whole}
+    for container in pod.containers:
+        if any(demand(container)) and container.name not in holding:
+            return []  # admitted half-way: published once the whole pod is
+    return whole
 
 
 def isolation_by_allocation(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:

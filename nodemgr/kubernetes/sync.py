@@ -24,7 +24,9 @@ from collections.abc import Callable
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.common.workers import ThreadWorker
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.podmatch import Demand, PodInfo, is_candidate_pod
+from nodemgr.errors import final_refusal
 from nodemgr.kubernetes.publish import (
     GPU_COUNT_RESOURCE,
     NODE_ANNOTATION,
@@ -73,6 +75,9 @@ class CandidatePods:
 
     def candidates(self) -> list[PodInfo]:
         return list(self._adapter.candidates())
+
+    def pod(self, namespace: str, name: str) -> PodInfo | None:
+        return self._adapter.pod(namespace, name)
 
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
         """The adapter's index bucket itself: an immutable snapshot, no copy per Allocate."""
@@ -151,6 +156,8 @@ class Publisher(ThreadWorker):
             self._allocator.cards,
             self._unit_mib,
             pods,
+            memory_resource=self._allocator.resource_names[ResourceKind.MEMORY],
+            core_resource=self._allocator.resource_names[ResourceKind.CORE],
             isolation=isolation_by_allocation(status),
             label_prefix=self._label_prefix,
         )
@@ -173,7 +180,8 @@ class Publisher(ThreadWorker):
 
 
 def post_refusal(adapter, demand: Demand, message: str) -> None:
-    adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, message)
+    """A GPUShareRefused Event: the refusal, and that kubelet rejects the pod for good."""
+    adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, final_refusal(message))
 
 
 def post_violation(adapter, violation, card_label: str, action: str) -> None:

@@ -94,6 +94,10 @@ def test_16_gib_is_refused_clearly_and_changes_nothing(node):
     assert not result.ok
     assert "no single GPU on node-a has 16 GiB free" in result.error
     assert "GPU0 (Tesla T4) has 15 GiB/100% free" in result.error
+    # ... and what it means for the pod, which kubelet never admits again.
+    assert "kubelet rejects the pod for good (UnexpectedAdmissionError) and never retries" in (
+        result.error
+    )
     assert node.allocations() == []
     # A change that does move a device list: GPU0's whole-card device turns Unhealthy
     # once a shared pod lands there. The lists kubelet holds when that arrives include

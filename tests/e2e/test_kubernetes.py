@@ -6,10 +6,13 @@ Pins: each container of a multi-container pod lands on a card that fits it, and 
 annotations say so the way `kubectl inspect gpushare` reads them; the scheduler
 extender's card is honoured; a container asking 4 GiB + 40 % while one card has only
 30 % share left lands wholly on the other card, whichever resource kubelet allocates
-first; node labels (foreign ones untouched), gpu-count and the per-card annotation
-follow allocations and releases; a refusal becomes a pod Event; with the API server
-stopped for a minute admissions keep working and the annotations catch up when it
-returns; the pods are listed once, never on the Allocate path.
+first; a pod gets no annotation while its container holds only the first of its two
+resources (either order); a pod admitted right after another was deleted gets the room
+it left, before any reconcile, whichever resource comes first; node labels (foreign ones
+untouched), gpu-count and the per-card annotation follow allocations and releases; a
+refusal becomes a pod Event; with the API server stopped for a minute admissions keep
+working and the annotations catch up when it returns; the pods are listed once, never on
+the Allocate path.
 """
 
 from __future__ import annotations
@@ -56,11 +59,17 @@ class Cluster:
             annotations=annotations,
         )
 
-    def admit(self, name, containers, order=None, annotations=None, create=True):
+    def admit(
+        self, name, containers, order=None, annotations=None, create=True, after_allocate=None
+    ):
         if create:
             self.create(name, containers, annotations)
         result = self.kubelet.admit_pod(
-            "default", name, [ContainerSpec(n, r) for n, r in containers], order=order
+            "default",
+            name,
+            [ContainerSpec(n, r) for n, r in containers],
+            order=order,
+            after_allocate=after_allocate,
         )
         if result.ok:
             for container, _ in containers:
@@ -169,6 +178,59 @@ def test_memory_and_share_land_wholly_on_the_card_that_fits_both(cluster, order)
     assert cluster.wait_annotations("job")["ALIYUN_COM_GPU_MEM_IDX"] == "1"
 
 
+def node_gpus(api):
+    """The cards of the node annotation gpushare-node publishes (None before the first)."""
+    text = api.node("node-a")["metadata"].get("annotations", {}).get(PREFIX + "gpus")
+    return json.loads(text)["gpus"] if text else None
+
+
+@pytest.mark.parametrize("order", [[CORE, MEMORY], [MEMORY, CORE]])
+def test_no_pod_annotation_from_half_a_containers_demand(cluster, order):
+    """kubelet allocates a container's memory and share one after the other, in either
+    order. Held between the two until a publish has shown the first in the node annotation,
+    the pod still has no gpushare annotation (no isolation "unlimited" for the half not yet
+    allocated, no pod total of 0); after the second, its isolation says what the whole
+    demand gets."""
+    published_half = []
+
+    def pause(container, resource):
+        if resource != order[0]:
+            return
+        cluster.node.wait_for(
+            lambda: any(card["allocations"] for card in node_gpus(cluster.api) or []),
+            what="a publish of the first resource's allocation",
+        )
+        published_half.append(dict(cluster.annotations("job")))
+
+    result = cluster.admit("job", [("main", {MEMORY: 4, CORE: 30})], order=order,
+                           after_allocate=pause)  # fmt: skip
+    assert result.ok, result.error
+    assert [{k: v for k, v in a.items() if "GPU_MEM" in k or "isolation" in k}
+            for a in published_half] == [{}]  # fmt: skip
+    annotations = cluster.node.wait_for(
+        lambda: cluster.annotations("job").get(PREFIX + "isolation") and cluster.annotations("job"),
+        what="the isolation annotation",
+    )
+    isolation = json.loads(annotations[PREFIX + "isolation"])["main"]
+    assert isolation["memory"] != "unlimited" and isolation["compute"] != "unlimited", isolation
+    assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "4"
+
+
+@pytest.mark.parametrize("order", [[CORE, MEMORY], [MEMORY, CORE]])
+def test_a_pod_admitted_right_after_another_left_gets_its_room(cluster, order):
+    """Both cards hold 12 GiB + 50 %. One pod is deleted and kubelet hands its devices to
+    the next pod at once, before gpushare-node reconciles: that pod, asking the same,
+    lands on the card it left, whichever resource kubelet allocates first (a refusal would
+    be final: kubelet never retries the pod)."""
+    for name in ("old-0", "old-1"):
+        assert cluster.admit(name, [("main", {MEMORY: 12, CORE: 50})]).ok
+    cluster.api.delete_pod("default", "old-0")
+    cluster.kubelet.remove_pod("default", "old-0")
+    result = cluster.admit("new", [("main", {MEMORY: 12, CORE: 50})], order=order)
+    assert result.ok, result.error
+    assert card_of(result, "main") == GPU0  # where old-0 was (binpack: the first card)
+
+
 def test_node_labels_count_and_card_annotation_follow_allocations_and_releases(cluster):
     api = cluster.api
 
@@ -224,6 +286,7 @@ def test_a_refusal_becomes_a_pod_event(cluster):
     )
     assert event["involvedObject"]["name"] == "toobig"
     assert "8 GiB and 95%" in event["message"] and "default/toobig/main" in event["message"]
+    assert "never retries it" in event["message"] and "Deployment" in event["message"]
 
 
 def test_admissions_work_with_the_api_server_down_and_annotations_catch_up(cluster):

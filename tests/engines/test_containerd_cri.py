@@ -9,18 +9,27 @@ reusing that env is refused with the hook's message; a GPU container without
 allocation is refused; removing the pod unregisters its container (poststop). And
 one whole node path: the test kubelet in CRI mode admits a pod through the device
 plugin, creates it through containerd's CRI, the hook registers it, and the
-watchdog kills its over-quota process."""
+watchdog kills its over-quota process. And the base spec changes nothing but the hooks:
+the same container under a second runtime without ``base_runtime_spec`` (containerd's CRI
+default spec) gets the same runtime spec and the same rlimits. And ``nodemgr doctor`` finds
+the config this containerd was started with from the running process."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
+from types import SimpleNamespace
 
 import grpc
 import pytest
 
+from nodemgr.cli.doctor import runtime_hook
+from nodemgr.cli.doctor.host import Host
 from tests.engines.conftest import leftover_cgroups, new_uid
 from tests.harness import runc_env
 from tests.harness.cri import configs
+from tests.harness.cri import containerd as containerd_harness
 from tests.harness.cri.api import runtime_v1_pb2 as cri
 from tests.harness.daemon_proc import CORE, GPU0, MEMORY
 from tests.harness.kubelet_sim import ContainerSpec
@@ -131,3 +140,66 @@ def test_the_whole_node_path_kubelet_device_plugin_cri_hook_watchdog(node, conta
     node.node.wait_for(lambda: not node.registered(), timeout=5, what="unregistration")
     assert containerd.sandboxes() == []
     assert leftover_cgroups(pod.uid) == []
+
+
+def run_plain_container(containerd, engines, pod: str, runtime_handler: str):
+    """A running busybox container in a new sandbox of ``runtime_handler``: (its runtime
+    spec with this sandbox's and container's own IDs, pod name, UID and PIDs replaced by
+    placeholders, its /proc/PID/limits)."""
+    uid = new_uid()
+    sandbox = configs.sandbox_config("default", pod, uid, containerd.log_root)
+    sandbox_id = containerd.run_pod_sandbox(sandbox, runtime_handler=runtime_handler)
+    config = configs.container_config(sandbox, "main", engines.busybox_image, ["sleep", "1000"])
+    container_id = containerd.create_container(sandbox_id, sandbox, config)
+    containerd.start_container(container_id)
+    pid = containerd.pid(container_id)
+    sandbox_pid = json.loads(
+        containerd.runtime.PodSandboxStatus(
+            cri.PodSandboxStatusRequest(pod_sandbox_id=sandbox_id, verbose=True), timeout=60
+        ).info["info"]
+    )["pid"]
+    text = json.dumps(containerd.container_status(container_id)[1]["runtimeSpec"])
+    for value, placeholder in (
+        (sandbox_id, "SANDBOX"),
+        (container_id, "CONTAINER"),
+        (uid, "UID"),
+        (pod, "POD"),
+        (f"/proc/{sandbox_pid}/", "/proc/SANDBOX_PID/"),
+    ):
+        text = text.replace(value, placeholder)
+    with open(f"/proc/{pid}/limits") as f:
+        limits = f.read()
+    return json.loads(text), limits
+
+
+def test_the_base_spec_changes_nothing_but_the_hooks(node, containerd, engines):
+    """A container of the runtime with gpushare's base spec gets exactly what the same
+    container gets from containerd's CRI default spec (the runtime without a base spec): the
+    same rlimits, capabilities, mounts, masked and read-only paths, namespaces, devices ...,
+    field by field, and the same /proc/PID/limits (open files included); only the hooks
+    differ."""
+    hooked, hooked_limits = run_plain_container(containerd, engines, "spec-base", "")
+    plain, plain_limits = run_plain_container(
+        containerd, engines, "spec-plain", containerd_harness.PLAIN_RUNTIME
+    )
+    assert hooked.pop("hooks")["createRuntime"][0]["args"][2] == node.hook_socket
+    assert "hooks" not in plain
+    assert hooked_limits == plain_limits
+    for key in sorted(set(hooked) | set(plain)):
+        assert hooked.get(key) == plain.get(key), key
+
+
+def test_doctor_reads_the_config_the_running_containerd_was_started_with(node, containerd):
+    """The private containerd runs with ``--config <its dir>/config.toml``, not
+    /etc/containerd/config.toml: doctor's runtime hook check finds that file from the running
+    process (its /proc/PID/cmdline), reads the base spec it names, sees the hooks calling this
+    node's socket, and says which file it checked."""
+    settings = SimpleNamespace(hook_socket=node.hook_socket)
+    result = runtime_hook.check_runtime_hook(settings, Host())
+    # Other containerds may run on this machine; this one's part of the answer is checked.
+    where = f"containerd ({containerd.config_path}, --config of pid {containerd.process.pid})"
+    launcher = os.path.join(node.install_root, "etc", "gpushare", "gpushare-hook")
+    assert f"{where}: {launcher} (createRuntime, poststop; socket {node.hook_socket})" in (
+        result.detail
+    ), result.detail
+    assert f"{where}:" not in result.detail.replace(f"{where}: {launcher} (", "")

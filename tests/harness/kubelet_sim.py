@@ -15,10 +15,31 @@ behaviour a device plugin can observe, as described in
 * Pods are admitted one at a time. For each container and each requested
   resource: check there are enough healthy free devices, ask the plugin for its
   preferred allocation (if it offers one), call ``Allocate`` with exactly one
-  container request, and record the devices as kubelet does.
+  container request, and record the devices as kubelet does. A container's
+  resources come in a random order, drawn per container (kubelet ranges over
+  the container's resource map, and Go randomises map order); ``seed`` (or
+  ``GPUSHARE_KUBELET_SEED``) makes it repeatable, and every admission logs it.
+  The responses of a container's resources are merged in another random order,
+  the first value of an env name (and the first mount of a container path)
+  winning, as kubelet's "Skip existing env".
+* An error of GetPreferredAllocation or Allocate (or too few devices) fails
+  the pod for good: ``UnexpectedAdmissionError``, the message kubelet writes
+  ("Allocate failed due to ..., which is unexpected"); the pod is never admitted
+  again, and its devices, those allocated before the error included, are free
+  for the next pod at once (kubelet frees the devices of pods no longer active
+  before every allocation and every PodResources List). The pod stays listed,
+  without devices, until ``remove_pod``. Likewise a removed pod's devices go to
+  the next admission at once, whatever the plugin's own state.
+* ``start_container`` calls PreStartContainer once per resource of the
+  container (random order), at every start; ``restart_container`` is a restart:
+  PreStartContainer again, no Allocate (kubelet reuses its checkpointed answer).
 * ``restart()`` deletes every file in the device plugin directory except
   kubelet's checkpoint, forgets the plugins and recreates ``kubelet.sock``;
   allocations survive, as kubelet restores them from its checkpoint.
+* The node's capacity and allocatable (``node_status``) are what the last node
+  status update published: one at start and then every ``status_update_seconds``
+  (kubelet's nodeStatusUpdateFrequency, 10 s). After a restart every resource
+  has capacity 0 until its plugin registered again AND the next update ran.
 * The PodResources server answers from this kubelet's own record of who holds
   which device, with one ``ContainerDevices`` entry per device (and NUMA node),
   like kubelet: clients have to merge entries of the same resource.
@@ -50,6 +71,7 @@ protocol's state.
 import dataclasses
 import logging
 import os
+import random
 import re
 import threading
 import time
@@ -86,6 +108,31 @@ PRE_START_TIMEOUT_S = 30.0
 CRI_TIMEOUT_S = 120.0
 # How long stop() waits for one ListAndWatch thread after closing its channel.
 THREAD_JOIN_TIMEOUT_S = 5.0
+# kubelet's default nodeStatusUpdateFrequency: how often it publishes capacity.
+NODE_STATUS_UPDATE_S = 10.0
+# Sets the random seed of every TestKubelet built without one (to repeat a run).
+SEED_ENV = "GPUSHARE_KUBELET_SEED"
+# The reason kubelet gives a pod whose device allocation failed at admission.
+UNEXPECTED_ADMISSION_ERROR = "UnexpectedAdmissionError"
+# grpc-go's names of the status codes (its "rpc error: code = <name> desc = ..." text).
+_GO_CODE_NAMES = {
+    grpc.StatusCode.CANCELLED: "Canceled",
+    grpc.StatusCode.UNKNOWN: "Unknown",
+    grpc.StatusCode.INVALID_ARGUMENT: "InvalidArgument",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "DeadlineExceeded",
+    grpc.StatusCode.NOT_FOUND: "NotFound",
+    grpc.StatusCode.ALREADY_EXISTS: "AlreadyExists",
+    grpc.StatusCode.PERMISSION_DENIED: "PermissionDenied",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "ResourceExhausted",
+    grpc.StatusCode.FAILED_PRECONDITION: "FailedPrecondition",
+    grpc.StatusCode.ABORTED: "Aborted",
+    grpc.StatusCode.OUT_OF_RANGE: "OutOfRange",
+    grpc.StatusCode.UNIMPLEMENTED: "Unimplemented",
+    grpc.StatusCode.INTERNAL: "Internal",
+    grpc.StatusCode.UNAVAILABLE: "Unavailable",
+    grpc.StatusCode.DATA_LOSS: "DataLoss",
+    grpc.StatusCode.UNAUTHENTICATED: "Unauthenticated",
+}
 # Every thread this module starts (ListAndWatch readers, gRPC handler pools)
 # has a name with this prefix, so that tests can check none of them leaks.
 THREAD_PREFIX = "kubelet-sim"
@@ -146,11 +193,13 @@ class ContainerSpec:
 class ContainerAdmission:
     """What admission did for one container.
 
-    ``responses``, ``device_ids`` and ``preferred`` are per resource;
-    ``preferred`` holds the plugin's raw answer to GetPreferredAllocation (only
-    for resources whose plugin offers it). ``envs`` merges the envs of all the
-    responses like kubelet (the first value seen for a name wins) and ``mounts``
-    concatenates their mounts (``dp.Mount`` messages).
+    ``responses``, ``device_ids`` and ``preferred`` are per resource, in the
+    order kubelet called the plugins; ``preferred`` holds the plugin's raw answer
+    to GetPreferredAllocation (only for resources whose plugin offers it).
+    ``envs`` merges the envs of all the responses like kubelet, in the random
+    order ``merge_order`` says (the first value seen for a name wins), and
+    ``mounts`` their mounts (``dp.Mount`` messages; the first one of a container
+    path wins).
     """
 
     name: str
@@ -159,6 +208,7 @@ class ContainerAdmission:
     preferred: dict[str, list[str]] = field(default_factory=dict)
     envs: dict[str, str] = field(default_factory=dict)
     mounts: list = field(default_factory=list)
+    merge_order: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -166,12 +216,14 @@ class AdmitResult:
     """The outcome of ``admit_pod``.
 
     On failure ``containers`` holds the containers handled so far; the last one
-    is the container that failed, with the resources that did succeed.
+    is the container that failed, with the resources that did succeed; ``error``
+    is kubelet's message and ``reason`` its reason (``UnexpectedAdmissionError``).
     """
 
     ok: bool
     error: str | None
     containers: list[ContainerAdmission]
+    reason: str | None = None
 
 
 @dataclass
@@ -223,7 +275,14 @@ class PluginError(Exception):
 
 
 class _AdmissionFailed(Exception):
-    """Internal: stops admission of a pod with kubelet's error message."""
+    """Internal: stops admission of a pod with the device manager's error (kubelet wraps
+    it into the pod's UnexpectedAdmissionError message)."""
+
+
+def go_rpc_error(error: PluginError) -> str:
+    """A failed plugin call as grpc-go prints it in kubelet's messages."""
+    name = _GO_CODE_NAMES.get(error.code, error.code.name)
+    return f"rpc error: code = {name} desc = {error.details}"
 
 
 @dataclass
@@ -334,16 +393,31 @@ class TestKubelet:
     """A kubelet stand-in: device plugin registration, pod admission, PodResources.
 
     ``start()`` serves Registration on ``<device_plugin_dir>/kubelet.sock`` and
-    PodResourcesLister on ``pod_resources_socket``; ``stop()`` tears both down
-    and joins every thread it started.
+    PodResourcesLister on ``pod_resources_socket`` and starts the node status
+    updates; ``stop()`` tears all down and joins every thread it started.
+    ``seed`` draws the random orders (default: ``GPUSHARE_KUBELET_SEED``, else a
+    fresh one, in ``self.seed``); ``status_update_seconds`` None: node status
+    updates only at start and by ``update_node_status()``.
     """
 
     __test__ = False  # not a pytest test class, despite its name
 
-    def __init__(self, device_plugin_dir: str, pod_resources_socket: str):
+    def __init__(
+        self,
+        device_plugin_dir: str,
+        pod_resources_socket: str,
+        *,
+        seed: int | None = None,
+        status_update_seconds: float | None = NODE_STATUS_UPDATE_S,
+    ):
         self.device_plugin_dir = os.path.abspath(device_plugin_dir)
         self.pod_resources_socket = os.path.abspath(pod_resources_socket)
         self.kubelet_socket = os.path.join(self.device_plugin_dir, KUBELET_SOCKET)
+        if seed is None:
+            seed = int(os.environ.get(SEED_ENV) or random.SystemRandom().getrandbits(32))
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._status_update_seconds = status_update_seconds
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
@@ -362,6 +436,18 @@ class TestKubelet:
         self._devices: dict[str, list[Device]] = {}
         self._registrations: list[RegisterRecord] = []
         self._pods: dict[tuple[str, str], _PodRecord] = {}
+        # Pods whose admission failed: (namespace, pod) -> kubelet's message. Never
+        # admitted again; listed without devices until removed.
+        self._rejected: dict[tuple[str, str], str] = {}
+        # Every resource a plugin ever registered (kubelet's checkpoint keeps their names):
+        # after a restart they have capacity 0 until registered and the next status update.
+        self._known_resources: set[str] = set()
+        # What the last node status update published: resource -> (capacity, allocatable).
+        self._node_status: dict[str, tuple[int, int]] = {}
+        self._status_stop = threading.Event()
+        self._status_thread: threading.Thread | None = None
+        # Containers started at least once: (namespace, pod, container).
+        self._started: set[tuple[str, str, str]] = set()
         self._pod_resources_up = True
         self._dialing: set[grpc.Channel] = set()  # channels of Register calls in progress
         self._threads: list[threading.Thread] = []  # ListAndWatch readers
@@ -408,6 +494,16 @@ class TestKubelet:
                 raise
             with self._lock:
                 self._running = True
+            self.update_node_status()  # kubelet's first status update at start
+            if self._status_update_seconds is not None:
+                self._status_stop = threading.Event()
+                self._status_thread = threading.Thread(
+                    target=self._update_node_status_every,
+                    args=(self._status_stop, self._status_update_seconds),
+                    name=f"{THREAD_PREFIX}-node-status",
+                    daemon=True,
+                )
+                self._status_thread.start()
 
     def stop(self) -> None:
         """Stop both servers, close plugin channels and streams, remove the sockets.
@@ -430,6 +526,10 @@ class TestKubelet:
                 threads = list(self._threads)
                 self._cond.notify_all()
 
+            self._status_stop.set()
+            if self._status_thread is not None:
+                self._status_thread.join(THREAD_JOIN_TIMEOUT_S)
+                self._status_thread = None
             # Abort dials of Register calls in progress, so their handlers return now.
             for channel in dialing:
                 channel.close()
@@ -571,6 +671,7 @@ class TestKubelet:
                     # must not mark the new plugin's devices unhealthy.
                     old.stopped = True
                 self._plugins[resource] = plugin
+                self._known_resources.add(resource)
                 plugin.thread = threading.Thread(
                     target=self._watch,
                     args=(plugin,),
@@ -695,6 +796,29 @@ class TestKubelet:
                     )
                 self._cond.wait(left)
 
+    def update_node_status(self) -> dict[str, tuple[int, int]]:
+        """Publish the node's capacity and allocatable now, as kubelet's node status update
+        does (its device manager's GetCapacity): per resource a plugin ever registered, all
+        its listed devices and the healthy ones. A resource not listed since the last
+        restart counts 0: kubelet starts with empty device sets and fills them only from
+        the re-registered plugin's list. Returns what it published."""
+        with self._lock:
+            status = {}
+            for resource in sorted(self._known_resources):
+                devices = self._devices.get(resource, [])
+                status[resource] = (len(devices), sum(1 for d in devices if d.healthy))
+            self._node_status = status
+            return dict(status)
+
+    def node_status(self) -> dict[str, tuple[int, int]]:
+        """resource -> (capacity, allocatable) as the last node status update published."""
+        with self._lock:
+            return dict(self._node_status)
+
+    def _update_node_status_every(self, stop: threading.Event, seconds: float) -> None:
+        while not stop.wait(seconds):
+            self.update_node_status()
+
     def allocated(self) -> dict[tuple[str, str, str], dict[str, list[str]]]:
         """kubelet's record: (namespace, pod, container) -> resource -> device IDs.
 
@@ -716,13 +840,17 @@ class TestKubelet:
         pod: str,
         containers: list[ContainerSpec],
         order: list[str] | None = None,
+        after_allocate: Callable[[str, str], None] | None = None,
     ) -> AdmitResult:
         """Admit a pod like kubelet's device manager.
 
         Containers are handled in order; a container's resources in ``order``
-        (resources it does not name come after, in dict order) or dict order.
-        Allocations made before a failure stay recorded until ``remove_pod``,
-        as in kubelet.
+        (resources it does not name come after, in the container's order) or, without
+        it, in a random order drawn per container. A failure rejects the pod for good
+        (``UnexpectedAdmissionError``, see the module docstring): its devices are free
+        at once, it is listed without devices until ``remove_pod``, and admitting it
+        again raises ValueError. ``after_allocate(container, resource)`` is called
+        after each successful Allocate (a test's pause between a container's resources).
         """
         key = (namespace, pod)
         for spec in containers:
@@ -731,27 +859,57 @@ class TestKubelet:
                     raise ValueError(f"negative request for {resource} in container {spec.name}")
         with self._admit_lock:
             with self._lock:
+                if key in self._rejected:
+                    raise ValueError(
+                        f"pod {namespace}/{pod} was rejected ({UNEXPECTED_ADMISSION_ERROR}): "
+                        "kubelet never admits it again; remove_pod it (the pod deleted) first"
+                    )
                 if key in self._pods:
                     raise ValueError(f"pod {namespace}/{pod} already admitted; remove it first")
                 self._pods[key] = {c.name: {} for c in containers}
+            log.info("test kubelet (seed %d) admits pod %s/%s", self.seed, namespace, pod)
             admissions: list[ContainerAdmission] = []
             try:
                 for spec in containers:
                     admission = ContainerAdmission(name=spec.name)
                     admissions.append(admission)
                     for resource in self._resource_order(spec, order):
-                        self._admit_resource(key, spec, resource, admission)
+                        if self._admit_resource(key, spec, resource, admission) and (
+                            after_allocate is not None
+                        ):
+                            after_allocate(spec.name, resource)
             except _AdmissionFailed as exc:
-                return AdmitResult(ok=False, error=str(exc), containers=admissions)
+                message = f"Allocate failed due to {exc}, which is unexpected"
+                with self._cond:
+                    if key in self._pods:  # unless removed meanwhile
+                        # Not active any more: kubelet frees its devices before the next
+                        # allocation or PodResources List, and lists it without them.
+                        self._pods[key] = {c.name: {} for c in containers}
+                        self._rejected[key] = message
+                    self._cond.notify_all()
+                log.info("test kubelet rejected pod %s/%s: %s", namespace, pod, message)
+                return AdmitResult(
+                    ok=False,
+                    error=message,
+                    containers=admissions,
+                    reason=UNEXPECTED_ADMISSION_ERROR,
+                )
             return AdmitResult(ok=True, error=None, containers=admissions)
 
-    @staticmethod
-    def _resource_order(spec: ContainerSpec, order: list[str] | None) -> list[str]:
+    def rejection(self, namespace: str, pod: str) -> str | None:
+        """kubelet's message if it rejected the pod at admission, else None."""
+        with self._lock:
+            return self._rejected.get((namespace, pod))
+
+    def _resource_order(self, spec: ContainerSpec, order: list[str] | None) -> list[str]:
+        resources = list(spec.requests)
         if order is None:
-            return list(spec.requests)
+            with self._lock:
+                self._rng.shuffle(resources)  # a Go map's order: any, each time
+            return resources
         rank = {name: i for i, name in enumerate(order)}
-        # sorted() is stable: resources not in `order` keep their dict order, last.
-        return sorted(spec.requests, key=lambda r: rank.get(r, len(rank)))
+        # sorted() is stable: resources not in `order` keep their order, last.
+        return sorted(resources, key=lambda r: rank.get(r, len(rank)))
 
     def _admit_resource(
         self,
@@ -759,11 +917,12 @@ class TestKubelet:
         spec: ContainerSpec,
         resource: str,
         admission: ContainerAdmission,
-    ) -> None:
-        """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate)."""
+    ) -> bool:
+        """Allocate one resource to one container (kubelet's devicesToAllocate + Allocate);
+        whether Allocate was called."""
         count = spec.requests[resource]
         if count == 0:
-            return  # kubelet makes no call for a zero request
+            return False  # kubelet makes no call for a zero request
 
         with self._lock:
             plugin = self._plugins.get(resource)
@@ -788,9 +947,7 @@ class TestKubelet:
                 f"Requested: {count}, Available: {len(available)}"
             )
         if stopped:
-            raise _AdmissionFailed(
-                f"{resource}: endpoint {plugin.endpoint} of the device plugin has been stopped"
-            )
+            raise _AdmissionFailed(f"endpoint {plugin.endpoint} has been stopped")
 
         chosen: list[str] = []
         if plugin.options.get_preferred_allocation_available:
@@ -806,7 +963,9 @@ class TestKubelet:
             try:
                 response = _call(plugin.stub.GetPreferredAllocation, request)
             except PluginError as exc:
-                raise _AdmissionFailed(f"{resource}: {exc.details}") from exc
+                raise _AdmissionFailed(
+                    f"device plugin GetPreferredAllocation rpc failed with err: {go_rpc_error(exc)}"
+                ) from exc
             preferred = (
                 list(response.container_responses[0].deviceIDs)
                 if response.container_responses
@@ -831,9 +990,9 @@ class TestKubelet:
         try:
             response = _call(plugin.stub.Allocate, request)
         except PluginError as exc:
-            raise _AdmissionFailed(f"{resource}: {exc.details}") from exc
+            raise _AdmissionFailed(go_rpc_error(exc)) from exc
         if not response.container_responses:
-            raise _AdmissionFailed(f"{resource}: no containers return in allocation response")
+            raise _AdmissionFailed("no containers return in allocation response")
         container_response = response.container_responses[0]
 
         # kubelet records the devices right after Allocate succeeds.
@@ -842,37 +1001,64 @@ class TestKubelet:
                 self._pods[key].setdefault(spec.name, {})[resource] = _Allocation(
                     ids=list(chosen), numa={i: numa.get(i, []) for i in chosen}
                 )
+            admission.responses[resource] = container_response
+            admission.device_ids[resource] = list(chosen)
+            self._merge_responses(admission)
+        return True
 
-        admission.responses[resource] = container_response
-        admission.device_ids[resource] = list(chosen)
-        for name, value in container_response.envs.items():
-            admission.envs.setdefault(name, value)  # first value seen wins
-        admission.mounts.extend(container_response.mounts)
+    def _merge_responses(self, admission: ContainerAdmission) -> None:
+        """kubelet's deviceRunContainerOptions: the responses in a map's (random) order; the
+        first env of a name and the first mount of a container path win. Under the lock."""
+        order = list(admission.responses)
+        self._rng.shuffle(order)
+        envs: dict[str, str] = {}
+        mounts: dict[str, dp.Mount] = {}
+        for resource in order:
+            response = admission.responses[resource]
+            for name, value in response.envs.items():
+                envs.setdefault(name, value)
+            for mount in response.mounts:
+                mounts.setdefault(mount.container_path, mount)
+        admission.merge_order, admission.envs = order, envs
+        admission.mounts = list(mounts.values())
 
     def remove_pod(self, namespace: str, pod: str) -> None:
-        """Drop the pod from kubelet's record, freeing its devices (no-op if unknown)."""
+        """The pod is gone (deleted, or finished): drop it from kubelet's record. Its
+        devices go to the next admission at once (no-op if unknown)."""
         with self._cond:
             self._pods.pop((namespace, pod), None)
+            self._rejected.pop((namespace, pod), None)
+            self._started = {c for c in self._started if c[:2] != (namespace, pod)}
             self._cond.notify_all()
 
     def start_container(self, namespace: str, pod: str, container: str) -> None:
-        """Call PreStartContainer for the container's resources that ask for it.
+        """Start a container as kubelet does: PreStartContainer once for each of its
+        resources whose plugin asks for it, in a random order (a Go map's), before
+        every start.
 
-        Raises KeyError for an unknown container and PluginError when a plugin
-        call fails or the resource has no endpoint (as kubelet fails the start).
+        A resource whose plugin has not registered since a kubelet restart is skipped
+        (kubelet knows its endpoint only from the checkpoint, without options). Raises
+        KeyError for an unknown container, ValueError for a pod kubelet rejected, and
+        PluginError when a plugin call fails or a resource has no endpoint at all (kubelet
+        fails the start, and retries it later).
         """
         with self._lock:
+            if (namespace, pod) in self._rejected:
+                raise ValueError(f"pod {namespace}/{pod} was rejected: its containers never start")
             resources = self._pods[(namespace, pod)][container]
             calls = []
             for resource, allocation in resources.items():
                 plugin = self._plugins.get(resource)
                 if plugin is None:
+                    if resource in self._known_resources:
+                        continue  # known from the checkpoint only: no options, no call
                     raise PluginError(
                         grpc.StatusCode.UNAVAILABLE,
                         f"endpoint not found in cache for a registered resource: {resource}",
                     )
                 if plugin.options.pre_start_required:
                     calls.append((plugin, list(allocation.ids)))
+            self._rng.shuffle(calls)
         for plugin, ids in calls:
             if plugin.stopped:
                 raise PluginError(
@@ -884,6 +1070,18 @@ class TestKubelet:
                 dp.PreStartContainerRequest(devices_ids=ids),
                 timeout=PRE_START_TIMEOUT_S,
             )
+        with self._lock:
+            self._started.add((namespace, pod, container))
+
+    def restart_container(self, namespace: str, pod: str, container: str) -> None:
+        """The container exited and kubelet starts it again: PreStartContainer for each of
+        its resources again, and no Allocate (kubelet reuses the answers it checkpointed).
+        The device plugin's side of a restart only: in CRI mode no new container is made.
+        ValueError if the container never started."""
+        with self._lock:
+            if (namespace, pod, container) not in self._started:
+                raise ValueError(f"{namespace}/{pod}/{container} never started")
+        self.start_container(namespace, pod, container)
 
     # ------------------------------------------------------------------ CRI mode
 
@@ -953,11 +1151,12 @@ class TestKubelet:
         except PluginError as exc:
             return f"PreStartContainer: {exc}"
         # kubelet's GetDeviceRunContainerOptions: the first env, mount (by container
-        # path), device (by container path) and annotation seen wins.
+        # path), device (by container path) and annotation seen wins, in the order the
+        # admission merged the responses.
         mounts: dict[str, dp.Mount] = {}
         devices: dict[str, dp.DeviceSpec] = {}
         annotations: dict[str, str] = {}
-        for response in admitted.responses.values():
+        for response in (admitted.responses[r] for r in admitted.merge_order):
             for mount in response.mounts:
                 mounts.setdefault(mount.container_path, mount)
             for device in response.devices:

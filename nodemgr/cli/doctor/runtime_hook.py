@@ -3,12 +3,20 @@
 Reads the two places a runtime can be told to run it: CRI-O's and podman's
 OCI hooks directories (``/usr/share`` and ``/etc``; a file in /etc replaces
 the same name in /usr/share) and containerd's ``base_runtime_spec`` of each
-CRI runtime in /etc/containerd/config.toml (config version 2 and 3). Each
+CRI runtime in containerd's config (config version 2 and 3). Each
 gpushare-hook entry found becomes a ``HookEntry``; ``runtime_hook_result``
 fails when no runtime runs it at ``createRuntime``, or when an entry's binary
 is not executable or calls another socket than this config's daemon serves,
 and warns about a missing ``poststop``, conditional hooks, and a configured
 runtime without the hook. Every path is resolved under ``Host.root``.
+
+Which containerd config: the one the running containerd was started with
+(``containerd_configs``): every process owned by root whose ``/proc/PID/exe``
+is a ``containerd`` binary, its ``--config``/``-c`` from ``/proc/PID/cmdline``
+(a relative path taken from its ``/proc/PID/cwd``), else containerd's default
+path; the default path when no containerd runs. A process of another user is
+ignored: anyone can start a binary named containerd pointing at a config of
+their own. The result names the file it checked and how it found it.
 """
 
 from __future__ import annotations
@@ -29,12 +37,15 @@ CREATE, POSTSTOP = protocol.CREATE, protocol.POSTSTOP
 # CRI-O and podman read both; a file in /etc replaces the same name in /usr/share.
 OCI_HOOKS_DIRS = ("/usr/share/containers/oci/hooks.d", "/etc/containers/oci/hooks.d")
 CONTAINERD_CONFIG = "/etc/containerd/config.toml"
-_INSTALL_HOOK_FIX = (
-    "`nodemgr install` writes the CRI-O/podman hooks into /etc/containers/oci/hooks.d; for "
-    "containerd run `/etc/gpushare/containerd/make-base-spec > "
-    "/etc/containerd/gpushare-base-spec.json`, set it as base_runtime_spec of the runc runtime "
-    'in /etc/containerd/config.toml and restart containerd (README "Enforcement")'
-)
+
+
+def _install_hook_fix(containerd_config: str = CONTAINERD_CONFIG) -> str:
+    return (
+        "`nodemgr install` writes the CRI-O/podman hooks into /etc/containers/oci/hooks.d; for "
+        "containerd run `/etc/gpushare/containerd/make-base-spec > "
+        "/etc/containerd/gpushare-base-spec.json`, set it as base_runtime_spec of the runc "
+        f'runtime in {containerd_config} and restart containerd (README "Enforcement")'
+    )
 
 
 @dataclass(frozen=True)
@@ -61,10 +72,20 @@ class HookEntry:
 class RuntimeHooks:
     """What one container runtime's configuration says about gpushare-hook."""
 
-    runtime: str  # "CRI-O/podman" or "containerd"
+    runtime: str  # "CRI-O/podman" or "containerd (<its config>, <how it was found>)"
     configured: bool  # the runtime's config location exists on this node
     entries: list[HookEntry] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (status, text)
+    place: str = ""  # where the hook would be configured, for the FAIL when none is
+    config: str = ""  # the config file read (containerd), for the fix
+
+
+@dataclass(frozen=True)
+class ContainerdConfig:
+    """A containerd config file doctor reads, and how it knows that is the one in use."""
+
+    path: str  # absolute, on the node
+    found: str  # "--config of pid 123", "default path of pid 123", ...
 
 
 def is_gpushare_hook(hook: dict) -> bool:
@@ -140,7 +161,80 @@ def containerd_base_specs(config: dict) -> list[tuple[str, str | None, bool]]:
 
 
 def check_runtime_hook(settings: Settings, host: Host) -> Result:
-    return runtime_hook_result([_crio_hooks(host), _containerd_hooks(host)], settings.hook_socket)
+    runtimes = [_crio_hooks(host)]
+    runtimes += [_containerd_hooks(host, config) for config in containerd_configs(host)]
+    return runtime_hook_result(runtimes, settings.hook_socket)
+
+
+def containerd_configs(host: Host) -> list[ContainerdConfig]:
+    """The config file of every containerd running here (root's processes only; see the
+    module docstring), in PID order, each file once; the default path when none runs."""
+    proc = host.path("/proc")
+    try:
+        pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
+    except OSError:
+        pids = []
+    by_path: dict[str, list[tuple[int, str]]] = {}
+    for pid in pids:
+        found = _containerd_config_of(host, pid)
+        if found is not None:
+            by_path.setdefault(found[0], []).append((pid, found[1]))
+    if not by_path:
+        return [ContainerdConfig(CONTAINERD_CONFIG, "default path, no containerd process found")]
+    configs = []
+    for path, owners in by_path.items():
+        pids_text = ", ".join(str(pid) for pid, _ in owners)
+        how = owners[0][1]
+        configs.append(ContainerdConfig(path, f"{how} of pid {pids_text}"))
+    return configs
+
+
+def _containerd_config_of(host: Host, pid: int) -> tuple[str, str] | None:
+    """(config path, "--config" or "default path") of process ``pid`` if it is a containerd
+    run by root; None for every other process (or one gone meanwhile)."""
+    base = host.path(f"/proc/{pid}")
+    try:
+        exe = os.readlink(os.path.join(base, "exe"))
+        if os.path.basename(exe.removesuffix(" (deleted)")) != "containerd":
+            return None
+        if not _owned_by_root(os.path.join(base, "status")):
+            return None
+        with open(os.path.join(base, "cmdline"), "rb") as f:
+            argv = f.read().decode("utf-8", "surrogateescape").split("\0")
+        cwd = os.readlink(os.path.join(base, "cwd"))
+    except OSError:
+        return None
+    config = config_flag(argv[1:])
+    if config is None:
+        return CONTAINERD_CONFIG, "default path"
+    return os.path.normpath(os.path.join(cwd, config)), "--config"
+
+
+def config_flag(args: list[str]) -> str | None:
+    """The value of containerd's ``--config``/``-c`` in ``args`` (Go's flag package: one or
+    two dashes, the value after ``=`` or as the next argument); the last one wins; None
+    without one."""
+    value = None
+    for i, arg in enumerate(args):
+        dashes = len(arg) - len(arg.lstrip("-"))
+        name, equals, rest = arg[dashes:].partition("=")
+        if dashes not in (1, 2) or name not in ("c", "config"):
+            continue
+        if equals:
+            value = rest
+        elif i + 1 < len(args):
+            value = args[i + 1]
+    return value or None
+
+
+def _owned_by_root(status_path: str) -> bool:
+    """Whether /proc/PID/status says the process runs as root (real and effective UID 0)."""
+    with open(status_path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            if line.startswith("Uid:"):
+                uids = line.split()[1:3]
+                return uids == ["0", "0"]
+    return False
 
 
 def _executable_under(host: Host):
@@ -178,15 +272,20 @@ def _crio_hooks(host: Host) -> RuntimeHooks:
     return found
 
 
-def _containerd_hooks(host: Host) -> RuntimeHooks:
-    found = RuntimeHooks("containerd", configured=os.path.isfile(host.path(CONTAINERD_CONFIG)))
+def _containerd_hooks(host: Host, where: ContainerdConfig) -> RuntimeHooks:
+    found = RuntimeHooks(
+        f"containerd ({where.path}, {where.found})",
+        configured=os.path.isfile(host.path(where.path)),
+        place=f"a base_runtime_spec in {where.path} ({where.found})",
+        config=where.path,
+    )
     if not found.configured:
         return found
     try:
-        with open(host.path(CONTAINERD_CONFIG), "rb") as f:
+        with open(host.path(where.path), "rb") as f:
             config = tomllib.load(f)
     except (OSError, tomllib.TOMLDecodeError) as e:
-        found.problems.append((WARN, f"{CONTAINERD_CONFIG}: cannot read ({e})"))
+        found.problems.append((WARN, f"{where.path}: cannot read ({e})"))
         return found
     for runtime, spec_path, default in containerd_base_specs(config):
         if spec_path is None:
@@ -270,12 +369,16 @@ def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Resul
         installed.append(
             f"{rt.runtime}: {creates[0].path} ({', '.join(stages)}; socket {creates[0].socket})"
         )
+    containerd_config = next((rt.config for rt in runtimes if rt.config), CONTAINERD_CONFIG)
     if not installed:
-        places = ", ".join(OCI_HOOKS_DIRS) + f", or a base_runtime_spec in {CONTAINERD_CONFIG}"
-        detail = f"containers are not checked at creation: no {HOOK_NAME} in {places}"
+        places = [*OCI_HOOKS_DIRS, *(rt.place for rt in runtimes if rt.place)]
+        if not any(rt.place for rt in runtimes):
+            places.append(f"a base_runtime_spec in {CONTAINERD_CONFIG}")
+        where = ", ".join(places[:-1]) + ", or " + places[-1]
+        detail = f"containers are not checked at creation: no {HOOK_NAME} in {where}"
         if problems:
             detail += "; " + "; ".join(t for _, t in problems)
-        return Result(name, FAIL, detail, _INSTALL_HOOK_FIX)
+        return Result(name, FAIL, detail, _install_hook_fix(containerd_config))
     for runtime in notes:
         problems.append(
             (
@@ -290,6 +393,7 @@ def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Resul
     status = worst(s for s, _ in problems)
     fix = (
         f"make every hook entry run an executable {HOOK_NAME} with --socket {hook_socket} "
-        "(or set enforcement.hook_socket to the hook's socket); " + _INSTALL_HOOK_FIX
+        "(or set enforcement.hook_socket to the hook's socket); "
+        + _install_hook_fix(containerd_config)
     )
     return Result(name, status, detail + "; " + "; ".join(t for _, t in problems), fix)

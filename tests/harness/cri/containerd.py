@@ -8,6 +8,9 @@ plugin runs runc with ``base_runtime_spec`` = ``base_spec``, the JSON that
 ``make-base-spec`` (written by ``nodemgr install``) prints, so the runtime
 hook runs at every container, as on a node. (containerd 1.6 does not apply
 ``base_runtime_spec`` to the sandbox's pause container: no hook runs there.)
+A second runtime, ``PLAIN_RUNTIME``, is the same runc without a base spec: a
+sandbox run with that handler gets containerd's own CRI default spec, which
+the base spec must equal but for the hooks.
 
 ``restrict_oom_score_adj = true`` is required on these machines (no
 CAP_SYS_RESOURCE): without it RunPodSandbox fails with "can't get final
@@ -41,6 +44,8 @@ from tests.harness.cri.api import runtime_v1_pb2_grpc as cri_grpc
 START_TIMEOUT_SECONDS = 30.0
 CALL_TIMEOUT_SECONDS = 60.0
 NAMESPACE = "k8s.io"  # the containerd namespace of the CRI plugin
+# The runtime handler of the same runc without base_runtime_spec (CRI's default spec).
+PLAIN_RUNTIME = "plain"
 
 CONFIG = """\
 version = 2
@@ -85,6 +90,12 @@ disabled_plugins = [
           BinaryName = "runc"
           Root = "{dir}/runc"
           SystemdCgroup = false
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{plain}]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.{plain}.options]
+          BinaryName = "runc"
+          Root = "{dir}/runc"
+          SystemdCgroup = false
 """
 
 
@@ -123,6 +134,7 @@ class Containerd:
                     socket=self.socket,
                     sandbox_image=self.sandbox_image,
                     base_spec=self.base_spec,
+                    plain=PLAIN_RUNTIME,
                 )
             )
         with open(self.log_path, "a") as log:
@@ -177,11 +189,13 @@ class Containerd:
 
     # ------------------------------------------------------------------ CRI calls
 
-    def run_pod_sandbox(self, config: cri.PodSandboxConfig) -> str:
-        """RunPodSandbox; the sandbox ID. Its cgroups are removed at cleanup."""
+    def run_pod_sandbox(self, config: cri.PodSandboxConfig, runtime_handler: str = "") -> str:
+        """RunPodSandbox with the runtime ``runtime_handler`` ("": runc with the base spec,
+        ``PLAIN_RUNTIME``: without); the sandbox ID. Its cgroups are removed at cleanup."""
         self._pod_uids.add(config.metadata.uid)
         answer = self.runtime.RunPodSandbox(
-            cri.RunPodSandboxRequest(config=config), timeout=CALL_TIMEOUT_SECONDS
+            cri.RunPodSandboxRequest(config=config, runtime_handler=runtime_handler),
+            timeout=CALL_TIMEOUT_SECONDS,
         )
         return answer.pod_sandbox_id
 

@@ -7,6 +7,8 @@ allocation state; its admission, placement, carry-over and reconcile paths are p
 here together because they share one fixture and one state.
 """
 
+from dataclasses import replace
+
 import pytest
 
 from nodemgr.allocation.admission import ADMISSION_WINDOW_SECONDS
@@ -392,12 +394,19 @@ class Pods:
 
     def __init__(self, *pods, live=True):
         self.pods = list(pods)
+        self.others: list[PodInfo] = []  # bound here but not candidates (running, ...)
         self.live = live
         self.generation = 0
         self.changed = threading.Condition()
 
     def candidates(self):
         return list(self.pods)
+
+    def pod(self, namespace, name):
+        return next(
+            (p for p in (*self.pods, *self.others) if (p.namespace, p.name) == (namespace, name)),
+            None,
+        )
 
     def candidates_asking(self, resource, size):
         return tuple(
@@ -656,3 +665,88 @@ def test_a_card_taking_or_dropping_shared_work_rebuilds_only_the_whole_card_list
     problem = allocator.devices(MEM)  # health changed: rebuilt
     assert problem is not lists[MEM]
     assert {d.healthy for d in problem if d.id.startswith(GPU1)} == {False}
+
+
+def kubelet_free(allocator, kind, gone):
+    """kubelet's free IDs of ``kind``: what the ledger does not hold, and the IDs of the
+    allocations of the pods in ``gone`` (kubelet frees a gone pod's devices at once,
+    before the daemon reconciles)."""
+    freed = [
+        device_id
+        for a in allocator.allocations()
+        if a.owner is not None and a.owner.pod in gone
+        for device_id in a.devices.get(kind, ())
+    ]
+    return free(allocator, kind) + freed
+
+
+def admit_from(allocator, requests, gone):
+    """``admit`` with kubelet's free lists after the pods ``gone`` left."""
+    results = {}
+    for kind, size in requests:
+        ids = allocator.preferred(kind, kubelet_free(allocator, kind, gone), [], size)
+        results[kind] = allocator.allocate(kind, ids)
+    return results
+
+
+def running(pod):
+    return replace(pod, phase="Running")
+
+
+@pytest.mark.parametrize("order", [[(MEM, 12), (CORE, 50)], [(CORE, 50), (MEM, 12)]])
+def test_a_pod_right_after_a_gone_one_gets_its_room_before_any_reconcile(settings, clock, order):
+    """kubelet hands a gone pod's devices to the next pod at once, before the daemon's
+    reconcile releases them. The next container's first resource shows the gone pod's
+    devices of that kind free in kubelet's list: kubelet frees a pod's devices all at once,
+    so its other resource is free too, and the whole demand fits the card it leaves
+    (both cards full in the ledger: a refusal here would be final for the pod)."""
+    old = [gpu_pod(f"old-{i}", ("main", {MEM_NAME: 12, CORE_NAME: 50})) for i in range(2)]
+    pods = Pods(*old)
+    allocator = with_pods(settings, clock, pods)
+    for pod in old:
+        pods.pods = [pod]
+        admit(allocator, [(MEM, 12), (CORE, 50)])
+    cards = {a.owner.pod: a.cards[0] for a in allocator.allocations()}
+    assert set(cards.values()) == {GPU0, GPU1}
+    pods.pods, pods.others = (
+        [gpu_pod("new", ("main", {MEM_NAME: 12, CORE_NAME: 50}))],
+        [running(old[1])],
+    )
+    results = admit_from(allocator, order, gone={"old-0"})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["old-0"]}
+    new = next(a for a in allocator.allocations() if a.owner.pod == "new")
+    assert (new.memory_units, new.core_percent) == (12, 50)
+    assert "old-0" not in {a.owner.pod for a in allocator.allocations()}  # taken over
+
+
+@pytest.mark.parametrize("cache", ["deleted", "deleting", "finished", "kept", "not live"])
+def test_when_nothing_else_fits_a_deleted_pods_allocation_does_not_block(settings, clock, cache):
+    """The gone pod held memory only, and the next container asks memory and share, share
+    first: the share list cannot show the gone pod's memory free. When no card fits by the
+    ledger, an allocation whose pod the live pod cache shows deleted, being deleted or
+    finished does not count; the memory request then meets kubelet's own list. A pod still
+    running in the cache, or a cache not live, keeps the refusal (nothing says it is gone)."""
+    old = [gpu_pod(f"old-{i}", ("main", {MEM_NAME: 12})) for i in range(2)]
+    pods = Pods(*old)
+    allocator = with_pods(settings, clock, pods)
+    for pod in old:
+        pods.pods = [pod]
+        admit(allocator, [(MEM, 12)])
+    cards = {a.owner.pod: a.cards[0] for a in allocator.allocations()}
+    gone = {
+        "deleted": [],
+        "deleting": [replace(old[0], deleting=True)],
+        "finished": [replace(old[0], phase="Succeeded")],
+        "kept": [running(old[0])],
+        "not live": [],
+    }[cache]
+    pods.pods = [gpu_pod("new", ("main", {MEM_NAME: 12, CORE_NAME: 50}))]
+    pods.others = [running(old[1]), *gone]
+    pods.live = cache != "not live"
+    order = [(CORE, 50), (MEM, 12)]
+    if cache in ("kept", "not live"):
+        with pytest.raises(NoFitError, match="no single GPU on node-a has 12 GiB and 50% free"):
+            admit_from(allocator, order, gone={"old-0"})
+        return
+    results = admit_from(allocator, order, gone={"old-0"})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["old-0"]}

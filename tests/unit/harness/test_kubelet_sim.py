@@ -3,7 +3,13 @@
 The fake plugin is a real gRPC server on a unix socket that registers itself
 through kubelet.sock, so these tests exercise the real wire protocols in both
 directions: registration and its dial-back, ListAndWatch, preferred allocation,
-Allocate, PreStartContainer, the PodResources server, and kubelet restarts.
+Allocate, PreStartContainer, the PodResources server, and kubelet restarts; and the
+parts of kubelet's behaviour a plugin sees (checked against kubelet's device manager,
+docs/kubelet-api.md): a container's resources in a random, seedable order; responses
+merged in another, the first env of a name winning; an admission error rejecting the pod
+for good (UnexpectedAdmissionError) and freeing its devices at once, as a removed pod's
+are; PreStartContainer at every start and again at a restart, without Allocate; the
+node's capacity 0 after a restart until the next node status update.
 
 Unix socket paths must stay under 108 bytes, so every test works in a short
 directory from ``tempfile.mkdtemp(prefix="ks")`` under /tmp rather than in
@@ -43,9 +49,10 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
     """A minimal device plugin serving ``n`` devices ``<prefix>-0`` .. ``<prefix>-<n-1>``.
 
     GetPreferredAllocation answers the last ``allocation_size`` available IDs
-    (or ``preferred_answer`` when set); Allocate answers envs
-    ``{"IDS": ..., "FROM": tag}`` and one mount. Every call is recorded in
-    ``calls`` as (method, request).
+    (or ``preferred_answer`` when set; ``preferred_error`` refuses); Allocate
+    answers envs ``{"IDS": ..., "FROM": tag}`` and one mount at ``mount_path``
+    (default ``/<tag>``) from ``/host/<tag>``. Every call is recorded in ``calls``
+    as (method, request).
     """
 
     def __init__(
@@ -59,10 +66,12 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
         preferred: bool = True,
         pre_start: bool = False,
         numa: dict[str, list[int]] | None = None,
+        mount_path: str | None = None,
     ):
         self.plugin_dir = plugin_dir
         self.socket = socket
         self.tag = tag
+        self.mount_path = mount_path or f"/{tag}"
         self.options = dp.DevicePluginOptions(
             pre_start_required=pre_start, get_preferred_allocation_available=preferred
         )
@@ -78,6 +87,7 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
             for i in range(n)
         ]
         self.preferred_answer: list[str] | None = None
+        self.preferred_error: tuple[grpc.StatusCode, str] | None = None
         self.allocate_error: tuple[grpc.StatusCode, str] | None = None
         self.pre_start_error: tuple[grpc.StatusCode, str] | None = None
         self.calls: list[tuple[str, object]] = []
@@ -166,6 +176,8 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
 
     def GetPreferredAllocation(self, request, context):  # noqa: N802
         self._record("GetPreferredAllocation", request)
+        if self.preferred_error:
+            context.abort(*self.preferred_error)
         answers = []
         for creq in request.container_requests:
             if self.preferred_answer is not None:
@@ -183,7 +195,9 @@ class FakePlugin(dp_grpc.DevicePluginServicer):
             container_responses=[
                 dp.ContainerAllocateResponse(
                     envs={"IDS": ",".join(creq.devices_ids), "FROM": self.tag},
-                    mounts=[dp.Mount(container_path=f"/{self.tag}", host_path=f"/host/{self.tag}")],
+                    mounts=[
+                        dp.Mount(container_path=self.mount_path, host_path=f"/host/{self.tag}")
+                    ],
                 )
                 for creq in request.container_requests
             ]
@@ -450,20 +464,105 @@ def test_without_preferred_option_devices_come_in_list_order(kubelet, make_plugi
     assert plugin.count("GetPreferredAllocation") == 0
 
 
-def test_envs_merge_first_value_wins_and_mounts_concatenate(kubelet, make_plugin):
+def two_resources(kubelet, make_plugin, n=2, **kwargs):
+    """Plugins of example.com/a and example.com/b (tags a and b) registered with ``kubelet``."""
+    plugins = {}
     for name in ("a", "b"):
-        plugin = make_plugin(n=2, socket=f"{name}.sock", prefix=name, tag=name)
-        plugin.register(kubelet.kubelet_socket, resource=f"example.com/{name}")
+        plugins[name] = make_plugin(n=n, socket=f"{name}.sock", prefix=name, tag=name, **kwargs)
+        plugins[name].register(kubelet.kubelet_socket, resource=f"example.com/{name}")
         kubelet.wait_for_resource(f"example.com/{name}")
+    return plugins
 
-    spec = ContainerSpec("c", {"example.com/a": 1, "example.com/b": 1})
-    result = kubelet.admit_pod("ns", "p", [spec], order=["example.com/b", "example.com/a"])
-    assert result.ok
-    [admission] = result.containers
-    assert admission.envs == {"IDS": "b-1", "FROM": "b"}  # b went first
-    assert admission.responses["example.com/a"].envs["FROM"] == "a"
-    assert [m.container_path for m in admission.mounts] == ["/b", "/a"]
-    assert admission.device_ids == {"example.com/a": ["a-1"], "example.com/b": ["b-1"]}
+
+BOTH = {"example.com/a": 1, "example.com/b": 1}
+
+
+def test_envs_merge_first_value_wins_in_a_random_order(kubelet, make_plugin):
+    """kubelet merges a container's Allocate answers in a map's order (random, and not the
+    order it called the plugins): the first value of an env name and the first mount of a
+    container path win ("Skip existing env")."""
+    two_resources(kubelet, make_plugin, n=16, mount_path="/shared")
+    merged_otherwise = 0
+    for i in range(12):
+        spec = ContainerSpec("c", BOTH)
+        result = kubelet.admit_pod("ns", f"p{i}", [spec], order=["example.com/b", "example.com/a"])
+        assert result.ok
+        [admission] = result.containers
+        assert list(admission.responses) == ["example.com/b", "example.com/a"]  # as called
+        assert sorted(admission.merge_order) == ["example.com/a", "example.com/b"]
+        first = admission.merge_order[0].removeprefix("example.com/")
+        assert admission.envs == {"IDS": admission.device_ids[admission.merge_order[0]][0],
+                                  "FROM": first}  # fmt: skip
+        assert [(m.container_path, m.host_path) for m in admission.mounts] == [
+            ("/shared", f"/host/{first}")
+        ]
+        merged_otherwise += admission.merge_order != list(admission.responses)
+    assert 0 < merged_otherwise < 12
+
+
+def admission_orders(workdir, seed, pods=16):
+    """The order a kubelet of ``seed`` allocates the two resources of each of ``pods``
+    single-container pods."""
+    sim = TestKubelet(
+        os.path.join(workdir, f"dp{seed}"), os.path.join(workdir, f"pr{seed}", "k.sock"), seed=seed
+    )
+    sim.start()
+    plugins = []
+    try:
+        for name in ("a", "b"):
+            plugin = FakePlugin(sim.device_plugin_dir, pods, socket=f"{name}.sock", prefix=name)
+            plugins.append(plugin)
+            plugin.register(sim.kubelet_socket, resource=f"example.com/{name}")
+            sim.wait_for_resource(f"example.com/{name}")
+        orders = []
+        for i in range(pods):
+            seen: list[str] = []
+            spec = ContainerSpec("c", BOTH)
+            result = sim.admit_pod(
+                "ns", f"p{i}", [spec], after_allocate=lambda _c, r, seen=seen: seen.append(r)
+            )
+            assert result.ok, result.error
+            assert seen == list(result.containers[0].responses)
+            orders.append(tuple(seen))
+        return orders
+    finally:
+        sim.stop()
+        for plugin in plugins:
+            plugin.stop()
+
+
+def test_a_containers_resources_come_in_a_random_order_per_container(workdir, monkeypatch):
+    """kubelet ranges over a container's resource map: either resource may come first, drawn
+    anew per container. The same seed gives the same orders; GPUSHARE_KUBELET_SEED is the
+    seed of a kubelet made without one."""
+    orders = admission_orders(workdir, seed=7)
+    assert set(orders) == {("example.com/a", "example.com/b"), ("example.com/b", "example.com/a")}
+    assert admission_orders(workdir, seed=7) == orders
+    monkeypatch.setenv(kubelet_sim.SEED_ENV, "1234")
+    assert TestKubelet(os.path.join(workdir, "x"), os.path.join(workdir, "y")).seed == 1234
+
+
+def test_after_allocate_is_called_after_each_allocate(kubelet, make_plugin):
+    """``after_allocate(container, resource)`` runs after each Allocate answered, before the
+    next resource's calls: a test can look at the plugin between a container's resources.
+    None for a zero request (no Allocate)."""
+    plugins = {}
+    for name in ("a", "b"):
+        plugins[name] = make_plugin(n=2, socket=f"{name}.sock", prefix=name, tag=name)
+        plugins[name].register(kubelet.kubelet_socket, resource=f"example.com/{name}")
+        kubelet.wait_for_resource(f"example.com/{name}")
+    seen = []
+
+    def pause(container, resource):
+        seen.append(
+            (container, resource, plugins["a"].count("Allocate"), plugins["b"].count("Allocate"))
+        )
+
+    spec = ContainerSpec("c", {"example.com/a": 1, "example.com/b": 1, "example.com/z": 0})
+    result = kubelet.admit_pod("ns", "p", [spec], order=["example.com/b", "example.com/a"],
+                               after_allocate=pause)  # fmt: skip
+    assert result.ok, result.error
+    assert seen == [("c", "example.com/b", 0, 1), ("c", "example.com/a", 1, 1)]
 
 
 def test_insufficient_devices_fail_without_allocate(kubelet, make_plugin):
@@ -472,9 +571,10 @@ def test_insufficient_devices_fail_without_allocate(kubelet, make_plugin):
     kubelet.wait_for_resource(RESOURCE)
 
     result = kubelet.admit_pod("ns", "p", [ContainerSpec("c", {RESOURCE: 3})])
-    assert not result.ok
+    assert not result.ok and result.reason == "UnexpectedAdmissionError"
     assert result.error == (
-        f"requested number of devices unavailable for {RESOURCE}. Requested: 3, Available: 2"
+        f"Allocate failed due to requested number of devices unavailable for {RESOURCE}. "
+        "Requested: 3, Available: 2, which is unexpected"
     )
     assert plugin.count("Allocate") == 0
     assert plugin.count("GetPreferredAllocation") == 0
@@ -492,7 +592,11 @@ def test_pod_without_device_requests_needs_no_plugin(kubelet):
     assert kubelet.allocated() == {("ns", "p", "c"): {}}
 
 
-def test_allocate_error_fails_admission_and_keeps_earlier_allocations(kubelet, make_plugin):
+def test_an_allocate_error_rejects_the_pod_for_good_and_frees_its_devices(kubelet, make_plugin):
+    """A refused Allocate fails the pod: UnexpectedAdmissionError with kubelet's message
+    (grpc-go's text of the error inside); the pod is never admitted again (not retried), its
+    devices, also those allocated before the error, are free for the next pod at once, and
+    PodResources lists it without devices until it is removed."""
     good = make_plugin(n=2, socket="good.sock", prefix="g")
     good.register(kubelet.kubelet_socket, resource="example.com/good")
     bad = make_plugin(n=2, socket="bad.sock", prefix="b")
@@ -502,21 +606,62 @@ def test_allocate_error_fails_admission_and_keeps_earlier_allocations(kubelet, m
     kubelet.wait_for_resource("example.com/bad")
 
     spec = ContainerSpec("c", {"example.com/good": 1, "example.com/bad": 1})
-    result = kubelet.admit_pod("ns", "p", [spec])
-    assert not result.ok
-    assert result.error == "example.com/bad: no room on any card"
-    # Like kubelet, the devices allocated before the failure stay held until
-    # the pod is removed; the failed resource holds nothing.
-    assert kubelet.allocated() == {("ns", "p", "c"): {"example.com/good": ["g-1"]}}
+    result = kubelet.admit_pod("ns", "p", [spec], order=["example.com/good", "example.com/bad"])
+    assert not result.ok and result.reason == "UnexpectedAdmissionError"
+    message = (
+        "Allocate failed due to rpc error: code = Internal desc = no room on any card, "
+        "which is unexpected"
+    )
+    assert result.error == message == kubelet.rejection("ns", "p")
+    assert result.containers[0].device_ids == {"example.com/good": ["g-1"]}
+    assert kubelet.allocated() == {("ns", "p", "c"): {}}
     listed = _pod_resources(kubelet, "List", pr.ListPodResourcesRequest())
-    assert _by_resource(listed.pod_resources[0].containers[0].devices) == {
-        "example.com/good": ["g-1"]
-    }
+    [(name, container)] = [(p.name, c) for p in listed.pod_resources for c in p.containers]
+    assert (name, container.name, list(container.devices)) == ("p", "c", [])
+    with pytest.raises(ValueError, match="never admits it again"):
+        kubelet.admit_pod("ns", "p", [ContainerSpec("c", {"example.com/good": 1})])
+    with pytest.raises(ValueError, match="rejected"):
+        kubelet.start_container("ns", "p", "c")
+    assert good.count("Allocate") == 1 and bad.count("Allocate") == 1  # never retried
 
-    kubelet.remove_pod("ns", "p")
-    assert kubelet.allocated() == {}
     result = kubelet.admit_pod("ns", "q", [ContainerSpec("c", {"example.com/good": 2})])
-    assert result.ok
+    assert result.ok  # g-1 included
+    kubelet.remove_pod("ns", "p")
+    assert kubelet.rejection("ns", "p") is None
+    assert kubelet.admit_pod("ns", "p", [ContainerSpec("c", {})]).ok  # a new pod of that name
+
+
+def test_a_preferred_allocation_error_rejects_the_pod_too(kubelet, make_plugin):
+    """A refused GetPreferredAllocation fails the pod the same way, with kubelet's wording;
+    Allocate is not called."""
+    plugin = make_plugin(n=2)
+    plugin.preferred_error = (grpc.StatusCode.RESOURCE_EXHAUSTED, "no single GPU fits")
+    plugin.register(kubelet.kubelet_socket)
+    kubelet.wait_for_resource(RESOURCE)
+    result = kubelet.admit_pod("ns", "p", [ContainerSpec("c", {RESOURCE: 1})])
+    assert (result.ok, result.reason) == (False, "UnexpectedAdmissionError")
+    assert result.error == (
+        "Allocate failed due to device plugin GetPreferredAllocation rpc failed with err: "
+        "rpc error: code = ResourceExhausted desc = no single GPU fits, which is unexpected"
+    )
+    assert plugin.count("Allocate") == 0
+    assert kubelet.allocated() == {("ns", "p", "c"): {}}
+
+
+def test_a_removed_pods_devices_go_to_the_next_pod_at_once(kubelet, make_plugin):
+    """Once a pod is gone its device IDs are offered to the very next admission (kubelet
+    frees the devices of inactive pods before each allocation), whatever the plugin did
+    meanwhile: here the plugin prefers them again and gets them."""
+    plugin = make_plugin(n=4)
+    plugin.register(kubelet.kubelet_socket)
+    kubelet.wait_for_resource(RESOURCE)
+    old = kubelet.admit_pod("ns", "old", [ContainerSpec("c", {RESOURCE: 2})])
+    assert old.containers[0].device_ids == {RESOURCE: ["dev-2", "dev-3"]}
+    kubelet.remove_pod("ns", "old")
+    new = kubelet.admit_pod("ns", "new", [ContainerSpec("c", {RESOURCE: 2})])
+    creq = plugin.requests("GetPreferredAllocation")[1].container_requests[0]
+    assert list(creq.available_deviceIDs) == ["dev-0", "dev-1", "dev-2", "dev-3"]
+    assert new.containers[0].device_ids == {RESOURCE: ["dev-2", "dev-3"]}
 
 
 # ---------------------------------------------------------------- PodResources
@@ -592,6 +737,28 @@ def test_pre_start_gets_the_container_device_ids(kubelet, make_plugin):
     assert caught.value.details == "card lost"
 
 
+def test_pre_start_at_every_start_and_again_at_a_restart_without_allocate(kubelet, make_plugin):
+    """PreStartContainer once per resource at each start of the container; a restart calls it
+    again and never Allocate (kubelet reuses its checkpointed answers). After a kubelet
+    restart, a resource whose plugin has not registered again is skipped (kubelet knows its
+    endpoint from the checkpoint only, without options); a restart of a container that
+    never started is a test error."""
+    plugins = two_resources(kubelet, make_plugin, pre_start=True)
+    assert kubelet.admit_pod("ns", "p", [ContainerSpec("c", BOTH)]).ok
+    with pytest.raises(ValueError, match="never started"):
+        kubelet.restart_container("ns", "p", "c")
+    kubelet.start_container("ns", "p", "c")
+    kubelet.restart_container("ns", "p", "c")
+    for plugin in plugins.values():
+        assert (plugin.count("PreStartContainer"), plugin.count("Allocate")) == (2, 1)
+        ids = [list(r.devices_ids) for r in plugin.requests("PreStartContainer")]
+        assert ids[0] == ids[1] == [f"{plugin.tag}-1"]
+
+    kubelet.restart()
+    kubelet.restart_container("ns", "p", "c")  # no plugin registered yet: no call, no error
+    assert [p.count("PreStartContainer") for p in plugins.values()] == [2, 2]
+
+
 # ---------------------------------------------------------------- restart
 
 
@@ -639,6 +806,55 @@ def test_restart_deletes_sockets_and_keeps_allocations(kubelet, make_plugin):
     result = kubelet.admit_pod("ns", "q", [ContainerSpec("c", {RESOURCE: 1})])
     assert result.containers[0].device_ids == {RESOURCE: ["dev-0"]}  # dev-1 is still held
     assert len(kubelet.registrations()) == 2
+
+
+def test_node_capacity_is_zero_after_a_restart_until_the_next_status_update(workdir):
+    """The node's capacity (all devices) and allocatable (healthy ones) are what the last node
+    status update published. After a kubelet restart they are 0, and stay 0 once the plugin
+    has registered again, until the next update; then the devices count again."""
+    sim = TestKubelet(os.path.join(workdir, "dp"), os.path.join(workdir, "pr", "k.sock"),
+                      status_update_seconds=None)  # fmt: skip
+    sim.start()
+    plugins = []
+    try:
+        assert sim.node_status() == {}
+        plugins.append(FakePlugin(sim.device_plugin_dir, 3, socket="one.sock"))
+        plugins[0].set_health("dev-2", "Unhealthy")
+        plugins[0].register(sim.kubelet_socket)
+        sim.wait_for_devices(RESOURCE, lambda ds: len(ds) == 3 and not ds[2].healthy)
+        assert sim.node_status() == {}  # not published yet
+        assert sim.update_node_status() == {RESOURCE: (3, 2)} == sim.node_status()
+
+        sim.restart()
+        assert sim.node_status() == {RESOURCE: (0, 0)}
+        plugins.append(FakePlugin(sim.device_plugin_dir, 3, socket="two.sock"))
+        plugins[1].register(sim.kubelet_socket)
+        sim.wait_for_resource(RESOURCE)
+        assert sim.node_status() == {RESOURCE: (0, 0)}  # until the next status update
+        assert sim.update_node_status() == {RESOURCE: (3, 3)}
+    finally:
+        sim.stop()
+        for plugin in plugins:
+            plugin.stop()
+
+
+def test_node_status_updates_run_on_their_own(workdir):
+    """With status_update_seconds the updates run by themselves: a registered plugin's
+    devices reach the node status without a call; stop ends the updater thread."""
+    sim = TestKubelet(os.path.join(workdir, "dp"), os.path.join(workdir, "pr", "k.sock"),
+                      status_update_seconds=0.05)  # fmt: skip
+    sim.start()
+    plugin = FakePlugin(sim.device_plugin_dir, 2)
+    try:
+        plugin.register(sim.kubelet_socket)
+        deadline = time.monotonic() + 10
+        while sim.node_status() != {RESOURCE: (2, 2)} and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sim.node_status() == {RESOURCE: (2, 2)}
+    finally:
+        sim.stop()
+        plugin.stop()
+    assert _sim_threads() == []
 
 
 def test_stop_is_idempotent_and_start_again_works(workdir):

@@ -37,6 +37,53 @@ def test_containerd_snippet_runs_the_launcher_at_create_and_poststop():
         assert 0 < hook["timeout"] <= 10  # the hook itself gives up after 2 s
 
 
+# What `ctr oci spec` of containerd 1.6 prints, with the default security settings the CRI
+# plugin clears for a runtime without a base spec (here an AppArmor and a seccomp profile
+# too, as other builds of the generator may set them).
+CTR_OCI_SPEC = {
+    "ociVersion": "1.0.2-dev",
+    "process": {
+        "user": {"uid": 0, "gid": 0},
+        "cwd": "/",
+        "capabilities": {"bounding": ["CAP_CHOWN"], "effective": ["CAP_CHOWN"]},
+        "rlimits": [{"type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024}],
+        "apparmorProfile": "docker-default",
+        "noNewPrivileges": True,
+    },
+    "root": {"path": "rootfs"},
+    "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
+    "linux": {
+        "maskedPaths": ["/proc/kcore"],
+        "readonlyPaths": ["/proc/sys"],
+        "seccomp": {"defaultAction": "SCMP_ACT_ERRNO"},
+        "namespaces": [{"type": "pid"}],
+    },
+}
+
+
+def test_make_base_spec_is_the_cri_default_spec_plus_the_hooks(tmp_path):
+    """make-base-spec prints `ctr oci spec` without what containerd's CRI clears from it for
+    a runtime without a base spec (rlimits: RLIMIT_NOFILE 1024 would become every pod's
+    `ulimit -n`; the AppArmor and seccomp profiles), plus the snippet's hooks; every other
+    field as `ctr` printed it."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    ctr = fake_bin / "ctr"
+    ctr.write_text(f"#!/bin/sh\ncat <<'END'\n{json.dumps(CTR_OCI_SPEC)}\nEND\n")
+    ctr.chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin}:{os.environ['PATH']}")
+    done = subprocess.run(
+        [os.path.join(HOOKS, "containerd", "make-base-spec")],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    spec = json.loads(done.stdout)
+    assert spec.pop("hooks") == load(SNIPPET)["hooks"]
+    expected = json.loads(json.dumps(CTR_OCI_SPEC))
+    del expected["process"]["rlimits"], expected["process"]["apparmorProfile"]
+    del expected["linux"]["seccomp"]
+    assert spec == expected
+
+
 def test_hooks_d_files_match_the_containerd_snippet():
     """CRI-O/podman run, always, exactly what containerd runs."""
     snippet = load(SNIPPET)["hooks"]

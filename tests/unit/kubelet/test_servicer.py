@@ -20,6 +20,7 @@ from nodemgr.common.changes import ChangeCounter
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Mount
 from nodemgr.errors import (
+    REFUSAL_IS_FINAL,
     AllocationError,
     ConflictError,
     LedgerError,
@@ -227,14 +228,18 @@ def test_allocate_returns_envs_and_mounts(stub, resources, observed):
 )
 def test_our_errors_reach_kubelet_as_grpc_codes(stub, resources, observed, error, code):
     """A refusal becomes its gRPC code with the allocator's message as the details
-    (kubelet shows them in the pod's events); the Allocate is observed as failed."""
+    (kubelet shows them in the pod's events), followed by what a refused Allocate means for
+    the pod: kubelet fails it for good (UnexpectedAdmissionError) and never retries it, and
+    what to do; the Allocate is observed as failed."""
     resources.error = error
     request = dp.AllocateRequest(
         container_requests=[dp.ContainerAllocateRequest(devices_ids=["x"])]
     )
     refused = refusal(stub.Allocate, request)
     assert refused.code() == code
-    assert refused.details() == str(error)
+    assert refused.details() == f"{error}. {REFUSAL_IS_FINAL}"
+    assert "UnexpectedAdmissionError" in refused.details()
+    assert "Deployment" in refused.details() and "scheduler extender" in refused.details()
     assert [ok for _, _, ok in observed] == [False]
 
 
@@ -246,13 +251,16 @@ def test_a_bug_is_internal_and_the_server_lives_on(stub, resources):
     )
     refused = refusal(stub.Allocate, request)
     assert refused.code() == grpc.StatusCode.INTERNAL
-    assert refused.details() == "gpushare-node internal error: KeyError('oops')"
+    assert (
+        refused.details() == f"gpushare-node internal error: KeyError('oops'). {REFUSAL_IS_FINAL}"
+    )
     resources.error = None
     assert stub.Allocate(request, timeout=5).container_responses
 
 
 def test_preferred_allocation_refusals_map_too(stub, resources):
-    """GetPreferredAllocation's refusals use the same mapping."""
+    """GetPreferredAllocation's refusals use the same mapping, and say the rejection is
+    final too (kubelet fails the pod on it just as on a refused Allocate)."""
     resources.error = NoFitError("nothing fits")
     request = dp.PreferredAllocationRequest(
         container_requests=[dp.ContainerPreferredAllocationRequest(allocation_size=1)]
@@ -260,7 +268,7 @@ def test_preferred_allocation_refusals_map_too(stub, resources):
     refused = refusal(stub.GetPreferredAllocation, request)
     assert (refused.code(), refused.details()) == (
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        "nothing fits",
+        f"nothing fits. {REFUSAL_IS_FINAL}",
     )
 
 
@@ -273,6 +281,8 @@ def test_prestart_checks_the_ids_and_refuses_unknown_ones(stub, resources):
     resources.error = UnknownDeviceError("GPU-z-_-0 was never advertised")
     refused = refusal(stub.PreStartContainer, dp.PreStartContainerRequest(devices_ids=["z"]))
     assert refused.code() == grpc.StatusCode.INVALID_ARGUMENT
+    # A failed start is retried by kubelet (back-off): no word of a final rejection.
+    assert refused.details() == "GPU-z-_-0 was never advertised"
 
 
 def test_a_failing_observer_does_not_fail_allocate(resources, socket_dir):

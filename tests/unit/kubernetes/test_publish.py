@@ -4,7 +4,9 @@ Pins: the gpushare annotations `kubectl inspect gpushare` and the extender
 read (index of the pod's first GPU container, pod units, units per card,
 ASSIGNED=true, assume time from the first allocation) and, for multi-container
 pods, the per-container allocation JSON; pods without a known owner or with
-whole cards get none; node labels by model/count/memory/MPS (unknown
+whole cards get none; a pod gets them only once each of its GPU containers holds
+its whole demand (kubelet allocates a container's two resources one at a time),
+and not while the pod is unknown; node labels by model/count/memory/MPS (unknown
 capability gives no mps-capable label); label values are valid; the node
 annotation is compact JSON per card with its allocations; with the status
 document's isolation, ``<label_prefix>isolation`` gives each container's levels.
@@ -46,14 +48,31 @@ def shared(aid, card, units, core, ref, created=10.0):
     return Allocation(aid, devices, units * 1024, created_at=created, owner=ref)
 
 
-def pod(name, *containers):
-    return PodInfo("ns", name, "uid", "node-a", "Pending", 0.0, False, {},
-                   tuple(ContainerRequest(c, {}) for c in containers))  # fmt: skip
+MEMORY, CORE = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
+RESOURCES = {"memory_resource": MEMORY, "core_resource": CORE}
+
+
+def pod(name, *containers, init=()):
+    """A pod of this node; each container ``(name, memory units, core percent)``."""
+
+    def requests(units, core):
+        return {r: n for r, n in ((MEMORY, units), (CORE, core)) if n}
+
+    return PodInfo(
+        "ns", name, "uid", "node-a", "Pending", 0.0, False, {},
+        tuple(ContainerRequest(c, requests(u, k)) for c, u, k in containers),
+        tuple(ContainerRequest(c, requests(u, k)) for c, u, k in init),
+    )  # fmt: skip
+
+
+def annotations_of(allocations, pods, **kwargs):
+    return pod_annotations(allocations, CARDS, 1024, pods, **RESOURCES, **kwargs)
 
 
 def test_single_container_pod():
     ref = ContainerRef("ns", "job", "main")
-    published = pod_annotations([shared("a1", GPU1, 4, 30, ref)], CARDS, 1024, {})
+    pods = {("ns", "job"): pod("job", ("main", 4, 30))}
+    published = annotations_of([shared("a1", GPU1, 4, 30, ref)], pods)
     assert published == {
         ("ns", "job"): {
             "ALIYUN_COM_GPU_MEM_IDX": "1",
@@ -70,8 +89,8 @@ def test_multi_container_pod_says_where_each_container_went():
         shared("b", GPU0, 2, 0, ContainerRef("ns", "two", "side"), created=12.0),
         shared("a", GPU1, 4, 0, ContainerRef("ns", "two", "main"), created=11.0),
     ]
-    published = pod_annotations(
-        allocations, CARDS, 1024, {("ns", "two"): pod("two", "main", "side")}
+    published = annotations_of(
+        allocations, {("ns", "two"): pod("two", ("main", 4, 0), ("side", 2, 0))}
     )
     annotations = published[("ns", "two")]
     assert annotations["ALIYUN_COM_GPU_MEM_IDX"] == "1"  # the first container's card
@@ -86,7 +105,56 @@ def test_multi_container_pod_says_where_each_container_went():
 def test_no_annotations_without_owner_or_for_whole_cards():
     whole = Allocation("w", {ResourceKind.WHOLE: (GPU0,)}, 0, 1.0, ContainerRef("ns", "w", "m"))
     unknown = shared("u", GPU1, 1, 0, None)
-    assert pod_annotations([whole, unknown], CARDS, 1024, {}) == {}
+    pods = {("ns", "w"): pod("w", ("m", 0, 0))}
+    assert annotations_of([whole, unknown], pods) == {}
+
+
+def test_half_of_a_containers_demand_publishes_nothing():
+    """kubelet allocates a container's memory and share one after the other, in either
+    order: while its allocation holds only one of them, the pod gets no annotation at all
+    (no isolation saying memory or compute "unlimited", no ALIYUN_COM_GPU_MEM_POD of 0);
+    once it holds both, everything, from the whole demand."""
+    ref = ContainerRef("ns", "job", "main")
+    pods = {("ns", "job"): pod("job", ("main", 4, 30))}
+    core_only = Allocation(
+        "a1", {ResourceKind.CORE: tuple(f"{GPU1}-_-c{j}" for j in range(30))}, 0, 10.0, ref
+    )
+    memory_only = shared("a1", GPU1, 4, 0, ref)
+    whole_demand = shared("a1", GPU1, 4, 30, ref)
+    watchdog = WatchdogFacts(running=True, action="kill", usage_readable=True)
+    for held in (core_only, memory_only, whole_demand):
+        status = build_status(
+            "node-a", CARDS, [held], source="daemon", card_problems={},
+            mps={GPU0: MpsView("healthy", 2), GPU1: MpsView("healthy", 2)}, usage=None,
+            containers={}, violations={}, enforcement=None, daemon=None,
+            isolation=NodeIsolationFacts(watchdog),
+        )  # fmt: skip
+        published = annotations_of(
+            [held], pods, isolation=isolation_by_allocation(status), label_prefix="p/"
+        )
+        if held is not whole_demand:
+            assert published == {}, held.devices.keys()
+    assert published[("ns", "job")]["ALIYUN_COM_GPU_MEM_POD"] == "4"
+    assert json.loads(published[("ns", "job")]["p/isolation"]) == {
+        "main": {"memory": "enforced", "compute": "advisory"}
+    }
+
+
+def test_a_pod_is_published_once_every_gpu_container_holds_its_demand():
+    """A pod of two GPU containers gets its annotations once both hold their whole demand
+    (not with the first container alone: ALIYUN_COM_GPU_MEM_POD would be half the pod's);
+    a container asking no GPU is not waited for, nor is an init container. A pod not (yet)
+    in the pod cache gets nothing: its demand is not known."""
+    main = shared("a", GPU1, 4, 0, ContainerRef("ns", "two", "main"), created=11.0)
+    side = shared("b", GPU0, 2, 0, ContainerRef("ns", "two", "side"), created=12.0)
+    pods = {
+        ("ns", "two"): pod(
+            "two", ("main", 4, 0), ("side", 2, 0), ("plain", 0, 0), init=[("setup", 1, 0)]
+        )
+    }
+    assert annotations_of([main], pods) == {}
+    assert annotations_of([main, side], pods)[("ns", "two")]["ALIYUN_COM_GPU_MEM_POD"] == "6"
+    assert annotations_of([main, side], {}) == {}
 
 
 def test_node_labels():
@@ -156,10 +224,10 @@ def test_isolation_annotation_gives_each_containers_levels():
     )  # fmt: skip
     known = isolation_by_allocation(status)
     del known["c"]  # as for an allocation made after the document was taken
-    pods = {("ns", "two"): pod("two", "main", "side", "late")}
-    without = pod_annotations(allocations, CARDS, 1024, pods)
-    published = pod_annotations(
-        allocations, CARDS, 1024, pods, isolation=known, label_prefix="gpushare.aliyun.com/"
+    pods = {("ns", "two"): pod("two", ("main", 4, 30), ("side", 2, 0), ("late", 2, 0))}
+    without = annotations_of(allocations, pods)
+    published = annotations_of(
+        allocations, pods, isolation=known, label_prefix="gpushare.aliyun.com/"
     )
     annotations = published[("ns", "two")]
     text = annotations.pop("gpushare.aliyun.com/isolation")

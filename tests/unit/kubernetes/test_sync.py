@@ -17,6 +17,7 @@ from nodemgr.domain.deviceids import ResourceKind, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.podmatch import ContainerRequest, Demand, PodInfo, asked_sizes
 from nodemgr.domain.violations import MEMORY, Violation
+from nodemgr.errors import REFUSAL_IS_FINAL
 from nodemgr.inventory import Card
 from nodemgr.kubernetes.adapter import KubeAdapter
 from nodemgr.kubernetes.publish import GPU_COUNT_RESOURCE
@@ -58,6 +59,7 @@ def allocation(id_, pod_name, units=4, card="GPU-a"):
 class FakeAllocator:
     def __init__(self, allocations=()):
         self.cards = CARDS
+        self.resource_names = {ResourceKind.MEMORY: MEM, ResourceKind.CORE: CORE}
         self.changes = ChangeCounter()
         self.held = list(allocations)
 
@@ -337,13 +339,13 @@ def test_a_failing_publish_does_not_end_the_publisher(caplog):
 
 
 def test_a_refusal_is_an_event_on_the_pod():
-    """post_refusal records a GPUShareRefused Event on the demand's pod with the message."""
+    """post_refusal records a GPUShareRefused Event on the demand's pod with the message and
+    what it means for the pod: rejected for good by kubelet, and what to do."""
     adapter = FakeAdapter()
     demand = Demand("ml", "train-0", "main", 0, 16, 0, None)
     post_refusal(adapter, demand, "no single GPU on node-a has 16 GiB free")
-    assert adapter.calls == [
-        ("event", "ml", "train-0", REFUSAL_REASON, "no single GPU on node-a has 16 GiB free")
-    ]
+    message = f"no single GPU on node-a has 16 GiB free. {REFUSAL_IS_FINAL}"
+    assert adapter.calls == [("event", "ml", "train-0", REFUSAL_REASON, message)]
 
 
 def test_a_violation_is_an_event_naming_container_card_and_action():

@@ -198,7 +198,10 @@ def test_containerd_base_spec_in_a_fake_root(tmp_path):
     spec = {"ociVersion": "1.1.0", "process": {"args": ["sh"]}, "hooks": hooks}
     write(f"{root}/etc/containerd/gpushare-base-spec.json", json.dumps(spec))
     result = runtime_hook.check_runtime_hook(settings, host)
-    assert result.status == PASS and result.detail.startswith("containerd: " + HOOK_BIN)
+    assert result.status == PASS and result.detail.startswith(
+        "containerd (/etc/containerd/config.toml, default path, no containerd process found): "
+        + HOOK_BIN
+    )
 
 
 def test_hooks_written_by_nodemgr_install_pass(tmp_path):
@@ -220,3 +223,110 @@ def test_hooks_written_by_nodemgr_install_pass(tmp_path):
     os.rename(f"{root}{hook_path}", f"{root}{hook_path}.away")
     missing = runtime_hook.check_runtime_hook(settings, host)
     assert missing.status == FAIL and f"{hook_path} is not an executable file" in missing.detail
+
+
+# --- which containerd config -------------------------------------------------------------
+
+
+def fake_process(root: str, pid: int, exe: str, argv: list[str], uid: int = 0, cwd: str = "/"):
+    """/proc/<pid> of a process in the fake tree: exe and cwd links, cmdline, status."""
+    os.makedirs(f"{root}/proc/{pid}")
+    os.symlink(exe, f"{root}/proc/{pid}/exe")
+    os.symlink(cwd, f"{root}/proc/{pid}/cwd")
+    write(f"{root}/proc/{pid}/cmdline", "\0".join(argv) + "\0")
+    write(f"{root}/proc/{pid}/status", f"Name:\tx\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+
+
+def hooked_containerd_config(root: str, config: str) -> None:
+    """A containerd config at ``config`` whose runc runtime has the shipped hooks."""
+    spec_path = os.path.join(os.path.dirname(config), "gpushare-base-spec.json")
+    write(
+        f"{root}{config}",
+        'version = 2\n[plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]\n'
+        f'base_runtime_spec = "{spec_path}"\n',
+    )
+    with open(SHIPPED_CONTAINERD_HOOKS) as f:
+        hooks = json.load(f)["hooks"]
+    write(f"{root}{spec_path}", json.dumps({"ociVersion": "1.1.0", "hooks": hooks}))
+
+
+@pytest.mark.parametrize(
+    ("argv", "cwd"),
+    [
+        (["containerd", "--config", "/opt/k8s/containerd.toml"], "/"),
+        (["/usr/bin/containerd", "--log-level", "info", "-c=/opt/k8s/containerd.toml"], "/"),
+        (["containerd", "-config=/opt/k8s/containerd.toml"], "/"),
+        (["containerd", "--c", "containerd.toml"], "/opt/k8s"),
+    ],
+)
+def test_containerd_config_comes_from_the_running_process(tmp_path, argv, cwd):
+    """containerd run with its config elsewhere (--config/-c in any form Go's flag package
+    takes, relative to its cwd): doctor reads that file, not /etc/containerd/config.toml, and
+    says which file it checked and how it found it."""
+    root = str(tmp_path)
+    host = fake_node(root, crio_hooks=False)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    write(f"{root}/etc/containerd/config.toml", "version = 2\n")  # not the one running
+    hooked_containerd_config(root, "/opt/k8s/containerd.toml")
+    fake_process(root, 4242, "/usr/bin/containerd", argv, cwd=cwd)
+    fake_process(root, 4243, "/usr/bin/containerd-shim-runc-v2", ["shim", "-c", "/x.toml"])
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == PASS, result.detail
+    assert result.detail.startswith(
+        f"containerd (/opt/k8s/containerd.toml, --config of pid 4242): {HOOK_BIN}"
+    )
+
+
+def test_containerd_config_without_a_running_containerd_is_the_default_path(tmp_path):
+    """No containerd process: the default /etc/containerd/config.toml is read, and the
+    result says so; a containerd without --config reads the default path too."""
+    root = str(tmp_path)
+    host = fake_node(root, crio_hooks=False)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    hooked_containerd_config(root, "/etc/containerd/config.toml")
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == PASS and result.detail.startswith(
+        "containerd (/etc/containerd/config.toml, default path, no containerd process found):"
+    )
+    fake_process(root, 77, "/usr/bin/containerd", ["containerd"])
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == PASS and result.detail.startswith(
+        "containerd (/etc/containerd/config.toml, default path of pid 77):"
+    )
+
+
+def test_a_containerd_not_run_by_root_is_not_believed(tmp_path):
+    """A local user's process named containerd pointing at a config with the hooks does not
+    make the check pass: only root's containerd says where the node's config is."""
+    root = str(tmp_path)
+    host = fake_node(root, crio_hooks=False)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    write(f"{root}/etc/containerd/config.toml", "version = 2\n")
+    hooked_containerd_config(root, "/home/eve/containerd.toml")
+    fake_process(
+        root,
+        500,
+        "/home/eve/containerd",
+        ["containerd", "-c", "/home/eve/containerd.toml"],
+        uid=1000,
+    )
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == FAIL
+    assert "/home/eve" not in result.detail
+    assert "/etc/containerd/config.toml" in result.detail
+
+
+def test_no_hook_names_the_containerd_config_checked(tmp_path):
+    """Without the hook anywhere, the FAIL names the containerd config it read (the running
+    containerd's), and the fix names that file."""
+    root = str(tmp_path)
+    host = fake_node(root, crio_hooks=False)
+    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    write(f"{root}/opt/k8s/containerd.toml", "version = 2\n")
+    fake_process(
+        root, 9, "/usr/bin/containerd", ["containerd", "--config", "/opt/k8s/containerd.toml"]
+    )
+    result = runtime_hook.check_runtime_hook(settings, host)
+    assert result.status == FAIL
+    assert "a base_runtime_spec in /opt/k8s/containerd.toml (--config of pid 9)" in result.detail
+    assert "/opt/k8s/containerd.toml" in result.fix
