@@ -2,7 +2,8 @@
 
 The protocol is a datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``. It is
 spoken here directly rather than through the ``sdnotify`` package (0.3.2,
-checked), which cannot do three things this daemon needs: it reads
+still its newest release on PyPI on 2026-11-26; its source read again then),
+which cannot do three things this daemon needs: it reads
 ``$NOTIFY_SOCKET`` from the process environment itself (tests and a
 ``systemd-nspawn`` harness could not point it elsewhere); it encodes every
 message as Latin-1 and hides the failure in a bare ``except``, so a STATUS

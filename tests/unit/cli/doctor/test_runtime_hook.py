@@ -27,6 +27,13 @@ from tests.unit.cli.doctor.support import (
 )
 
 
+def node_settings(backend="nvml"):
+    """What check_runtime_hook reads of the daemon's settings."""
+    return SimpleNamespace(
+        hook_socket="/run/gpushare/hook.sock", gpus=SimpleNamespace(backend=backend)
+    )
+
+
 def entry(stage=runtime_hook.CREATE, socket_path="/run/gpushare/hook.sock", **kw):
     values = dict(
         source="/etc/containers/oci/hooks.d/50-gpushare-create.json",
@@ -155,7 +162,7 @@ def test_crio_hooks_found_in_a_fake_root(tmp_path):
     """The shipped CRI-O hooks pass; a removed binary or a broken hook file FAILs."""
     root = str(tmp_path)
     host = fake_node(root)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     result = runtime_hook.check_runtime_hook(settings, host)
     assert result.status == PASS and "CRI-O/podman" in result.detail
     os.remove(f"{root}{HOOK_BIN}")
@@ -166,6 +173,20 @@ def test_crio_hooks_found_in_a_fake_root(tmp_path):
     assert broken.status == FAIL and "names gpushare-hook but is invalid" in broken.detail
 
 
+def test_no_hook_on_a_simulated_node_says_it_is_expected_there(tmp_path):
+    """The quick start (simulated GPUs, no container runtime) has no hook: still a FAIL, as
+    nothing is checked at creation, but the line says that is expected on such a node, so a
+    newcomer following the quick start is not sent to install one."""
+    host = fake_node(str(tmp_path), crio_hooks=False)
+    real = runtime_hook.check_runtime_hook(node_settings("nvml"), host)
+    simulated = runtime_hook.check_runtime_hook(node_settings("simulated"), host)
+    assert real.status == simulated.status == FAIL
+    assert "expected" not in real.detail
+    assert simulated.detail == real.detail + (
+        "; expected on a node with simulated GPUs and no container runtime (the quick start)"
+    )
+
+
 def test_etc_hooks_d_replaces_the_same_file_in_usr_share(tmp_path):
     """A file in /etc's hooks.d shadows a stale one of the same name in /usr/share's."""
     root = str(tmp_path)
@@ -174,7 +195,7 @@ def test_etc_hooks_d_replaces_the_same_file_in_usr_share(tmp_path):
     with open(os.path.join(SHIPPED_HOOKS_D, "50-gpushare-create.json")) as f:
         stale = f.read().replace("/run/gpushare/hook.sock", "/old/hook.sock")
     write(f"{root}/usr/share/containers/oci/hooks.d/50-gpushare-create.json", stale)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     assert runtime_hook.check_runtime_hook(settings, host).status == PASS
 
 
@@ -183,7 +204,7 @@ def test_containerd_base_spec_in_a_fake_root(tmp_path):
     pass."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     write(f"{root}/etc/containerd/config.toml", "version = 2\n")
     assert runtime_hook.check_runtime_hook(settings, host).status == FAIL
     write(
@@ -265,7 +286,7 @@ def test_containerd_config_comes_from_the_running_process(tmp_path, argv, cwd):
     says which file it checked and how it found it."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     write(f"{root}/etc/containerd/config.toml", "version = 2\n")  # not the one running
     hooked_containerd_config(root, "/opt/k8s/containerd.toml")
     fake_process(root, 4242, "/usr/bin/containerd", argv, cwd=cwd)
@@ -282,7 +303,7 @@ def test_containerd_config_without_a_running_containerd_is_the_default_path(tmp_
     result says so; a containerd without --config reads the default path too."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     hooked_containerd_config(root, "/etc/containerd/config.toml")
     result = runtime_hook.check_runtime_hook(settings, host)
     assert result.status == PASS and result.detail.startswith(
@@ -300,7 +321,7 @@ def test_a_containerd_not_run_by_root_is_not_believed(tmp_path):
     make the check pass: only root's containerd says where the node's config is."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     write(f"{root}/etc/containerd/config.toml", "version = 2\n")
     hooked_containerd_config(root, "/home/eve/containerd.toml")
     fake_process(
@@ -321,7 +342,7 @@ def test_no_hook_names_the_containerd_config_checked(tmp_path):
     containerd's), and the fix names that file."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = SimpleNamespace(hook_socket="/run/gpushare/hook.sock")
+    settings = node_settings()
     write(f"{root}/opt/k8s/containerd.toml", "version = 2\n")
     fake_process(
         root, 9, "/usr/bin/containerd", ["containerd", "--config", "/opt/k8s/containerd.toml"]
