@@ -19,6 +19,7 @@ value not in its exact ASCII form is an env violation naming the variable.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hooks.gpuenv import quota_env_form_problem
@@ -28,7 +29,7 @@ from nodemgr.domain.podtie import pod_of
 
 MEMORY = "memory"  # an allocation's GPU processes together use more than its memory quota
 ENV = "env"  # a GPU process of a registered container lacks or raises its quota env
-UNALLOCATED = "unallocated"  # a GPU process on a shared card outside any allocation
+UNALLOCATED = "unallocated"  # a GPU process on one of the node's cards outside its allocation
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,22 @@ def find_violations(
     registrations: list[Registration],
     allocations: dict[str, Allocation],
     processes: list[GpuProcess],
-    shared_cards: set[str],
+    cards: set[str],
     grace_mib: int,
+    whole_cards: Collection[str] = frozenset(),
 ) -> list[Violation]:
+    """The violations of one snapshot. ``cards``: the node's cards, every one policed,
+    shared or given out whole (``whole_cards``, named so in the details): a GPU process
+    there that no live allocation holding the card explains is unallocated."""
     by_allocation: dict[str, list[tuple[Registration, GpuProcess]]] = {}
     violations = []
     index = index_registrations(registrations)
     for process in processes:
         registration, allocation = _holder(index, allocations, process)
         if registration is None or allocation is None:
-            if process.card_uuid in shared_cards:
-                violations.append(_unallocated(process, index, allocations))
+            if process.card_uuid in cards:
+                whole = process.card_uuid in whole_cards
+                violations.append(_unallocated(process, index, allocations, whole))
             continue
         by_allocation.setdefault(allocation.id, []).append((registration, process))
         if allocation.whole:
@@ -206,7 +212,10 @@ def _over_memory(
 
 
 def _unallocated(
-    process: GpuProcess, index: RegistrationIndex, allocations: dict[str, Allocation]
+    process: GpuProcess,
+    index: RegistrationIndex,
+    allocations: dict[str, Allocation],
+    whole_card: bool,
 ) -> Violation:
     registration = registration_of(index, process.cgroups)
     allocation = allocations.get(registration.allocation_id) if registration else None
@@ -228,7 +237,10 @@ def _unallocated(
         kind=UNALLOCATED,
         card_uuid=process.card_uuid,
         pids=(process.pid,),
-        detail=f"process {process.pid} uses {process.used_mib} MiB of a shared card and {why}",
+        detail=(
+            f"process {process.pid} uses {process.used_mib} MiB of "
+            f"{'a card given out whole' if whole_card else 'a shared card'} and {why}"
+        ),
         allocation_id=allocation.id if allocation else None,
         container_id=registration.container_id if registration else None,
         owner=(allocation.owner if allocation else None)

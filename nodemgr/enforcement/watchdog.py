@@ -278,13 +278,13 @@ class Watchdog(ThreadWorker):
             self._active = set()
             return []
         allocations = {a.id: a for a in self._allocator.allocations()}
-        shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
         violations = find_violations(
             self._registry.registrations(),
             allocations,
             processes,
-            shared_cards,
+            {c.uuid for c in self._allocator.cards},
             self._settings.grace_mib,
+            self._allocator.whole_cards(),
         )
         self._set_last_usage(self._usage_view(processes))
         starts = {p.pid: p.start_ticks for p in processes}

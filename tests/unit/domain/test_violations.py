@@ -3,8 +3,9 @@ the processes of every container registered on it (nested cgroups included; issu
 and only what exceeds quota + grace is a violation, whose pids are the newest processes across
 the allocation, just enough to get back within quota + grace, naming the allocation and its pod;
 allocation_used_mib sums exactly that for the status; a process without
-or above its quota env is an ENV violation; GPU processes on shared cards outside a live
-allocation holding that card are UNALLOCATED; whole cards and whole allocations are not policed;
+or above its quota env is an ENV violation; GPU processes on any of the node's cards, shared or
+given out whole, outside a live allocation holding that card are UNALLOCATED; whole allocations
+get no memory or env checks;
 violation keys stay the same across scans; a quota value not in its exact ASCII form is an ENV
 violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED)."""
 
@@ -51,9 +52,11 @@ def proc(pid, used_mib, start_ticks=None, card=GPU0, path="/pod-a/c1", env=QUOTA
     return GpuProcess(pid, card, used_mib, start, {"": path}, dict(env))
 
 
-def find(registrations, allocations, processes, shared_cards=(GPU0,), grace=GRACE):
+def find(registrations, allocations, processes, whole_cards=(), grace=GRACE):
+    """The violations on a node of two cards, ``whole_cards`` given out whole."""
+    allocated = {a.id: a for a in allocations}
     return find_violations(
-        registrations, {a.id: a for a in allocations}, processes, set(shared_cards), grace
+        registrations, allocated, processes, {GPU0, GPU1}, grace, set(whole_cards)
     )
 
 
@@ -238,7 +241,7 @@ def test_process_whose_allocation_is_gone_is_unallocated():
 
 def test_process_on_a_card_its_allocation_does_not_hold_is_unallocated():
     process = proc(101, 500, card=GPU1)
-    [violation] = find([registration()], [shared()], [process], shared_cards=(GPU0, GPU1))
+    [violation] = find([registration()], [shared()], [process])
     assert violation.kind == UNALLOCATED and violation.card_uuid == GPU1
     assert violation.allocation_id == "ga-1"
     assert f"holds {GPU0}, not this card" in violation.detail
@@ -246,20 +249,33 @@ def test_process_on_a_card_its_allocation_does_not_hold_is_unallocated():
 
 def test_process_on_a_card_outside_its_allocation_does_not_count_toward_its_memory():
     processes = [proc(101, 3000), proc(102, 3000, card=GPU1)]
-    violations = find([registration()], [shared()], processes, shared_cards=(GPU0, GPU1))
+    violations = find([registration()], [shared()], processes)
     assert [v.kind for v in violations] == [UNALLOCATED]
 
 
-def test_processes_on_non_shared_cards_outside_registrations_are_not_violations():
-    processes = [proc(101, 9000, card=GPU1, path="/host/job"), proc(102, 9000, card=GPU1)]
-    assert find([registration()], [shared()], processes, shared_cards=(GPU0,)) == []
+def test_a_process_on_a_whole_card_outside_its_allocation_is_unallocated():
+    """A card given out whole is policed as a shared one is: a process of no registered
+    container there, and one whose allocation holds another card, are unallocated; the
+    whole allocation's own processes are not judged (no quota, no env)."""
+    owner = registration("cw", "ga-w", "/pod-w/cw")
+    processes = [
+        proc(101, 8192, card=GPU1, path="/host/job"),
+        proc(102, 2048, card=GPU1),
+        proc(103, 4096, card=GPU1, path="/pod-w/cw", env={}),
+    ]
+    violations = find([registration(), owner], [shared(), whole()], processes, whole_cards=(GPU1,))
+    assert sorted((v.kind, v.pids) for v in violations) == [
+        (UNALLOCATED, (101,)),
+        (UNALLOCATED, (102,)),
+    ]
+    assert all("a card given out whole" in v.detail for v in violations)
 
 
 def test_whole_allocations_get_no_memory_or_env_checks():
     reg = registration("cw", "ga-w", "/pod-w/cw")
     processes = [proc(101, 15000, card=GPU1, path="/pod-w/cw", env={})]
     # Even when the card is (wrongly) listed as shared, the registration covers it.
-    assert find([reg], [whole()], processes, shared_cards=(GPU0, GPU1)) == []
+    assert find([reg], [whole()], processes) == []
 
 
 # --- keys ------------------------------------------------------------------------------------
