@@ -9,8 +9,14 @@ It also tells which process is a card's control daemon and which are its MPS
 servers, from facts in /proc that no container can forge (mps.identity), and
 keeps what containers see of a daemon to its client directory (mps.layout).
 
+The control daemon serves one client at a time and waits, with no time-out, on the one
+it accepted: mps.connections reads its connections on the control socket from the
+kernel (sock_diag, /proc) and mps.holders says which client holds it by sending
+nothing, so the node daemon can name and act on that process.
+
 What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
-part of it); kill MPS clients or servers (a health check only reads); keep
+part of it); kill anything (a health check and a look only read: acting on a holder is
+the node daemon's enforcement); keep
 state beyond what the running control daemon and the file system hold.
 """
 

@@ -1,0 +1,204 @@
+"""A control daemon's connections on its control socket, and who holds their other end.
+
+What mps.holders judges, read from the kernel:
+
+- the daemon's sockets: the ``socket:[inode]`` links of /proc/PID/fd;
+- which of them are connections accepted on its control socket, their peer socket
+  and what waits unread in them: sock_diag (mps.sockdiag), asked first in our own
+  network namespace, then in the namespace whose /proc/PID/net/unix lists the socket
+  (an accepted socket lives in the client's network namespace). A /proc/net/unix
+  line is only a hint where to ask: a process can print lines there (a bound path
+  holding a newline), so only sock_diag's answer counts, and only for a socket bound
+  to the control socket's own file (device and inode);
+- what the daemon is blocked on: /proc/PID/syscall;
+- who holds each peer socket: every process's ``socket:[inode]`` links, each
+  process with its start time, and whether it descends from the node daemon or from
+  the control daemon (its parent chain in /proc/PID/stat).
+
+Every read fails closed: what cannot be read makes the look's ``problem`` (then nobody
+is judged), never an exception. The process table is walked only when asked (the
+supervisor asks while a card does not answer), within ``deadline_seconds``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from collections.abc import Iterable
+
+from mps import proc, sockdiag
+from mps.holders import Connection, Holder, Look, awaited_fd, parse_syscall
+from mps.identity import DaemonIdentity, FileId, socket_inode
+
+SYSCALL_MAX_BYTES = 256
+MAX_PARENT_STEPS = 64  # deeper than any real process tree; a longer chain is not followed
+DEADLINE_SECONDS = 10.0
+
+
+def look(
+    daemon: DaemonIdentity, pipe_dir: str, ours: int, deadline_seconds: float = DEADLINE_SECONDS
+) -> Look:
+    """The connections the control daemon ``daemon`` accepted on ``<pipe_dir>/control``
+    now; ``ours``: the node daemon's PID (its descendants are its control commands)."""
+    deadline = time.monotonic() + deadline_seconds
+    stat = proc.stat_of(daemon.pid)
+    if stat is None or stat.start_ticks != daemon.start_ticks or stat.state == "Z":
+        return Look(daemon, problem=f"the control daemon (pid {daemon.pid}) is gone")
+    stopped = stat.state in ("T", "t")
+    control = proc.file_id(os.path.join(pipe_dir, "control"))
+    if control is None:
+        return Look(daemon, stopped, problem=f"{pipe_dir}/control cannot be read")
+    sockets = daemon_sockets(daemon.pid)
+    syscall = proc.read_file(f"{proc.PROC}/{daemon.pid}/syscall", SYSCALL_MAX_BYTES)
+    if sockets is None or syscall is None:
+        unreadable = f"/proc/{daemon.pid}/fd or /proc/{daemon.pid}/syscall cannot be read"
+        return Look(daemon, stopped, problem=unreadable)
+    waits_on = awaited_fd(parse_syscall(syscall), platform.machine())
+    try:
+        records = find_sockets(set(sockets.values()), daemon.pid)
+    except sockdiag.SockDiagError as e:
+        return Look(daemon, stopped, problem=str(e))
+    wanted_file = (sockdiag.device_number(control.dev), control.ino)
+    accepted = []
+    for fd, inode in sorted(sockets.items()):
+        record = records.get(inode)
+        if record is None or record.state != sockdiag.ESTABLISHED or record.file != wanted_file:
+            continue
+        accepted.append((fd, record))
+    peers = {record.peer for _, record in accepted if record.peer is not None}
+    held = holders(peers, daemon, ours, deadline) if peers else {}
+    if held is None:
+        return Look(
+            daemon,
+            stopped,
+            problem=f"the process table was not read through within {deadline_seconds:g} s",
+        )
+    connections = tuple(
+        Connection(
+            fd,
+            record.inode,
+            record.peer,
+            record.unread,
+            awaited=fd == waits_on,
+            holders=tuple(held.get(record.peer, ())) if record.peer is not None else (),
+        )
+        for fd, record in accepted
+    )
+    if proc.stat_of(daemon.pid) != stat:
+        return Look(daemon, stopped, problem="the control daemon changed while it was read")
+    return Look(daemon, stopped, connections)
+
+
+def daemon_sockets(pid: int) -> dict[int, int] | None:
+    """fd -> socket inode of every socket the process holds; None when unreadable."""
+    directory = f"{proc.PROC}/{pid}/fd"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    if len(names) > proc.MAX_FDS:
+        return None
+    found = {}
+    for name in names:
+        try:
+            inode = socket_inode(os.readlink(f"{directory}/{name}"))
+        except OSError:
+            continue  # closed meanwhile
+        if inode is not None and name.isdigit():
+            found[int(name)] = inode
+    return found
+
+
+def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSocket]:
+    """sock_diag's record of each of ``inodes`` it finds: in our network namespace, then
+    in those whose /proc/PID/net/unix lists one of the rest. SockDiagError when sock_diag
+    cannot be asked at all."""
+    with sockdiag.DiagSocket() as ours:
+        found = ours.sockets_of(inodes)
+    missing = inodes - set(found)
+    own_ns = proc.file_id(f"{proc.PROC}/self/ns/net")
+    for pid in _one_per_network_namespace(own_ns) if missing else ():
+        listed = proc.sockets_listed(pid) & missing
+        if not listed:
+            continue
+        try:
+            with sockdiag.DiagSocket(f"{proc.PROC}/{pid}/ns/net") as theirs:
+                answered = theirs.sockets_of(listed)
+        except sockdiag.SockDiagError:
+            if proc.stat_of(pid) is None:
+                continue  # the process (and with it our way into its namespace) is gone
+            raise
+        found.update(answered)
+        missing -= set(answered)
+        if not missing:
+            break
+    return found
+
+
+def _one_per_network_namespace(own: FileId | None) -> Iterable[int]:
+    seen = {own}
+    for pid in proc.pids():
+        namespace = proc.file_id(f"{proc.PROC}/{pid}/ns/net")
+        if namespace is not None and namespace not in seen:
+            seen.add(namespace)
+            yield pid
+
+
+def holders(
+    peers: set[int], daemon: DaemonIdentity, ours: int, deadline: float
+) -> dict[int, list[Holder]] | None:
+    """Peer inode -> the processes holding it (the control daemon itself left out); None
+    when the walk did not finish by ``deadline`` (monotonic)."""
+    links = {f"socket:[{peer}]": peer for peer in peers}
+    found: dict[int, list[Holder]] = {}
+    for pid in proc.pids():
+        if time.monotonic() > deadline:
+            return None
+        if pid == daemon.pid:
+            continue
+        held = _holds(pid, links)
+        if not held:
+            continue
+        stat = proc.stat_of(pid)
+        if stat is None or stat.state == "Z":
+            continue  # gone meanwhile
+        chain = _ancestors(pid)
+        holder = Holder(
+            pid,
+            stat.start_ticks,
+            ours=pid == ours or ours in chain,
+            daemons=daemon.pid in chain,
+        )
+        for peer in held:
+            found.setdefault(peer, []).append(holder)
+    return found
+
+
+def _holds(pid: int, links: dict[str, int]) -> set[int]:
+    directory = f"{proc.PROC}/{pid}/fd"
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return set()
+    held = set()
+    for name in names:
+        try:
+            link = os.readlink(f"{directory}/{name}")
+        except OSError:
+            continue
+        peer = links.get(link)
+        if peer is not None:
+            held.add(peer)
+    return held
+
+
+def _ancestors(pid: int) -> set[int]:
+    chain = set()
+    for _ in range(MAX_PARENT_STEPS):
+        stat = proc.stat_of(pid)
+        if stat is None or stat.parent <= 0:
+            break
+        pid = stat.parent
+        chain.add(pid)
+    return chain
