@@ -335,6 +335,8 @@ class Watchdog(ThreadWorker):
         starts: dict[int, int] = {}
         for hold in holds:
             holders = [h for h in map(self._holder_process, hold.holders) if h is not None]
+            if not holders:
+                continue  # all gone: the daemon is free again (the next check shows it)
             violations.append(control_hold_violation(hold, holders, index, allocations))
             starts.update((h.pid, h.start_ticks) for h in holders)
         return violations, starts

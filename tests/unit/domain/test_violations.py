@@ -7,7 +7,10 @@ or above its quota env is an ENV violation; GPU processes on any of the node's c
 given out whole, outside a live allocation holding that card are UNALLOCATED; whole allocations
 get no memory or env checks;
 violation keys stay the same across scans; a quota value not in its exact ASCII form is an ENV
-violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED)."""
+violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED).
+A process holding its card's MPS control daemon is an MPS_CONTROL violation: acted on when in a
+container (registered, or in a mount namespace of its own outside any systemd service), only
+named when it is the host's."""
 
 import pytest
 
@@ -16,10 +19,15 @@ from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registrati
 from nodemgr.domain.violations import (
     ENV,
     MEMORY,
+    MPS_CONTROL,
     UNALLOCATED,
+    ControlHold,
     GpuProcess,
+    HolderProcess,
     allocation_used_mib,
+    control_hold_violation,
     find_violations,
+    index_registrations,
 )
 from tests.harness.cards import GPU0, GPU1
 
@@ -350,3 +358,43 @@ def test_a_process_whose_cgroup_cannot_be_read_is_unallocated_saying_why():
     process = GpuProcess(101, GPU0, 100, 1010, {}, dict(QUOTA_ENV), cgroup_problem="not UTF-8")
     [violation] = find([registration()], [shared()], [process])
     assert violation.kind == UNALLOCATED and "not UTF-8" in violation.detail
+
+
+# --- MPS control holds -----------------------------------------------------------------------
+
+
+HOLD = ControlHold(GPU0, 10, 11, ((101, 1010), (102, 1020)))
+
+
+def held_by(*holders, registrations=(), allocations=()):
+    index = index_registrations(list(registrations))
+    return control_hold_violation(HOLD, list(holders), index, {a.id: a for a in allocations})
+
+
+def test_a_registered_containers_process_holding_the_control_daemon_is_acted_on():
+    """Named with its container and pod, tied to its allocation; its PID is what kill stops;
+    the key names the connection (stable while it lasts)."""
+    holder = HolderProcess(101, 1010, {"": "/pod-a/c1/sub"}, host_mount_ns=False)
+    violation = held_by(holder, registrations=[registration()], allocations=[shared()])
+    assert violation.kind == MPS_CONTROL and violation.card_uuid == GPU0
+    assert violation.pids == (101,) and violation.owner == POD_A
+    assert (violation.container_id, violation.allocation_id) == ("c1", "ga-1")
+    assert "process 101 (container c1, pod default/a)" in violation.detail
+    assert "sends nothing" in violation.detail
+    assert violation.key == (MPS_CONTROL, GPU0, 10, 11)
+
+
+def test_a_container_of_no_allocation_is_acted_on_a_host_process_only_named():
+    """Another mount namespace outside every service: a container, acted on. The host's
+    mount namespace, a service with a namespace of its own (PrivateTmp=) or one that cannot
+    be read: the host's, named and not killed."""
+    container = HolderProcess(101, 1010, {"": "/kubepods/pod1/abc"}, host_mount_ns=False)
+    host = HolderProcess(102, 1020, {"": "/user.slice/session-1.scope"}, host_mount_ns=True)
+    service = HolderProcess(103, 1030, {"": "/system.slice/x.service"}, host_mount_ns=False)
+    unknown = HolderProcess(104, 1040, {}, "unreadable", host_mount_ns=None)
+    violation = held_by(container, host, service, unknown)
+    assert violation.pids == (101,) and violation.owner is None
+    assert "process 101 (in a container of no registered allocation" in violation.detail
+    host_words = "(in no container: a process of the host's, named and not killed)"
+    for pid in (102, 103, 104):
+        assert f"process {pid} {host_words}" in violation.detail
