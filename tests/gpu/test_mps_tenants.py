@@ -12,17 +12,22 @@ as junit properties, then asserts the isolation a tenant would want: A computes 
 server serves on. Both are strict xfails where the daemon obeys (what the 535 binary's
 answers suggest: it refuses only ``quit`` on the unprivileged socket), so a driver that
 refuses them makes the test fail and the record is corrected.
+
+A client that connects to ``control`` and sends nothing holds the daemon (it serves one
+client at a time): the last test pins, on this driver, what names the holder (the probe
+hangs, mps.connections sees the daemon blocked reading that connection).
 """
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 
 import pytest
 
-from mps import CardDaemon
+from mps import CardDaemon, HealthState
 from tests.gpu.clients import client_env, start_client
 
 pytestmark = pytest.mark.gpu
@@ -133,3 +138,24 @@ def test_a_tenant_cannot_shut_down_the_server_under_another_tenant(daemon, tenan
     record_property("shutdown_server_server_listed_after", not stopped)
     record_property("shutdown_server_victim_computes_after", after or "(ended)")
     assert not stopped and after.startswith("ok"), (done.stdout, after)
+
+
+def test_a_silent_client_holds_the_daemon_and_is_named(daemon, record_property):
+    """A SOCK_SEQPACKET connection to the client directory's ``control`` that sends nothing:
+    a probe times out (HUNG); mps.connections sees that connection, the daemon blocked
+    reading it with nothing unread, held by this process; closed, the daemon answers."""
+    daemon.publish()
+    impatient = CardDaemon(daemon.card_uuid, daemon.binary, daemon.pipe_dir, daemon.log_dir, 2)
+    identity = daemon.identify()
+    assert identity is not None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+        silent.connect(os.path.join(daemon.client_dir, "control"))
+        assert impatient.probe().state is HealthState.HUNG
+        look = daemon.look(identity, os.getpid())
+        record_property("silent_client_look", repr(look))
+        assert look.problem is None and not look.stopped, look
+        [connection] = look.connections
+        assert connection.awaited and connection.unread == 0, connection
+        assert connection.peer == os.fstat(silent.fileno()).st_ino
+        assert [h.pid for h in connection.holders] == [os.getpid()]
+    assert settle(lambda: impatient.probe().ok)
