@@ -11,7 +11,8 @@ connected to the control socket and sends nothing, which the MPS supervisor foun
 the card did not answer) is an MPS_CONTROL violation. Only a process in a container is
 acted on: one registered on an allocation, or one in a mount namespace other than the
 node daemon's outside every systemd service's cgroup; a process of the host's is named,
-never killed.
+never killed. A registered container that holds MPS again soon after (a loop starting a
+new client after each kill) loses its init process too: the container stops.
 
 The memory quota is the allocation's, not a container's: every process of
 every container registered on the allocation (all of one pod, see
@@ -287,11 +288,15 @@ def control_hold_violation(
     holders: list[HolderProcess],
     index: RegistrationIndex,
     allocations: dict[str, Allocation],
+    repeat: Collection[str] = (),
 ) -> Violation:
     """The MPS_CONTROL violation of ``hold``, whose processes are ``holders`` (those still
     running). Its ``pids`` are the holders in a container, the ones ``action: kill``
-    stops; a process of the host's is only named."""
-    named, pids = [], []
+    stops; a process of the host's is only named. A registered container in ``repeat``
+    (it held MPS lately already: a loop that starts a new client after each kill) loses
+    its init process too, so the whole container stops (kubelet restarts it, with back-off)."""
+    named: list[str] = []
+    pids: list[int] = []
     first: tuple[Registration, Allocation | None] | None = None
     for holder in holders:
         registration = registration_of(index, holder.cgroups)
@@ -300,8 +305,17 @@ def control_hold_violation(
             first = first or (registration, allocation)
             owner = (allocation.owner if allocation else None) or registration.identity
             pod = f", pod {pod_of(owner)}" if owner else ""
-            named.append(f"process {holder.pid} (container {registration.container_id}{pod})")
+            again = ""
             pids.append(holder.pid)
+            if registration.container_id in repeat:
+                again = (
+                    f"; it held MPS lately already: its init process {registration.init_pid} "
+                    "too, so the container stops"
+                )
+                pids.append(registration.init_pid)
+            named.append(
+                f"process {holder.pid} (container {registration.container_id}{pod}{again})"
+            )
         elif holder.host_mount_ns is False and not _in_a_service(holder.cgroups):
             named.append(
                 f"process {holder.pid} (in a container of no registered allocation: "
@@ -317,7 +331,7 @@ def control_hold_violation(
     return Violation(
         kind=MPS_CONTROL,
         card_uuid=hold.card_uuid,
-        pids=tuple(pids),
+        pids=tuple(dict.fromkeys(pids)),
         detail=(
             f"{', '.join(named) or 'no process any more'} holds a connection to the card's MPS "
             "control socket and sends nothing: the control daemon, which serves one client "

@@ -86,6 +86,10 @@ IDLE_SCAN_SECONDS = 1.0
 # Registrations whose init process is gone without a poststop are dropped this often
 # (one /proc read per registered container), and at once when the init's exit is seen.
 PRUNE_SECONDS = 10.0
+# A container whose processes hold a card's MPS control daemon again within this many
+# seconds of its last hold loses its init process too (the container stops): a loop that
+# starts a new silent client after each kill would otherwise stall MPS for good.
+HOLD_REPEAT_SECONDS = 600.0
 # A batch of more execs than this is not read one by one (a /proc read each): a flood from
 # any pod on the node must not keep the watchdog from scanning; it brings a scan forward.
 MAX_EXECS_JUDGED = 64
@@ -134,6 +138,9 @@ class Watchdog(ThreadWorker):
         self._mps_servers = mps_servers
         # What holds a card's MPS control daemon, as the MPS supervisor last found it.
         self._control_holds = control_holds
+        # Container ID -> the holds of its processes (their keys) -> the monotonic time of
+        # each one's onset, for HOLD_REPEAT_SECONDS.
+        self._holds_of: dict[str, dict[tuple, float]] = {}
         self._clock = clock
         # Read by the status and metrics threads: written and read under _stats_lock.
         self._stats_lock = threading.Lock()
@@ -329,16 +336,29 @@ class Watchdog(ThreadWorker):
         holds = self._control_holds()
         if not holds:
             return [], {}
-        index = index_registrations(self._registry.registrations())
+        registrations = self._registry.registrations()
+        index = index_registrations(registrations)
         allocations = {a.id: a for a in self._allocator.allocations()}
+        now = time.monotonic()
+        recent = {
+            container: {k: t for k, t in keys.items() if now - t < HOLD_REPEAT_SECONDS}
+            for container, keys in self._holds_of.items()
+        }
+        self._holds_of = {container: keys for container, keys in recent.items() if keys}
         violations: list[Violation] = []
-        starts: dict[int, int] = {}
+        starts = {r.init_pid: r.init_start_ticks for r in registrations}
         for hold in holds:
             holders = [h for h in map(self._holder_process, hold.holders) if h is not None]
             if not holders:
                 continue  # all gone: the daemon is free again (the next check shows it)
-            violations.append(control_hold_violation(hold, holders, index, allocations))
+            key = (MPS_CONTROL, hold.card_uuid, hold.connection, hold.peer)
+            # Containers whose processes held MPS through another connection lately.
+            again = {c for c, keys in self._holds_of.items() if set(keys) - {key}}
+            violation = control_hold_violation(hold, holders, index, allocations, again)
+            violations.append(violation)
             starts.update((h.pid, h.start_ticks) for h in holders)
+            if violation.container_id is not None:
+                self._holds_of.setdefault(violation.container_id, {}).setdefault(key, now)
         return violations, starts
 
     def _holder_process(self, holder: tuple[int, int]) -> HolderProcess | None:

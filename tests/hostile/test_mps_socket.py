@@ -46,6 +46,7 @@ SILENT = (
     "(the control daemon serves one client at a time, with no time-out)"
 )
 SILENT_LOG = "the same with `enforcement.action: log`"
+RESPAWN = "the same again at once after each kill (a loop in the container starts a new client)"
 HOST_HOLDER = "a host process (in no container) connects to the control socket and sends nothing"
 BRIEF = "20 control queries in a row from a container (clients connect briefly)"
 WHOLE_STRAY = "a GPU process of no allocation on a card given out whole"
@@ -55,7 +56,7 @@ TABLE = OutcomeTable(
     "hostile-mps-socket",
     "tests/hostile/test_mps_socket.py",
     ("attack", "result", "what the attacker got"),
-    (SILENT, SILENT_LOG, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
+    (SILENT, SILENT_LOG, RESPAWN, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
 )
 
 # The card is found hung within a health check and a control command's timeout
@@ -226,6 +227,41 @@ def test_a_silent_client_with_action_log_is_named_not_killed(site):
     )
 
 
+def test_a_client_respawned_after_each_kill_stops_its_container(site):
+    """A loop in the container starts a new silent client whenever the last one is killed:
+    the first holder is killed alone; the container's next hold (within 10 min) kills its
+    init process too, so the container stops (kubelet would restart it, with its back-off),
+    and the card is Healthy again."""
+    cluster = site.cluster
+    cluster.tenant("looper", (with_python,))
+    init = cluster.runtime.pid("looper")
+    before = metric(site, VIOLATIONS) or 0
+    loop = f'while true; do {PYTHON} -I -S -c "$0" {IN_CONTAINER_SOCKET} > /dev/null; done'
+    started = time.monotonic()
+    cluster.runtime.exec("looper", "sh", "-c", loop, SILENT_CLIENT)
+    first = wait_line(
+        site, "violation (mps_control)", "container looper", timeout=ACTED_WITHIN_SECONDS + 5
+    )
+    assert "init process" not in first, first
+    second = wait_line(
+        site, "violation (mps_control)", "container looper", "init process",
+        timeout=2 * ACTED_WITHIN_SECONDS + 5,
+    )  # fmt: skip
+    assert f"init process {init}" in second, second
+    assert wait_gone(init, ACTED_WITHIN_SECONDS) is not None, "the container's init runs on"
+    took = time.monotonic() - started
+    assert took < 2 * ACTED_WITHIN_SECONDS, f"the container stopped after {took:.1f} s"
+    assert cluster.runtime.state("looper")["status"] == "stopped"
+    wait_card(site, "Healthy", HEALTHY_WITHIN_SECONDS)
+    assert metric(site, VIOLATIONS) == before + 2
+    TABLE.record(
+        RESPAWN,
+        "the first client killed alone; the container's next hold (within 10 min) kills its "
+        "init process too: the container stops; card Healthy again",
+        f"MPS stalled twice, for under {2 * ACTED_WITHIN_SECONDS:g} s in all",
+    )
+
+
 def test_a_silent_host_process_is_named_not_killed(site):
     """A process in no container (the host's) holding the control socket is named and
     logged as a host process, never killed, even with action kill."""
@@ -254,7 +290,7 @@ def test_a_silent_host_process_is_named_not_killed(site):
         HOST_HOLDER,
         "named and logged as a process in no container, not killed (action kill): the card "
         "stays Unhealthy while it holds, Healthy once it lets go",
-        "MPS stalled for as long as it holds (a host process is the node admin's)",
+        "MPS stalled for as long as it holds",
     )
 
 

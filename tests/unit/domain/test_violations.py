@@ -398,3 +398,17 @@ def test_a_container_of_no_allocation_is_acted_on_a_host_process_only_named():
     host_words = "(in no container: a process of the host's, named and not killed)"
     for pid in (102, 103, 104):
         assert f"process {pid} {host_words}" in violation.detail
+
+
+def test_a_container_holding_again_loses_its_init_process_too():
+    """A registered container named in ``repeat`` (it held MPS lately through another
+    connection) has its init process added to what kill stops, once, and the detail says
+    the container stops."""
+    holder = HolderProcess(101, 1010, {"": "/pod-a/c1"}, host_mount_ns=False)
+    other = HolderProcess(102, 1020, {"": "/pod-a/c1"}, host_mount_ns=False)
+    violation = held_by(holder, other, registrations=[registration()], allocations=[shared()])
+    assert violation.pids == (101, 102)
+    index = index_registrations([registration()])
+    again = control_hold_violation(HOLD, [holder, other], index, {"ga-1": shared()}, {"c1"})
+    assert again.pids == (101, 10, 102)  # registration()'s init process is PID 10
+    assert "its init process 10 too, so the container stops" in again.detail

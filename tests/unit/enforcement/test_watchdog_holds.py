@@ -3,7 +3,8 @@ the MPS supervisor names), with real processes: a process in a container (here: 
 namespace of its own) is killed with action kill and only reported with log, once per onset,
 in the ledger and to the Event callback; a process of the host's is named and never killed;
 a holder that is gone, or whose PID is another process's now, is not acted on; holds are
-judged even while per-process GPU memory cannot be read."""
+judged even while per-process GPU memory cannot be read; a container holding again through
+another connection within HOLD_REPEAT_SECONDS loses its init process too."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.config.schema import EnforcementSettings
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.violations import MPS_CONTROL, ControlHold
 from nodemgr.enforcement import procfs
 from nodemgr.enforcement.registry import ContainerRegistry
@@ -158,3 +160,35 @@ def test_holds_are_judged_while_gpu_memory_cannot_be_read(parts, started):
     usage.error = "NVML: GPU is lost"
     [violation] = watchdog(parts, [hold_of(pid)], usage=usage).scan()
     assert violation.kind == MPS_CONTROL and gone(process)
+
+
+def test_a_container_holding_again_loses_its_init_process(parts, started, monkeypatch):
+    """A registered container's process holds MPS and is killed; a new process of the
+    same container holds it again through another connection (a loop): that one and the
+    container's init process are killed, so the container stops. The same hold seen at a
+    later scan is not a repeat of itself."""
+    from nodemgr.domain.model import CgroupKey, Registration
+
+    ledger, allocator, registry = parts
+    allocator.allocate(ResourceKind.MEMORY, [f"{GPU0}-_-0"])
+    [allocation] = allocator.allocations()
+    init = spawn(started, "sleep", "1000")
+    init_ticks = procfs.read_start_ticks(init.pid)
+    registration = Registration(
+        "c1", allocation.id, CgroupKey("", "/pod/c1"), init.pid, init_ticks, None, 0.0
+    )
+    monkeypatch.setattr(registry, "registrations", lambda: [registration])
+    monkeypatch.setattr(registry, "prune", lambda: None)
+    monkeypatch.setattr(procfs, "read_cgroups_text", lambda pid: "0::/pod/c1\n")
+    first, second = spawn(started, "sleep", "1000"), spawn(started, "sleep", "1000")
+    holds = [hold_of(first.pid)]
+    dog = watchdog(parts, holds, action="log")
+    for _ in range(3):  # one hold at three scans: never a repeat of itself
+        assert [v.pids for v in dog.scan()] == [(first.pid,)]
+    holds[:] = [ControlHold(GPU0, 20, 21, ((second.pid, procfs.read_start_ticks(second.pid)),))]
+    [violation] = dog.scan()
+    assert violation.pids == (second.pid, init.pid)
+    assert f"its init process {init.pid} too" in violation.detail
+    dog.set_settings(EnforcementSettings(action="kill"))
+    dog.scan()
+    assert gone(second) and gone(init) and not gone(first, 0.1)
