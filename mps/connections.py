@@ -3,13 +3,15 @@
 What mps.holders judges, read from the kernel:
 
 - the daemon's sockets: the ``socket:[inode]`` links of /proc/PID/fd;
-- which of them are connections accepted on its control socket, their peer socket
-  and what waits unread in them: sock_diag (mps.sockdiag), asked first in our own
+- which of them are connections accepted on its listening sockets (``control``, and
+  ``control_privileged``, which root on the host may use), their peer socket and what
+  waits unread in either end: sock_diag (mps.sockdiag), asked first in our own
   network namespace, then in the namespace whose /proc/PID/net/unix lists the socket
   (an accepted socket lives in the client's network namespace). A /proc/net/unix
   line is only a hint where to ask: a process can print lines there (a bound path
   holding a newline), so only sock_diag's answer counts, and only for a socket bound
-  to the control socket's own file (device and inode);
+  to one of those socket files (device and inode); a peer is asked where its
+  connection was found (both ends live in the client's namespace);
 - what the daemon is blocked on: /proc/PID/syscall;
 - who holds each peer socket: every process's ``socket:[inode]`` links, each
   process with its start time, and whether it descends from the node daemon or from
@@ -28,7 +30,7 @@ import time
 from collections.abc import Iterable
 
 from mps import proc, sockdiag
-from mps.holders import Connection, Holder, Look, awaited_fd, parse_syscall
+from mps.holders import Connection, Holder, Look, blocked_on, parse_syscall
 from mps.identity import DaemonIdentity, FileId, socket_inode
 
 SYSCALL_MAX_BYTES = 256
@@ -40,7 +42,8 @@ def look(
     daemon: DaemonIdentity, pipe_dir: str, ours: int, deadline_seconds: float = DEADLINE_SECONDS
 ) -> Look:
     """The connections the control daemon ``daemon`` accepted on ``<pipe_dir>/control``
-    now; ``ours``: the node daemon's PID (its descendants are its control commands)."""
+    (or ``control_privileged``) now; ``ours``: the node daemon's PID (its descendants are
+    its control commands)."""
     deadline = time.monotonic() + deadline_seconds
     stat = proc.stat_of(daemon.pid)
     if stat is None or stat.start_ticks != daemon.start_ticks or stat.state == "Z":
@@ -49,21 +52,22 @@ def look(
     control = proc.file_id(os.path.join(pipe_dir, "control"))
     if control is None:
         return Look(daemon, stopped, problem=f"{pipe_dir}/control cannot be read")
+    listening = {control, proc.file_id(os.path.join(pipe_dir, "control_privileged"))}
+    files = {(sockdiag.device_number(f.dev), f.ino) for f in listening if f is not None}
     sockets = daemon_sockets(daemon.pid)
     syscall = proc.read_file(f"{proc.PROC}/{daemon.pid}/syscall", SYSCALL_MAX_BYTES)
     if sockets is None or syscall is None:
         unreadable = f"/proc/{daemon.pid}/fd or /proc/{daemon.pid}/syscall cannot be read"
         return Look(daemon, stopped, problem=unreadable)
-    waits_on = awaited_fd(parse_syscall(syscall), platform.machine())
+    blocked = blocked_on(parse_syscall(syscall), platform.machine())
     try:
         records = find_sockets(set(sockets.values()), daemon.pid)
     except sockdiag.SockDiagError as e:
         return Look(daemon, stopped, problem=str(e))
-    wanted_file = (sockdiag.device_number(control.dev), control.ino)
     accepted = []
     for fd, inode in sorted(sockets.items()):
         record = records.get(inode)
-        if record is None or record.state != sockdiag.ESTABLISHED or record.file != wanted_file:
+        if record is None or record.state != sockdiag.ESTABLISHED or record.file not in files:
             continue
         accepted.append((fd, record))
     peers = {record.peer for _, record in accepted if record.peer is not None}
@@ -80,14 +84,20 @@ def look(
             record.inode,
             record.peer,
             record.unread,
-            awaited=fd == waits_on,
+            blocked=blocked[0] if blocked is not None and blocked[1] == fd else None,
             holders=tuple(held.get(record.peer, ())) if record.peer is not None else (),
+            peer_unread=_unread(records, record.peer),
         )
         for fd, record in accepted
     )
     if proc.stat_of(daemon.pid) != stat:
         return Look(daemon, stopped, problem="the control daemon changed while it was read")
     return Look(daemon, stopped, connections)
+
+
+def _unread(records: dict[int, sockdiag.UnixSocket], inode: int | None) -> int | None:
+    record = records.get(inode) if inode is not None else None
+    return None if record is None else record.unread
 
 
 def daemon_sockets(pid: int) -> dict[int, int] | None:
@@ -111,11 +121,11 @@ def daemon_sockets(pid: int) -> dict[int, int] | None:
 
 
 def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSocket]:
-    """sock_diag's record of each of ``inodes`` it finds: in our network namespace, then
-    in those whose /proc/PID/net/unix lists one of the rest. SockDiagError when sock_diag
-    cannot be asked at all."""
+    """sock_diag's record of each of ``inodes`` it finds, and of each connected one's
+    peer: in our network namespace, then in those whose /proc/PID/net/unix lists one of
+    the rest. SockDiagError when sock_diag cannot be asked at all."""
     with sockdiag.DiagSocket() as ours:
-        found = ours.sockets_of(inodes)
+        found = _with_peers(ours, inodes)
     missing = inodes - set(found)
     own_ns = proc.file_id(f"{proc.PROC}/self/ns/net")
     for pid in _one_per_network_namespace(own_ns) if missing else ():
@@ -124,7 +134,7 @@ def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSo
             continue
         try:
             with sockdiag.DiagSocket(f"{proc.PROC}/{pid}/ns/net") as theirs:
-                answered = theirs.sockets_of(listed)
+                answered = _with_peers(theirs, listed)
         except sockdiag.SockDiagError:
             if proc.stat_of(pid) is None:
                 continue  # the process (and with it our way into its namespace) is gone
@@ -133,6 +143,14 @@ def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSo
         missing -= set(answered)
         if not missing:
             break
+    return found
+
+
+def _with_peers(diag: sockdiag.DiagSocket, inodes: set[int]) -> dict[int, sockdiag.UnixSocket]:
+    """``inodes`` as one namespace's sock_diag shows them, and their connected peers."""
+    found = diag.sockets_of(inodes)
+    peers = {r.peer for r in found.values() if r.state == sockdiag.ESTABLISHED and r.peer}
+    found.update(diag.sockets_of(peers - set(found)))
     return found
 
 

@@ -1,4 +1,5 @@
-"""Who holds a card's MPS control daemon (pure): a client that connects and sends nothing.
+"""Who holds a card's MPS control daemon (pure): a client that connects and then neither
+sends nor reads.
 
 NVIDIA's control daemon serves one client at a time and waits, with no time-out, for
 the client it accepted to speak. A process that connects to the card's ``control``
@@ -8,10 +9,12 @@ daemon's connections; this module says which of them hold it:
 
 - the daemon runs (not stopped: a stopped daemon waits on nobody), and is the same
   daemon at both looks;
-- the connection was accepted on the daemon's control socket (the kernel ties it to
-  the socket's file, which no process can forge), and the daemon is blocked reading
-  exactly that connection (/proc/PID/syscall: a read-family system call on its fd),
-  with nothing unread in it: it waits on the client, not the other way round;
+- the connection was accepted on one of the daemon's listening sockets (the kernel ties
+  it to the socket's file, which no process can forge), and the daemon is blocked on
+  exactly that connection (/proc/PID/syscall: a read- or write-family system call on its
+  fd) waiting for the client: reading, with nothing unread in its end (the client sends
+  nothing), or writing, with what it sent before still unread in the client's end (the
+  client reads nothing: its socket is full);
 - the same connection to the same peer socket was seen so at two looks, one after
   the other, while the card did not answer (a legitimate client sends its first
   message at once after connecting);
@@ -27,14 +30,20 @@ from dataclasses import dataclass
 
 from mps.identity import DaemonIdentity
 
-# System calls a process blocked reading one file descriptor (its first argument) is in,
-# per architecture (asm/unistd_64.h; asm-generic/unistd.h for aarch64): read, pread64,
-# readv, recvfrom, recvmsg, recvmmsg. A daemon in any other call is not judged waiting on
-# a client (on an architecture not listed here, never).
+# System calls a process blocked on one file descriptor (their first argument) is in, per
+# architecture (asm/unistd_64.h; asm-generic/unistd.h for aarch64). Reading: read,
+# pread64, readv, recvfrom, recvmsg, recvmmsg; writing: write, pwrite64, writev, sendto,
+# sendmsg, sendmmsg. A daemon in any other call is not judged waiting on a client (on an
+# architecture not listed here, never).
 READ_SYSCALLS = {
     "x86_64": frozenset({0, 17, 19, 45, 47, 299}),
     "aarch64": frozenset({63, 65, 67, 207, 212, 243}),
 }
+WRITE_SYSCALLS = {
+    "x86_64": frozenset({1, 18, 20, 44, 46, 307}),
+    "aarch64": frozenset({64, 66, 68, 206, 211, 269}),
+}
+READING, WRITING = "reading", "writing"
 _MAX_NUMBER_DIGITS = 20
 
 
@@ -56,8 +65,9 @@ class Connection:
     inode: int  # the daemon's end
     peer: int | None  # the client's end; None: the client closed it
     unread: int | None  # bytes the client sent that the daemon has not read yet
-    awaited: bool  # the daemon is blocked reading this connection now
+    blocked: str | None  # READING or WRITING: the daemon is blocked on this connection now
     holders: tuple[Holder, ...] = ()
+    peer_unread: int | None = None  # bytes the daemon sent that the client has not read
 
 
 @dataclass(frozen=True)
@@ -88,16 +98,17 @@ def parse_syscall(data: bytes) -> tuple[int, tuple[int, ...]] | None:
     return int(fields[0]), tuple(arguments)
 
 
-def awaited_fd(syscall: tuple[int, tuple[int, ...]] | None, machine: str) -> int | None:
-    """The file descriptor a process blocked in a read-family system call reads; None
-    when it is in no such call (or the architecture is not known here)."""
-    reads = READ_SYSCALLS.get(machine)
-    if syscall is None or reads is None:
+def blocked_on(syscall: tuple[int, tuple[int, ...]] | None, machine: str) -> tuple[str, int] | None:
+    """(READING or WRITING, the file descriptor) of a process blocked in a read- or
+    write-family system call; None in any other call (or on an architecture not known)."""
+    if syscall is None or not syscall[1]:
         return None
     number, arguments = syscall
-    if number not in reads or not arguments:
-        return None
-    return arguments[0]
+    if number in READ_SYSCALLS.get(machine, ()):
+        return READING, arguments[0]
+    if number in WRITE_SYSCALLS.get(machine, ()):
+        return WRITING, arguments[0]
+    return None
 
 
 def holding(before: Look | None, after: Look) -> list[Connection]:
@@ -131,7 +142,13 @@ def waiting(look: Look) -> list[Connection]:
 
 
 def _waits_on_client(connection: Connection) -> bool:
-    return connection.awaited and connection.unread == 0 and connection.peer is not None
+    if connection.peer is None:
+        return False
+    if connection.blocked == READING:
+        return connection.unread == 0
+    if connection.blocked == WRITING:
+        return connection.peer_unread is not None and connection.peer_unread > 0
+    return False
 
 
 def _is_number(field: bytes) -> bool:

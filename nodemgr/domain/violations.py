@@ -6,13 +6,14 @@ be read: the process is gone). Output is the list of violations; each names
 the processes that ``action: kill`` would stop, newest first, just enough to
 bring the allocation back within its quota.
 
-A process holding a card's MPS control daemon (:class:`ControlHold`: a client that
-connected to the control socket and sends nothing, which the MPS supervisor found while
-the card did not answer) is an MPS_CONTROL violation. Only a process in a container is
-acted on: one registered on an allocation, or one in a mount namespace other than the
-node daemon's outside every systemd service's cgroup; a process of the host's is named,
-never killed. A registered container that holds MPS again soon after (a loop starting a
-new client after each kill) loses its init process too: the container stops.
+A process holding a card's MPS control daemon (:class:`ControlHold`: a client of the
+control socket that sends nothing, or reads nothing of the answers, which the MPS
+supervisor found while the card did not answer) is an MPS_CONTROL violation. Only a
+process in a container is acted on: one registered on an allocation, or one in a mount
+namespace other than the node daemon's outside every systemd service's cgroup; a
+process of the host's is named, never killed. A registered container that holds MPS
+again soon after (a loop starting a new client after each kill) loses its init process
+too: the container stops.
 
 The memory quota is the allocation's, not a container's: every process of
 every container registered on the allocation (all of one pod, see
@@ -334,8 +335,9 @@ def control_hold_violation(
         pids=tuple(dict.fromkeys(pids)),
         detail=(
             f"{', '.join(named) or 'no process any more'} holds a connection to the card's MPS "
-            "control socket and sends nothing: the control daemon, which serves one client "
-            "at a time, waits on it, so MPS on the card answers no tenant"
+            "control socket and sends nothing, or reads nothing of what the control daemon "
+            "sends it: the daemon, which serves one client at a time, waits on it, so MPS "
+            "on the card answers no tenant"
         ),
         allocation_id=registration.allocation_id if registration else None,
         container_id=registration.container_id if registration else None,

@@ -25,7 +25,8 @@ MPS supervisor names (``mps_servers``, read once per scan), never a process
 because of its name, its ancestry or what it claims to be.
 
 The processes that hold a card's MPS control daemon (a client connected to its
-control socket that sends nothing, which stops MPS on the card for every tenant)
+control socket that sends nothing, or reads nothing of its answers, which stops MPS on
+the card for every tenant)
 are found by the MPS supervisor while the card does not answer (``control_holds``,
 read once per scan); the watchdog ties each to its container and acts on it as an
 ``mps_control`` violation like any other (a process of the host's is only named).

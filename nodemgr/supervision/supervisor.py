@@ -32,7 +32,8 @@ unprivileged socket, so a changed pinned limit or thread percentage is restored
 and logged. The first tend at start runs every card at once.
 
 A control daemon serves one client at a time and waits, with no time-out, on the one
-it accepted: a client that connects to the control socket and sends nothing hangs MPS
+it accepted: a client that connects to the control socket and sends nothing (or reads
+nothing of what the daemon sends it, until the daemon blocks writing) hangs MPS
 on the card for every tenant. While a card does not answer, each hung check also looks
 at the daemon's connections (mps.connections, judged by mps.holders); a connection on
 which the daemon waits for a client other than ours is looked at again at once (after
@@ -342,7 +343,7 @@ class MpsSupervisor(ThreadWorker):
                     f"hold-{hold.connection}-{hold.peer}",
                     logging.ERROR,
                     "GPU%d: its MPS control daemon waits on process(es) %s, connected to its "
-                    "control socket without sending anything: MPS answers no tenant of the "
+                    "control socket, sending or reading nothing: MPS answers no tenant of the "
                     "card; handed to enforcement",
                     card.index,
                     ", ".join(str(pid) for pid, _ in hold.holders),
@@ -351,7 +352,7 @@ class MpsSupervisor(ThreadWorker):
         return Health(
             HealthState.HUNG,
             f"{hung.reason}; the control daemon waits on a client that connected to its "
-            f"control socket and sends nothing ({seen}: process {pids})",
+            f"control socket and sends or reads nothing ({seen}: process {pids})",
             hung.servers,
             hung.clients,
         )

@@ -765,7 +765,7 @@ def test_a_silent_client_holds_the_real_daemon_and_is_seen_holding_it(daemon):
         )
         assert look.problem is None and not look.stopped
         [connection] = look.connections
-        assert connection.awaited and connection.unread == 0
+        assert connection.blocked == "reading" and connection.unread == 0
         assert [(h.pid, h.ours) for h in connection.holders] == [(os.getpid(), True)]
         assert connection.peer == os.fstat(silent.fileno()).st_ino
     assert wait_until(lambda: card.probe().ok, what="the daemon answering again")

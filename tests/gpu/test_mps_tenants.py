@@ -155,7 +155,7 @@ def test_a_silent_client_holds_the_daemon_and_is_named(daemon, record_property):
         record_property("silent_client_look", repr(look))
         assert look.problem is None and not look.stopped, look
         [connection] = look.connections
-        assert connection.awaited and connection.unread == 0, connection
+        assert connection.blocked == "reading" and connection.unread == 0, connection
         assert connection.peer == os.fstat(silent.fileno()).st_ino
         assert [h.pid for h in connection.holders] == [os.getpid()]
     assert settle(lambda: impatient.probe().ok)

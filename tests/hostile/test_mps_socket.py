@@ -47,6 +47,10 @@ SILENT = (
 )
 SILENT_LOG = "the same with `enforcement.action: log`"
 RESPAWN = "the same again at once after each kill (a loop in the container starts a new client)"
+UNREAD = (
+    "send commands through NVIDIA's client without end and never read the answers "
+    "(the daemon blocks writing to it)"
+)
 HOST_HOLDER = "a host process (in no container) connects to the control socket and sends nothing"
 BRIEF = "20 control queries in a row from a container (clients connect briefly)"
 WHOLE_STRAY = "a GPU process of no allocation on a card given out whole"
@@ -56,7 +60,7 @@ TABLE = OutcomeTable(
     "hostile-mps-socket",
     "tests/hostile/test_mps_socket.py",
     ("attack", "result", "what the attacker got"),
-    (SILENT, SILENT_LOG, RESPAWN, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
+    (SILENT, SILENT_LOG, RESPAWN, UNREAD, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
 )
 
 # The card is found hung within a health check and a control command's timeout
@@ -259,6 +263,36 @@ def test_a_client_respawned_after_each_kill_stops_its_container(site):
         "the first client killed alone; the container's next hold (within 10 min) kills its "
         "init process too: the container stops; card Healthy again",
         f"MPS stalled twice, for under {2 * ACTED_WITHIN_SECONDS:g} s in all",
+    )
+
+
+def test_a_client_that_never_reads_its_answers_is_named_and_killed(site):
+    """NVIDIA's own client in a container, fed commands without end, its output never read:
+    once the client's socket is full the daemon blocks writing to it (every other client
+    waits). The client is named and killed like a silent one; the card is Healthy again."""
+    cluster = site.cluster
+    cluster.tenant("unread")
+    started = time.monotonic()
+    cluster.runtime.exec(
+        "unread", "sh", "-c",
+        "yes get_default_active_thread_percentage | /usr/bin/nvidia-cuda-mps-control "
+        "| sleep 1000",
+    )  # fmt: skip
+    wait_card(site, "Unhealthy", HUNG_WITHIN_SECONDS)
+    named = wait_line(
+        site, "violation (mps_control)", "container unread", timeout=ACTED_WITHIN_SECONDS + 5
+    )
+    assert "by default/unread/main" in named, named
+    pid = int(named.split("process ")[1].split()[0])
+    assert wait_gone(pid, 5) is not None, named
+    took = time.monotonic() - started
+    assert took < ACTED_WITHIN_SECONDS + 2, f"killed after {took:.1f} s"
+    wait_card(site, "Healthy", HEALTHY_WITHIN_SECONDS)
+    TABLE.record(
+        UNREAD,
+        "card Unhealthy (hung); the client named with its container and pod and killed "
+        f"within {ACTED_WITHIN_SECONDS + 2:g} s (violation mps_control); card Healthy again",
+        f"MPS stalled for every tenant of the card for under {ACTED_WITHIN_SECONDS + 2:g} s",
     )
 
 

@@ -380,7 +380,7 @@ def test_a_registered_containers_process_holding_the_control_daemon_is_acted_on(
     assert violation.pids == (101,) and violation.owner == POD_A
     assert (violation.container_id, violation.allocation_id) == ("c1", "ga-1")
     assert "process 101 (container c1, pod default/a)" in violation.detail
-    assert "sends nothing" in violation.detail
+    assert "sends nothing, or reads nothing" in violation.detail
     assert violation.key == (MPS_CONTROL, GPU0, 10, 11)
 
 

@@ -20,12 +20,13 @@ import time
 import pytest
 
 from mps import connections, proc
-from mps.holders import Look
+from mps.holders import READING, WRITING, Look
 from mps.identity import DaemonIdentity
 
 # A control daemon stand-in: listens at argv[1]; "read": accepts one connection and waits
-# reading it; "idle": accepts and reads nothing; "own-client": as "read", its own child the
-# client; "other": accepts on a second listener (argv[1] + "2") instead.
+# reading it; "write": accepts one and writes to it until it blocks; "idle": accepts and
+# reads nothing; "own-client": as "read", its own child the client; "other": accepts on a
+# second listener (argv[1] + "2") instead.
 DAEMON = """
 import os, socket, sys, time
 path, mode = sys.argv[1], sys.argv[2]
@@ -42,6 +43,8 @@ if mode == "own-client" and os.fork() == 0:
     os._exit(0)
 print("ready", flush=True)
 conn, _ = (other if mode == "other" else s).accept()
+while mode == "write":
+    conn.send(b"answer" * 100)
 if mode != "idle":
     conn.recvmsg(4096)
 time.sleep(60)
@@ -113,8 +116,8 @@ def wait_look(identity, pipe_dir, ours, until, seconds: float = 5) -> Look:
         time.sleep(0.02)
 
 
-def awaited(seen: Look) -> bool:
-    return any(c.awaited for c in seen.connections)
+def reading(seen: Look) -> bool:
+    return any(c.blocked == READING for c in seen.connections)
 
 
 def test_a_silent_client_the_daemon_reads_from_is_found_with_its_holder(
@@ -124,10 +127,10 @@ def test_a_silent_client_the_daemon_reads_from_is_found_with_its_holder(
     (neither ours nor the daemon's)."""
     identity = daemon(started, pipe_dir)
     holder = client(started, os.path.join(pipe_dir, "control"))
-    seen = wait_look(identity, pipe_dir, unrelated, awaited)
+    seen = wait_look(identity, pipe_dir, unrelated, reading)
     assert seen.problem is None and not seen.stopped
     [connection] = seen.connections
-    assert connection.awaited and connection.unread == 0 and connection.peer is not None
+    assert connection.blocked == READING and connection.unread == 0 and connection.peer
     [found] = connection.holders
     assert found.pid == holder.pid and not found.ours and not found.daemons
     assert found.start_ticks == proc.stat_of(holder.pid).start_ticks
@@ -138,22 +141,35 @@ def test_a_client_in_a_network_namespace_of_its_own_is_found(started, pipe_dir, 
     """The accepted end lives in the client's namespace: it is found there all the same."""
     identity = daemon(started, pipe_dir)
     holder = client(started, os.path.join(pipe_dir, "control"), netns=True)
-    seen = wait_look(identity, pipe_dir, unrelated, awaited)
+    seen = wait_look(identity, pipe_dir, unrelated, reading)
     [connection] = seen.connections
-    assert connection.awaited
+    assert connection.blocked == READING
     assert [h.pid for h in connection.holders] == [holder.pid]
 
 
 def test_what_a_client_sent_unread_is_counted_and_a_daemon_not_reading_awaits_nothing(
     started, pipe_dir, unrelated
 ):
-    """A daemon that accepted and reads nothing: the connection is not awaited, and the
-    bytes the client sent wait in it."""
+    """A daemon that accepted and reads nothing: it is not blocked on the connection, and
+    the bytes the client sent wait in it."""
     identity = daemon(started, pipe_dir, "idle")
     client(started, os.path.join(pipe_dir, "control"), "hello")
     seen = wait_look(identity, pipe_dir, unrelated, lambda s: bool(s.connections))
     [connection] = seen.connections
-    assert not connection.awaited and connection.unread == 5
+    assert connection.blocked is None and connection.unread == 5
+
+
+def test_a_daemon_writing_to_a_client_that_reads_nothing_is_blocked_writing(
+    started, pipe_dir, unrelated
+):
+    """The daemon blocked sending to a client whose socket is full: the connection is
+    blocked WRITING, and what waits unread is in the client's end."""
+    identity = daemon(started, pipe_dir, "write")
+    client(started, os.path.join(pipe_dir, "control"))
+    seen = wait_look(identity, pipe_dir, unrelated, lambda s: any(c.blocked for c in s.connections))
+    [connection] = seen.connections
+    assert connection.blocked == WRITING and connection.unread == 0
+    assert connection.peer_unread is not None and connection.peer_unread > 0
 
 
 def test_holders_are_marked_ours_or_the_daemons_by_their_parents(started, pipe_dir, unrelated):
@@ -161,12 +177,12 @@ def test_holders_are_marked_ours_or_the_daemons_by_their_parents(started, pipe_d
     child is the daemon's."""
     identity = daemon(started, pipe_dir)
     client(started, os.path.join(pipe_dir, "control"))
-    seen = wait_look(identity, pipe_dir, os.getpid(), awaited)
+    seen = wait_look(identity, pipe_dir, os.getpid(), reading)
     assert [h.ours for c in seen.connections for h in c.holders] == [True]
     own_dir = os.path.join(pipe_dir, "own")
     os.mkdir(own_dir)
     identity = daemon(started, own_dir, "own-client")
-    seen = wait_look(identity, own_dir, unrelated, awaited)
+    seen = wait_look(identity, own_dir, unrelated, reading)
     assert [h.daemons for c in seen.connections for h in c.holders] == [True]
 
 
@@ -186,7 +202,7 @@ def test_a_stopped_daemon_is_said_to_be_stopped(started, pipe_dir, unrelated):
     """SIGSTOP: the look says so (a stopped daemon waits on nobody)."""
     identity = daemon(started, pipe_dir)
     client(started, os.path.join(pipe_dir, "control"))
-    wait_look(identity, pipe_dir, unrelated, awaited)
+    wait_look(identity, pipe_dir, unrelated, reading)
     os.kill(identity.pid, signal.SIGSTOP)
     try:
         seen = wait_look(identity, pipe_dir, unrelated, lambda s: s.stopped)

@@ -1,19 +1,23 @@
 """Pins mps.holders: /proc/PID/syscall is read as the kernel writes it (number and six
-arguments; "running" or anything else is nothing); the fd a process waits on is the first
-argument of a read-family call of its architecture only; and a connection holds the daemon
-only when two looks of the same running daemon show it, to the same peer, awaited with
-nothing unread, held by a process that is neither the node daemon's nor the control
-daemon's; a look that could not see everything judges nobody."""
+arguments; "running" or anything else is nothing); the fd a process is blocked on is the
+first argument of a read- or write-family call of its architecture only; and a connection
+holds the daemon only when two looks of the same running daemon show it, to the same peer,
+the daemon blocked on it waiting for the client (reading with nothing unread, or writing
+with the client's end full of what it did not read), held by a process that is neither the
+node daemon's nor the control daemon's; a look that could not see everything judges
+nobody."""
 
 from __future__ import annotations
 
 import pytest
 
 from mps.holders import (
+    READING,
+    WRITING,
     Connection,
     Holder,
     Look,
-    awaited_fd,
+    blocked_on,
     holding,
     parse_syscall,
     waiting,
@@ -24,8 +28,10 @@ DAEMON = DaemonIdentity(100, 5000)
 TENANT = Holder(300, 7000)
 
 
-def connection(fd=4, inode=10, peer=11, unread=0, awaited=True, holders=(TENANT,)) -> Connection:
-    return Connection(fd, inode, peer, unread, awaited, tuple(holders))
+def connection(
+    fd=4, inode=10, peer=11, unread=0, blocked=READING, holders=(TENANT,), peer_unread=None
+) -> Connection:
+    return Connection(fd, inode, peer, unread, blocked, tuple(holders), peer_unread)
 
 
 def look(*connections: Connection, daemon=DAEMON, stopped=False, problem=None) -> Look:
@@ -48,21 +54,27 @@ def test_a_process_not_blocked_in_a_call_or_an_odd_line_has_no_syscall(data):
     assert parse_syscall(data) is None
 
 
-def test_the_awaited_fd_is_a_read_family_calls_first_argument_on_a_known_architecture():
-    """recvmsg(4, ...) on x86_64 waits on fd 4; poll, an unknown architecture or no call
-    waits on nothing that can be named."""
-    assert awaited_fd((47, (4, 0, 0)), "x86_64") == 4
-    assert awaited_fd((0, (9,)), "x86_64") == 9  # read
-    assert awaited_fd((212, (4,)), "aarch64") == 4  # recvmsg there
-    assert awaited_fd((7, (0x3C059160, 3, 1000)), "x86_64") is None  # poll
-    assert awaited_fd((47, (4,)), "riscv64") is None
-    assert awaited_fd(None, "x86_64") is None
+def test_the_fd_blocked_on_is_a_read_or_write_calls_first_argument_on_a_known_architecture():
+    """recvmsg(4, ...) on x86_64 reads fd 4, sendmsg(4, ...) writes it; poll, an unknown
+    architecture or no call is blocked on nothing that can be named."""
+    assert blocked_on((47, (4, 0, 0)), "x86_64") == (READING, 4)
+    assert blocked_on((0, (9,)), "x86_64") == (READING, 9)  # read
+    assert blocked_on((46, (4,)), "x86_64") == (WRITING, 4)  # sendmsg
+    assert blocked_on((44, (5,)), "x86_64") == (WRITING, 5)  # sendto
+    assert blocked_on((212, (4,)), "aarch64") == (READING, 4)  # recvmsg there
+    assert blocked_on((211, (4,)), "aarch64") == (WRITING, 4)  # sendmsg there
+    assert blocked_on((7, (0x3C059160, 3, 1000)), "x86_64") is None  # poll
+    assert blocked_on((47, (4,)), "riscv64") is None
+    assert blocked_on(None, "x86_64") is None
 
 
 def test_a_connection_seen_waiting_at_two_looks_holds_the_daemon():
-    """The same connection, to the same peer, awaited with nothing unread, both times."""
+    """The same connection, to the same peer, the daemon blocked reading it with nothing
+    unread, or writing to it with the client's end full, both times."""
     assert holding(look(connection()), look(connection())) == [connection()]
     assert waiting(look(connection())) == [connection()]
+    full = connection(blocked=WRITING, peer_unread=9000)
+    assert holding(look(full), look(full)) == [full]
 
 
 @pytest.mark.parametrize(
@@ -71,8 +83,14 @@ def test_a_connection_seen_waiting_at_two_looks_holds_the_daemon():
         (None, look(connection()), "a first look alone"),
         (look(connection(peer=12)), look(connection()), "another peer since"),
         (look(connection(inode=9)), look(connection()), "another connection since"),
-        (look(connection(awaited=False)), look(connection()), "not awaited before"),
-        (look(connection()), look(connection(awaited=False)), "not awaited now"),
+        (look(connection(blocked=None)), look(connection()), "not blocked on it before"),
+        (look(connection()), look(connection(blocked=None)), "not blocked on it now"),
+        (look(connection(blocked=WRITING)), look(connection(blocked=WRITING)), "client reads"),
+        (
+            look(connection(blocked=WRITING, peer_unread=0)),
+            look(connection(blocked=WRITING, peer_unread=0)),
+            "nothing left unread by the client",
+        ),
         (look(connection()), look(connection(unread=9)), "the client sent something"),
         (look(connection()), look(connection(peer=None)), "the client closed it"),
         (look(connection()), look(connection(), stopped=True), "a stopped daemon"),

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from mps import Health, HealthState, MpsLayout
-from mps.holders import Connection, Holder, Look
+from mps.holders import READING, Connection, Holder, Look
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.config.schema import MpsSettings
@@ -331,7 +331,7 @@ def test_a_client_the_daemon_waits_on_at_two_hung_checks_is_handed_to_the_watchd
     sup.prepare()
     state = sup._states[GPU0]
     daemon = state.identity
-    waited = Connection(4, 10, 11, 0, True, (Holder(4242, 99),))
+    waited = Connection(4, 10, 11, 0, READING, (Holder(4242, 99),))
     seen = hung_with(monkeypatch, state, [Look(daemon, False, (waited,)) for _ in range(2)])
     sup.tend_all()
     assert sup.control_holds() == () and seen == [daemon]
@@ -360,8 +360,8 @@ def test_our_own_commands_a_stopped_daemon_and_an_incomplete_look_are_no_holds(
     sup.prepare()
     state = sup._states[GPU0]
     daemon = state.identity
-    ours = Connection(4, 10, 11, 0, True, (Holder(4242, 99, ours=True),))
-    tenant = Connection(4, 10, 11, 0, True, (Holder(4242, 99),))
+    ours = Connection(4, 10, 11, 0, READING, (Holder(4242, 99, ours=True),))
+    tenant = Connection(4, 10, 11, 0, READING, (Holder(4242, 99),))
     looks = [
         Look(daemon, False, (ours,)),
         Look(daemon, False, (ours,)),
