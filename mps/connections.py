@@ -11,11 +11,17 @@ What mps.holders judges, read from the kernel:
   line is only a hint where to ask: a process can print lines there (a bound path
   holding a newline), so only sock_diag's answer counts, and only for a socket bound
   to one of those socket files (device and inode); a peer is asked where its
-  connection was found (both ends live in the client's namespace);
+  connection was found (both ends live in the client's namespace). A socket in a
+  namespace no process is in any more is asked for its namespace itself
+  (mps.sockdiag.namespace_of: a duplicate of the daemon's fd, for a moment);
 - what the daemon is blocked on: /proc/PID/syscall;
-- who holds each peer socket: every process's ``socket:[inode]`` links, each
-  process with its start time, and whether it descends from the node daemon or from
-  the control daemon (its parent chain in /proc/PID/stat).
+- who holds each peer socket: processes' ``socket:[inode]`` links, each process with
+  its start time, and whether it descends from the node daemon or from the control
+  daemon (its parent chain in /proc/PID/stat). The processes of the network namespace
+  the connection was found in are read first (the client made it there), and the rest
+  of the process table only when none of them holds it: a holder elsewhere (its socket
+  passed on) is found at a later look, once the first ones are gone. A process holding
+  many files slows this walk (a million fds take a second or two) but cannot hide in it.
 
 Every read fails closed: what cannot be read makes the look's ``problem`` (then nobody
 is judged), never an exception. The process table is walked only when asked (the
@@ -35,7 +41,7 @@ from mps.identity import DaemonIdentity, FileId, socket_inode
 
 SYSCALL_MAX_BYTES = 256
 MAX_PARENT_STEPS = 64  # deeper than any real process tree; a longer chain is not followed
-DEADLINE_SECONDS = 10.0
+DEADLINE_SECONDS = 60.0
 
 
 def look(
@@ -61,7 +67,7 @@ def look(
         return Look(daemon, stopped, problem=unreadable)
     blocked = blocked_on(parse_syscall(syscall), platform.machine())
     try:
-        records = find_sockets(set(sockets.values()), daemon.pid)
+        records, where = find_sockets(sockets, daemon.pid, deadline)
     except sockdiag.SockDiagError as e:
         return Look(daemon, stopped, problem=str(e))
     accepted = []
@@ -70,7 +76,7 @@ def look(
         if record is None or record.state != sockdiag.ESTABLISHED or record.file not in files:
             continue
         accepted.append((fd, record))
-    peers = {record.peer for _, record in accepted if record.peer is not None}
+    peers = {record.peer: where[record.inode] for _, record in accepted if record.peer}
     held = holders(peers, daemon, ours, deadline) if peers else {}
     if held is None:
         return Look(
@@ -90,8 +96,9 @@ def look(
         )
         for fd, record in accepted
     )
-    if proc.stat_of(daemon.pid) != stat:
-        return Look(daemon, stopped, problem="the control daemon changed while it was read")
+    again = proc.stat_of(daemon.pid)  # the same process still (its state may change)
+    if again is None or again.start_ticks != stat.start_ticks or again.state == "Z":
+        return Look(daemon, stopped, problem="the control daemon exited while it was read")
     return Look(daemon, stopped, connections)
 
 
@@ -120,15 +127,26 @@ def daemon_sockets(pid: int) -> dict[int, int] | None:
     return found
 
 
-def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSocket]:
-    """sock_diag's record of each of ``inodes`` it finds, and of each connected one's
-    peer: in our network namespace, then in those whose /proc/PID/net/unix lists one of
-    the rest. SockDiagError when sock_diag cannot be asked at all."""
+def find_sockets(
+    sockets: dict[int, int], daemon_pid: int, deadline: float
+) -> tuple[dict[int, sockdiag.UnixSocket], dict[int, FileId | None]]:
+    """sock_diag's record of each of the daemon's ``sockets`` (fd -> inode) it finds, and
+    of each connected one's peer, and the network namespace each was found in: ours
+    first, then those whose /proc/PID/net/unix lists one of the rest, then the one each
+    socket left says it is in. SockDiagError when sock_diag cannot be asked at all, or
+    the namespaces are not all looked through by ``deadline``."""
+    inodes = set(sockets.values())
+    own_ns = proc.file_id(f"{proc.PROC}/self/ns/net")
     with sockdiag.DiagSocket() as ours:
         found = _with_peers(ours, inodes)
+    where: dict[int, FileId | None] = dict.fromkeys(found, own_ns)
     missing = inodes - set(found)
-    own_ns = proc.file_id(f"{proc.PROC}/self/ns/net")
-    for pid in _one_per_network_namespace(own_ns) if missing else ():
+    for pid, namespace in _one_per_network_namespace(own_ns) if missing else ():
+        if time.monotonic() > deadline:
+            raise sockdiag.SockDiagError(
+                "the network namespaces were not looked through in time for the control "
+                f"daemon's sockets {sorted(missing)}"
+            )
         listed = proc.sockets_listed(pid) & missing
         if not listed:
             continue
@@ -140,10 +158,39 @@ def find_sockets(inodes: set[int], daemon_pid: int) -> dict[int, sockdiag.UnixSo
                 continue  # the process (and with it our way into its namespace) is gone
             raise
         found.update(answered)
+        where.update(dict.fromkeys(answered, namespace))
         missing -= set(answered)
         if not missing:
             break
-    return found
+    for fd, inode in sockets.items():
+        if inode in missing and time.monotonic() <= deadline:
+            answered, own = _in_own_namespace(daemon_pid, fd, inode)
+            found.update(answered)
+            where.update(dict.fromkeys(answered, own))
+    return found, where
+
+
+def _in_own_namespace(
+    daemon_pid: int, fd: int, inode: int
+) -> tuple[dict[int, sockdiag.UnixSocket], FileId | None]:
+    """The socket ``inode`` (the daemon's ``fd``) and its peer, asked in the namespace the
+    socket itself says it is in; nothing when it cannot say (closed meanwhile)."""
+
+    def start_ticks(pid: int) -> int | None:
+        stat = proc.stat_of(pid)
+        return None if stat is None else stat.start_ticks
+
+    try:
+        namespace_fd = sockdiag.namespace_of(daemon_pid, fd, start_ticks)
+    except sockdiag.SockDiagError:
+        return {}, None
+    try:
+        path = f"{proc.PROC}/self/fd/{namespace_fd}"
+        with sockdiag.DiagSocket(path) as theirs:
+            answered = _with_peers(theirs, {inode})
+        return (answered, proc.file_id(path)) if inode in answered else ({}, None)
+    finally:
+        os.close(namespace_fd)
 
 
 def _with_peers(diag: sockdiag.DiagSocket, inodes: set[int]) -> dict[int, sockdiag.UnixSocket]:
@@ -154,43 +201,65 @@ def _with_peers(diag: sockdiag.DiagSocket, inodes: set[int]) -> dict[int, sockdi
     return found
 
 
-def _one_per_network_namespace(own: FileId | None) -> Iterable[int]:
+def _one_per_network_namespace(own: FileId | None) -> Iterable[tuple[int, FileId]]:
     seen = {own}
     for pid in proc.pids():
         namespace = proc.file_id(f"{proc.PROC}/{pid}/ns/net")
         if namespace is not None and namespace not in seen:
             seen.add(namespace)
-            yield pid
+            yield pid, namespace
 
 
 def holders(
-    peers: set[int], daemon: DaemonIdentity, ours: int, deadline: float
+    peers: dict[int, FileId | None], daemon: DaemonIdentity, ours: int, deadline: float
 ) -> dict[int, list[Holder]] | None:
-    """Peer inode -> the processes holding it (the control daemon itself left out); None
-    when the walk did not finish by ``deadline`` (monotonic)."""
+    """Peer inode -> the processes holding it (the control daemon itself left out).
+    ``peers``: each peer and the network namespace its connection was found in, whose
+    processes are read first; the others only for a peer none of them holds. None when
+    the walk did not finish by ``deadline`` (monotonic)."""
     links = {f"socket:[{peer}]": peer for peer in peers}
+    namespaces = set(peers.values())
     found: dict[int, list[Holder]] = {}
+    later = []
     for pid in proc.pids():
-        if time.monotonic() > deadline:
+        if proc.file_id(f"{proc.PROC}/{pid}/ns/net") in namespaces:
+            if not _note_holder(pid, links, daemon, ours, found, deadline):
+                return None
+        else:
+            later.append(pid)
+    unheld = {link: peer for link, peer in links.items() if peer not in found}
+    for pid in later if unheld else ():
+        if not _note_holder(pid, unheld, daemon, ours, found, deadline):
             return None
-        if pid == daemon.pid:
-            continue
-        held = _holds(pid, links)
-        if not held:
-            continue
-        stat = proc.stat_of(pid)
-        if stat is None or stat.state == "Z":
-            continue  # gone meanwhile
-        chain = _ancestors(pid)
-        holder = Holder(
-            pid,
-            stat.start_ticks,
-            ours=pid == ours or ours in chain,
-            daemons=daemon.pid in chain,
-        )
-        for peer in held:
-            found.setdefault(peer, []).append(holder)
     return found
+
+
+def _note_holder(
+    pid: int,
+    links: dict[str, int],
+    daemon: DaemonIdentity,
+    ours: int,
+    found: dict[int, list[Holder]],
+    deadline: float,
+) -> bool:
+    """Add ``pid`` to ``found`` under each peer it holds; False once past ``deadline``."""
+    if time.monotonic() > deadline:
+        return False
+    if pid == daemon.pid:
+        return True
+    held = _holds(pid, links)
+    if not held:
+        return True
+    stat = proc.stat_of(pid)
+    if stat is None or stat.state == "Z":
+        return True  # gone meanwhile
+    chain = _ancestors(pid)
+    holder = Holder(
+        pid, stat.start_ticks, ours=pid == ours or ours in chain, daemons=daemon.pid in chain
+    )
+    for peer in held:
+        found.setdefault(peer, []).append(holder)
+    return True
 
 
 def _holds(pid: int, links: dict[str, int]) -> set[int]:

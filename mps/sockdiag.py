@@ -18,6 +18,12 @@ namespace, where the host's sock_diag (and /proc/net/unix) does not see it.
 (``setns`` in a thread made only for that: a socket stays in the namespace it was made
 in, and the thread ends there).
 
+Which namespace a socket lives in can also be asked of the socket itself:
+``namespace_of`` takes a duplicate of another process's socket fd (``pidfd_getfd``) and
+asks it for its namespace (the ``SIOCGSKNS`` ioctl), for a namespace no process is in
+any more (a client that connected from a namespace of its own, handed its socket out
+and exited).
+
 The parsers are pure (bytes in, records out) and refuse what is not as the kernel
 writes it; the I/O raises ``SockDiagError`` naming what failed.
 """
@@ -25,6 +31,7 @@ writes it; the I/O raises ``SockDiagError`` naming what failed.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import socket
 import struct
@@ -38,6 +45,8 @@ NLMSG_ERROR = 2
 NLMSG_DONE = 3
 NLM_F_REQUEST = 0x1
 CLONE_NEWNET = 0x40000000
+SIOCGSKNS = 0x894C  # linux/sockios.h: a socket's network namespace, as a new fd
+SYS_PIDFD_GETFD = 438  # the same number on every architecture (asm-generic/unistd.h)
 
 # linux/unix_diag.h: what to show, and the attributes that show it.
 UDIAG_SHOW_NAME = 0x01
@@ -280,3 +289,39 @@ def _setns(fd: int, nstype: int) -> None:
     if libc.setns(ctypes.c_int(fd), ctypes.c_int(nstype)) != 0:
         code = ctypes.get_errno()
         raise OSError(code, os.strerror(code))
+
+
+def namespace_of(pid: int, fd: int, start_ticks_of) -> int:
+    """A new fd of the network namespace of process ``pid``'s socket ``fd`` (close it);
+    ``start_ticks_of(pid)`` must give the same start time before and after the pidfd is
+    taken (a reused PID is another process). SockDiagError when it cannot be had."""
+    before = start_ticks_of(pid)
+    try:
+        pidfd = os.pidfd_open(pid)
+    except OSError as e:
+        raise SockDiagError(f"process {pid} cannot be opened: {e}") from e
+    try:
+        if before is None or start_ticks_of(pid) != before:
+            raise SockDiagError(f"process {pid} is gone")
+        duplicate = _pidfd_getfd(pidfd, fd)
+    finally:
+        os.close(pidfd)
+    try:
+        return fcntl.ioctl(duplicate, SIOCGSKNS)
+    except OSError as e:
+        raise SockDiagError(f"the network namespace of socket fd {fd} of {pid}: {e}") from e
+    finally:
+        os.close(duplicate)
+
+
+def _pidfd_getfd(pidfd: int, fd: int) -> int:
+    import ctypes  # the standard library has no pidfd_getfd
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    duplicate = libc.syscall(
+        ctypes.c_long(SYS_PIDFD_GETFD), ctypes.c_int(pidfd), ctypes.c_int(fd), ctypes.c_uint(0)
+    )
+    if duplicate < 0:
+        code = ctypes.get_errno()
+        raise SockDiagError(f"pidfd_getfd of fd {fd}: {os.strerror(code)}")
+    return int(duplicate)

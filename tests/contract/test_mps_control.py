@@ -759,10 +759,12 @@ def test_a_silent_client_holds_the_real_daemon_and_is_seen_holding_it(daemon):
     with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
         silent.connect(os.path.join(mps.pipe_dir, "control"))
         assert card.probe().state is HealthState.HUNG
-        look = wait_until(
-            lambda: (seen := card.look(identity, os.getpid())).connections and seen,
-            what="the daemon's connection",
-        )
+
+        def blocked():
+            seen = card.look(identity, os.getpid())
+            return seen if any(c.blocked for c in seen.connections) else None
+
+        look = wait_until(blocked, what="the daemon blocked on its connection")
         assert look.problem is None and not look.stopped
         [connection] = look.connections
         assert connection.blocked == "reading" and connection.unread == 0

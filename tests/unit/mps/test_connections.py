@@ -147,6 +147,57 @@ def test_a_client_in_a_network_namespace_of_its_own_is_found(started, pipe_dir, 
     assert [h.pid for h in connection.holders] == [holder.pid]
 
 
+# Receives one socket over the unix socket at argv[1] (SCM_RIGHTS), keeps it, says so.
+RECEIVER = """
+import socket, sys, time
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind(sys.argv[1])
+s.listen()
+print("listening", flush=True)
+conn, _ = s.accept()
+_, fds, _, _ = socket.recv_fds(conn, 16, 1)
+print("received", flush=True)
+time.sleep(60)
+"""
+# Connects to argv[1] (from its own network namespace), hands the socket to the receiver
+# at argv[2] and closes its own; then stays ("stay") or exits.
+HANDER = """
+import socket, sys, time
+c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+c.connect(sys.argv[1])
+r = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+r.connect(sys.argv[2])
+socket.send_fds(r, [b"x"], [c.fileno()])
+c.close()
+print("connected", flush=True)
+if sys.argv[3] == "stay":
+    time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root")
+@pytest.mark.parametrize("hander", ["stay", "exit"])
+def test_a_connection_passed_out_of_its_namespace_is_found_with_its_holder(
+    started, pipe_dir, unrelated, hander
+):
+    """The client connects from a network namespace of its own, hands its socket to a
+    process outside it and closes its own: nobody in that namespace holds it, so the rest
+    of the process table is read, and the receiver is the holder. When the client also
+    exits, no process is left in that namespace: the daemon's socket says where it is."""
+    identity = daemon(started, pipe_dir)
+    handoff = os.path.join(pipe_dir, "handoff")
+    receiver = start(started, [sys.executable, "-I", "-c", RECEIVER, handoff], "listening")
+    argv = ["unshare", "-n", sys.executable, "-I", "-c", HANDER, os.path.join(pipe_dir, "control")]
+    hand = start(started, [*argv, handoff, hander], "connected")
+    assert receiver.stdout.readline().strip() == "received"
+    if hander == "exit":
+        hand.wait(10)
+    seen = wait_look(
+        identity, pipe_dir, unrelated, lambda s: [h.pid for c in s.connections for h in c.holders]
+    )
+    assert [h.pid for c in seen.connections for h in c.holders] == [receiver.pid]
+
+
 def test_what_a_client_sent_unread_is_counted_and_a_daemon_not_reading_awaits_nothing(
     started, pipe_dir, unrelated
 ):
