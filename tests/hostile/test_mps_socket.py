@@ -63,10 +63,10 @@ TABLE = OutcomeTable(
     (SILENT, SILENT_LOG, RESPAWN, UNREAD, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
 )
 
-# The card is found hung within a health check and a control command's timeout
-# (0.5 s + 2 s here); the holder is acted on after a second hung check shows the same
-# connection, and the watchdog's next scan (at most 1 s on an idle node).
-HUNG_WITHIN_SECONDS = 4.0
+# The card is found hung within a health check and a control command's timeout (0.5 s +
+# 2 s here, then the device list reaches kubelet); the holder is acted on after a second
+# hung check shows the same connection, and the watchdog's next scan (at most 1 s idle).
+HUNG_WITHIN_SECONDS = 5.0
 ACTED_WITHIN_SECONDS = 10.0
 HEALTHY_WITHIN_SECONDS = 15.0
 IN_CONTAINER_SOCKET = "/tmp/nvidia-mps/control"
