@@ -12,8 +12,14 @@ card has a /dev/shm tmpfs of its own (mps.shm), and its daemon runs in a mount
 namespace where /dev/shm is that tmpfs (mps.namespace), so its MPS servers share
 the card's tmpfs with the card's containers and with no one else.
 
+The control daemon serves one client at a time and waits, with no time-out, on the one
+it accepted: mps.connections reads its connections on the control socket from the
+kernel (sock_diag, /proc) and mps.holders says which client holds it by sending
+nothing, so the node daemon can name and act on that process.
+
 What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
-part of it); kill MPS clients or servers (a health check only reads); keep
+part of it); kill anything (a health check and a look only read: acting on a holder is
+the node daemon's enforcement); keep
 state beyond what the running control daemon and the file system hold.
 """
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import psutil
 
-from mps import proc
+from mps import connections, proc
 from mps.control import (
     ControlClient,
     MpsError,
@@ -39,6 +39,7 @@ from mps.control import (
     MpsUnsupported,
     run_binary,
 )
+from mps.holders import Look
 from mps.identity import DaemonIdentity
 from mps.namespace import CardNamespace
 
@@ -192,6 +193,11 @@ class CardDaemon:
         """(PID, start ticks) of the MPS servers of ``daemon`` (its direct children that
         run the server binary); empty once it is not that process any more."""
         return proc.find_servers(daemon, self.binary)
+
+    def look(self, daemon: DaemonIdentity, ours: int) -> Look:
+        """The connections ``daemon`` accepted on its control socket now, and who holds
+        them (mps.connections; judged by mps.holders). ``ours``: the node daemon's PID."""
+        return connections.look(daemon, self.pipe_dir, ours)
 
     def publish(self) -> None:
         """Make ``<client dir>/control`` the daemon's current ``control`` socket (a hard

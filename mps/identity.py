@@ -128,6 +128,17 @@ def listening_inodes(lines: Iterable[bytes], path: bytes) -> set[int]:
     return found
 
 
+def listed_inodes(lines: Iterable[bytes]) -> set[int]:
+    """Inodes of every socket that /proc/net/unix lines list (a line a process printed
+    through its bound path may add one: use it only as a hint where to look)."""
+    found = set()
+    for line in lines:
+        match = _UNIX_LINE.fullmatch(line.removesuffix(b"\n"))
+        if match is not None:
+            found.add(int(match.group(3)))
+    return found
+
+
 def socket_inode(link: str) -> int | None:
     """The inode of a ``socket:[N]`` fd link; None for any other link."""
     match = _SOCKET_LINK.fullmatch(link)

@@ -31,6 +31,7 @@ from mps.identity import (
     choose_servers,
     environ_path,
     is_script,
+    listed_inodes,
     listening_inodes,
     parse_children,
     parse_stat,
@@ -193,6 +194,16 @@ def listening_at(path: str) -> set[int] | None:
             return listening_inodes(_lines(f), os.fsencode(path))
     except OSError:
         return None
+
+
+def sockets_listed(pid: int) -> set[int]:
+    """Inodes of the unix sockets /proc/PID/net/unix lists (the network namespace of
+    ``pid``); empty when it cannot be read."""
+    try:
+        with _open(f"{PROC}/{pid}/net/unix", "rb") as f:
+            return listed_inodes(_lines(f))
+    except OSError:
+        return set()
 
 
 def _lines(f: BinaryIO) -> Iterator[bytes]:

@@ -6,6 +6,15 @@ be read: the process is gone). Output is the list of violations; each names
 the processes that ``action: kill`` would stop, newest first, just enough to
 bring the allocation back within its quota.
 
+A process holding a card's MPS control daemon (:class:`ControlHold`: a client of the
+control socket that sends nothing, or reads nothing of the answers, which the MPS
+supervisor found while the card did not answer) is an MPS_CONTROL violation. Only a
+process in a container is acted on: one registered on an allocation, or one in a mount
+namespace other than the node daemon's outside every systemd service's cgroup; a
+process of the host's is named, never killed. A registered container that holds MPS
+again soon after (a loop starting a new client after each kill) loses its init process
+too: the container stops.
+
 The memory quota is the allocation's, not a container's: every process of
 every container registered on the allocation (all of one pod, see
 :mod:`nodemgr.domain.podtie`) on its card counts toward one sum, else three
@@ -19,6 +28,7 @@ value not in its exact ASCII form is an env violation naming the variable.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from hooks.gpuenv import quota_env_form_problem
@@ -28,7 +38,9 @@ from nodemgr.domain.podtie import pod_of
 
 MEMORY = "memory"  # an allocation's GPU processes together use more than its memory quota
 ENV = "env"  # a GPU process of a registered container lacks or raises its quota env
-UNALLOCATED = "unallocated"  # a GPU process on a shared card outside any allocation
+UNALLOCATED = "unallocated"  # a GPU process on one of the node's cards outside its allocation
+MPS_CONTROL = "mps_control"  # a process holds its card's MPS control daemon: hung for all
+KINDS = (MEMORY, ENV, UNALLOCATED, MPS_CONTROL)
 
 
 @dataclass(frozen=True)
@@ -48,8 +60,31 @@ class GpuProcess:
 
 
 @dataclass(frozen=True)
+class ControlHold:
+    """A connection to a card's MPS control socket on which the control daemon waits for a
+    client that sends nothing, seen so at two checks in a row while the card did not
+    answer: the processes holding the client's end hold MPS on the card for everyone."""
+
+    card_uuid: str
+    connection: int  # the daemon's end (socket inode)
+    peer: int  # the client's end (socket inode)
+    holders: tuple[tuple[int, int], ...]  # (PID, start ticks) of each process holding it
+
+
+@dataclass(frozen=True)
+class HolderProcess:
+    """A process holding a ControlHold's client end, as /proc shows it."""
+
+    pid: int
+    start_ticks: int
+    cgroups: dict[str, str]
+    cgroup_problem: str | None = None  # why /proc/PID/cgroup could not be read
+    host_mount_ns: bool | None = None  # in the node daemon's mount namespace; None: unknown
+
+
+@dataclass(frozen=True)
 class Violation:
-    kind: str  # MEMORY, ENV or UNALLOCATED
+    kind: str  # one of KINDS
     card_uuid: str
     pids: tuple[int, ...]  # what action "kill" stops, in order
     detail: str  # one sentence with the amounts
@@ -66,17 +101,22 @@ def find_violations(
     registrations: list[Registration],
     allocations: dict[str, Allocation],
     processes: list[GpuProcess],
-    shared_cards: set[str],
+    cards: set[str],
     grace_mib: int,
+    whole_cards: Collection[str] = frozenset(),
 ) -> list[Violation]:
+    """The violations of one snapshot. ``cards``: the node's cards, every one policed,
+    shared or given out whole (``whole_cards``, named so in the details): a GPU process
+    there that no live allocation holding the card explains is unallocated."""
     by_allocation: dict[str, list[tuple[Registration, GpuProcess]]] = {}
     violations = []
     index = index_registrations(registrations)
     for process in processes:
         registration, allocation = _holder(index, allocations, process)
         if registration is None or allocation is None:
-            if process.card_uuid in shared_cards:
-                violations.append(_unallocated(process, index, allocations))
+            if process.card_uuid in cards:
+                whole = process.card_uuid in whole_cards
+                violations.append(_unallocated(process, index, allocations, whole))
             continue
         by_allocation.setdefault(allocation.id, []).append((registration, process))
         if allocation.whole:
@@ -206,7 +246,10 @@ def _over_memory(
 
 
 def _unallocated(
-    process: GpuProcess, index: RegistrationIndex, allocations: dict[str, Allocation]
+    process: GpuProcess,
+    index: RegistrationIndex,
+    allocations: dict[str, Allocation],
+    whole_card: bool,
 ) -> Violation:
     registration = registration_of(index, process.cgroups)
     allocation = allocations.get(registration.allocation_id) if registration else None
@@ -228,7 +271,10 @@ def _unallocated(
         kind=UNALLOCATED,
         card_uuid=process.card_uuid,
         pids=(process.pid,),
-        detail=f"process {process.pid} uses {process.used_mib} MiB of a shared card and {why}",
+        detail=(
+            f"process {process.pid} uses {process.used_mib} MiB of "
+            f"{'a card given out whole' if whole_card else 'a shared card'} and {why}"
+        ),
         allocation_id=allocation.id if allocation else None,
         container_id=registration.container_id if registration else None,
         owner=(allocation.owner if allocation else None)
@@ -236,3 +282,72 @@ def _unallocated(
         used_mib=process.used_mib,
         key=(UNALLOCATED, process.pid, process.start_ticks),
     )
+
+
+def control_hold_violation(
+    hold: ControlHold,
+    holders: list[HolderProcess],
+    index: RegistrationIndex,
+    allocations: dict[str, Allocation],
+    repeat: Collection[str] = (),
+) -> Violation:
+    """The MPS_CONTROL violation of ``hold``, whose processes are ``holders`` (those still
+    running). Its ``pids`` are the holders in a container, the ones ``action: kill``
+    stops; a process of the host's is only named. A registered container in ``repeat``
+    (it held MPS lately already: a loop that starts a new client after each kill) loses
+    its init process too, so the whole container stops (kubelet restarts it, with back-off)."""
+    named: list[str] = []
+    pids: list[int] = []
+    first: tuple[Registration, Allocation | None] | None = None
+    for holder in holders:
+        registration = registration_of(index, holder.cgroups)
+        allocation = allocations.get(registration.allocation_id) if registration else None
+        if registration is not None:
+            first = first or (registration, allocation)
+            owner = (allocation.owner if allocation else None) or registration.identity
+            pod = f", pod {pod_of(owner)}" if owner else ""
+            again = ""
+            pids.append(holder.pid)
+            if registration.container_id in repeat:
+                again = (
+                    f"; it held MPS lately already: its init process {registration.init_pid} "
+                    "too, so the container stops"
+                )
+                pids.append(registration.init_pid)
+            named.append(
+                f"process {holder.pid} (container {registration.container_id}{pod}{again})"
+            )
+        elif holder.host_mount_ns is False and not _in_a_service(holder.cgroups):
+            named.append(
+                f"process {holder.pid} (in a container of no registered allocation: "
+                "a mount namespace of its own)"
+            )
+            pids.append(holder.pid)
+        else:
+            named.append(
+                f"process {holder.pid} (in no container: a process of the host's, named "
+                "and not killed)"
+            )
+    registration, allocation = first if first is not None else (None, None)
+    return Violation(
+        kind=MPS_CONTROL,
+        card_uuid=hold.card_uuid,
+        pids=tuple(dict.fromkeys(pids)),
+        detail=(
+            f"{', '.join(named) or 'no process any more'} holds a connection to the card's MPS "
+            "control socket and sends nothing, or reads nothing of what the control daemon "
+            "sends it: the daemon, which serves one client at a time, waits on it, so MPS "
+            "on the card answers no tenant"
+        ),
+        allocation_id=registration.allocation_id if registration else None,
+        container_id=registration.container_id if registration else None,
+        owner=(allocation.owner if allocation else None)
+        or (registration.identity if registration else None),
+        key=(MPS_CONTROL, hold.card_uuid, hold.connection, hold.peer),
+    )
+
+
+def _in_a_service(cgroups: dict[str, str]) -> bool:
+    """Whether a cgroup path names a systemd service (a host service may have a mount
+    namespace of its own: PrivateTmp= and the like; a container never runs in one)."""
+    return any(part.endswith(".service") for path in cgroups.values() for part in path.split("/"))

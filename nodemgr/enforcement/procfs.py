@@ -92,6 +92,16 @@ def read_stat(pid: int) -> Stat | None:
     return None if data is None else parse_stat(data, f"{PROC}/{pid}/stat")
 
 
+def in_our_mount_ns(pid: int) -> bool | None:
+    """Whether the process shares the node daemon's mount namespace (every container has
+    one of its own); None when its namespace cannot be read."""
+    try:
+        theirs, ours = os.stat(f"{PROC}/{pid}/ns/mnt"), os.stat(f"{PROC}/self/ns/mnt")
+    except OSError:
+        return None
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 def kill(pid: int, start_ticks: int) -> bool:
     """SIGKILL the process if it is still the one that started at ``start_ticks``.
 

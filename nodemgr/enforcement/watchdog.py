@@ -24,6 +24,13 @@ processes outside containers it spares: exactly the (PID, start time) pairs the
 MPS supervisor names (``mps_servers``, read once per scan), never a process
 because of its name, its ancestry or what it claims to be.
 
+The processes that hold a card's MPS control daemon (a client connected to its
+control socket that sends nothing, or reads nothing of its answers, which stops MPS on
+the card for every tenant)
+are found by the MPS supervisor while the card does not answer (``control_holds``,
+read once per scan); the watchdog ties each to its container and acts on it as an
+``mps_control`` violation like any other (a process of the host's is only named).
+
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
 
@@ -49,13 +56,15 @@ from nodemgr.config.schema import EnforcementSettings
 from nodemgr.domain.containercheck import CgroupError, parse_cgroups
 from nodemgr.domain.statusdoc import UsageView
 from nodemgr.domain.violations import (
-    ENV,
-    MEMORY,
-    UNALLOCATED,
+    KINDS,
+    MPS_CONTROL,
+    ControlHold,
     GpuProcess,
+    HolderProcess,
     RegistrationIndex,
     Violation,
     allocation_used_mib,
+    control_hold_violation,
     find_violations,
     index_registrations,
     registration_of,
@@ -78,6 +87,10 @@ IDLE_SCAN_SECONDS = 1.0
 # Registrations whose init process is gone without a poststop are dropped this often
 # (one /proc read per registered container), and at once when the init's exit is seen.
 PRUNE_SECONDS = 10.0
+# A container whose processes hold a card's MPS control daemon again within this many
+# seconds of its last hold loses its init process too (the container stops): a loop that
+# starts a new silent client after each kill would otherwise stall MPS for good.
+HOLD_REPEAT_SECONDS = 600.0
 # A batch of more execs than this is not read one by one (a /proc read each): a flood from
 # any pod on the node must not keep the watchdog from scanning; it brings a scan forward.
 MAX_EXECS_JUDGED = 64
@@ -114,6 +127,7 @@ class Watchdog(ThreadWorker):
         clock: Callable[[], float] = time.time,
         events_source: Callable[[], ProcessEventSource] | None = None,
         on_violation: Callable[[Violation, str, str], None] | None = None,
+        control_holds: Callable[[], Collection[ControlHold]] = tuple,
     ):
         super().__init__("watchdog")
         self._settings = settings
@@ -123,6 +137,11 @@ class Watchdog(ThreadWorker):
         self._ledger = ledger
         # (PID, start ticks) of the MPS servers of the verified control daemons.
         self._mps_servers = mps_servers
+        # What holds a card's MPS control daemon, as the MPS supervisor last found it.
+        self._control_holds = control_holds
+        # Container ID -> the holds of its processes (their keys) -> the monotonic time of
+        # each one's onset, for HOLD_REPEAT_SECONDS.
+        self._holds_of: dict[str, dict[tuple, float]] = {}
         self._clock = clock
         # Read by the status and metrics threads: written and read under _stats_lock.
         self._stats_lock = threading.Lock()
@@ -169,7 +188,7 @@ class Watchdog(ThreadWorker):
     def summary(self) -> dict:
         """The status document's ``enforcement`` section: action, onsets by kind, kills."""
         with self._stats_lock:
-            violations = {kind: self._counts.get(kind, 0) for kind in (MEMORY, ENV, UNALLOCATED)}
+            violations = {kind: self._counts.get(kind, 0) for kind in KINDS}
             return {
                 "action": self._settings.action,
                 "violations": violations,
@@ -269,26 +288,15 @@ class Watchdog(ThreadWorker):
                 self._registry.prune()
             except Exception:  # stale registrations are pruned next time; enforcement goes on
                 log.exception("pruning the registered containers failed")
+        held, starts = self._held_violations()
+        violations = list(held)
         processes = self._gpu_processes()
-        if processes is None:
-            return []
-        self._policing = bool(processes)
-        if not processes:  # nothing to judge: no walk over every allocation at idle
-            self._set_last_usage(self._usage_view(processes))
-            self._active = set()
-            return []
-        allocations = {a.id: a for a in self._allocator.allocations()}
-        shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
-        violations = find_violations(
-            self._registry.registrations(),
-            allocations,
-            processes,
-            shared_cards,
-            self._settings.grace_mib,
-        )
-        self._set_last_usage(self._usage_view(processes))
-        starts = {p.pid: p.start_ticks for p in processes}
-        active = set()
+        if processes is not None:
+            violations += self._process_violations(processes)
+            starts.update((p.pid, p.start_ticks) for p in processes)
+        # Where usage could not be read, the process violations seen before still last.
+        kept = set() if processes is not None else {k for k in self._active if k[0] != MPS_CONTROL}
+        active = kept
         for violation in violations:
             active.add(violation.key)
             # Each on its own: a report that fails spares neither this offender nor the others.
@@ -304,6 +312,72 @@ class Watchdog(ThreadWorker):
                     log.exception("acting on a %s violation failed", violation.kind)
         self._active = active
         return violations
+
+    def _process_violations(self, processes: list[GpuProcess]) -> list[Violation]:
+        """The violations of the GPU processes of one snapshot (and the usage it shows)."""
+        self._policing = bool(processes)
+        if not processes:  # nothing to judge: no walk over every allocation at idle
+            self._set_last_usage(self._usage_view(processes))
+            return []
+        allocations = {a.id: a for a in self._allocator.allocations()}
+        violations = find_violations(
+            self._registry.registrations(),
+            allocations,
+            processes,
+            {c.uuid for c in self._allocator.cards},
+            self._settings.grace_mib,
+            self._allocator.whole_cards(),
+        )
+        self._set_last_usage(self._usage_view(processes))
+        return violations
+
+    def _held_violations(self) -> tuple[list[Violation], dict[int, int]]:
+        """The MPS control holds the supervisor found, each as a violation of the processes
+        still holding it, and their start times (what a kill is checked against)."""
+        holds = self._control_holds()
+        if not holds:
+            return [], {}
+        registrations = self._registry.registrations()
+        index = index_registrations(registrations)
+        allocations = {a.id: a for a in self._allocator.allocations()}
+        now = time.monotonic()
+        recent = {
+            container: {k: t for k, t in keys.items() if now - t < HOLD_REPEAT_SECONDS}
+            for container, keys in self._holds_of.items()
+        }
+        self._holds_of = {container: keys for container, keys in recent.items() if keys}
+        violations: list[Violation] = []
+        starts = {r.init_pid: r.init_start_ticks for r in registrations}
+        for hold in holds:
+            holders = [h for h in map(self._holder_process, hold.holders) if h is not None]
+            if not holders:
+                continue  # all gone: the daemon is free again (the next check shows it)
+            key = (MPS_CONTROL, hold.card_uuid, hold.connection, hold.peer)
+            # Containers whose processes held MPS through another connection lately.
+            again = {c for c, keys in self._holds_of.items() if set(keys) - {key}}
+            violation = control_hold_violation(hold, holders, index, allocations, again)
+            violations.append(violation)
+            starts.update((h.pid, h.start_ticks) for h in holders)
+            if violation.container_id is not None:
+                self._holds_of.setdefault(violation.container_id, {}).setdefault(key, now)
+        return violations, starts
+
+    def _holder_process(self, holder: tuple[int, int]) -> HolderProcess | None:
+        """A process holding a control connection as /proc shows it; None once it is gone
+        (or its PID is another process's now)."""
+        pid, start_ticks = holder
+        try:
+            if procfs.read_start_ticks(pid) != start_ticks:
+                return None
+        except procfs.ProcfsError:
+            return None  # no start time, no safe kill: not judged
+        cgroups, problem = {}, None
+        try:
+            text = procfs.read_cgroups_text(pid)
+            cgroups = parse_cgroups(text) if text is not None else {}
+        except (procfs.ProcfsError, CgroupError) as e:
+            problem = str(e)
+        return HolderProcess(pid, start_ticks, cgroups, problem, procfs.in_our_mount_ns(pid))
 
     @property
     def action(self) -> str:

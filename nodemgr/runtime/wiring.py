@@ -120,6 +120,7 @@ def run(
                 supervisor.mps_servers if supervisor is not None else frozenset,
                 events_source=ProcEvents,
                 on_violation=partial(post_violation, kube) if kube is not None else None,
+                control_holds=supervisor.control_holds if supervisor is not None else tuple,
             )
         )
         status = LiveStatus(

@@ -63,7 +63,7 @@ _BUCKET_LE = (*(repr(b) for b in ALLOCATE_BUCKETS_SECONDS), "+Inf")  # the expos
 RECONCILE_RESULTS = ("ok", "skipped", "failed")
 CARD_MODES = ("shared", "whole", "idle")
 ENFORCEMENT_ACTIONS = ("kill", "log")
-VIOLATION_KINDS = ("memory", "env", "unallocated")
+VIOLATION_KINDS = ("memory", "env", "unallocated", "mps_control")
 MPS_STATES = (
     "healthy", "starting", "down", "hung", "broken", "fault", "off", "disabled", "unknown",
 )  # fmt: skip
@@ -469,7 +469,8 @@ def _enforcement(enforcement: Mapping[str, Any]) -> Iterator[Metric]:
         "gpushare_enforcement_violations",
         "Violation onsets the watchdog found since the daemon started, by kind: memory "
         "(over quota), env (quota env missing or raised), unallocated (GPU process outside "
-        "any allocation).",
+        "any allocation), mps_control (a process holding its card's MPS control daemon: "
+        "connected to its control socket, sending nothing).",
         labels=("kind",),
     )
     counts = enforcement["violations"]

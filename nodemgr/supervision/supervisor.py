@@ -45,6 +45,16 @@ server's own files are there too. The one tmpfs earlier versions gave every card
 unmounted at start. Without root none of this can be had: the daemons keep our
 /dev/shm and the cards' directories are plain ones (said once, at start).
 
+A control daemon serves one client at a time and waits, with no time-out, on the one
+it accepted: a client that connects to the control socket and sends nothing (or reads
+nothing of what the daemon sends it, until the daemon blocks writing) hangs MPS
+on the card for every tenant. While a card does not answer, each hung check also looks
+at the daemon's connections (mps.connections, judged by mps.holders); a connection on
+which the daemon waits for a client other than ours is looked at again at once (after
+one more check that times out), and one seen so both times is a hold: its holders are
+named in the card's problem and handed to the watchdog (``control_holds``), which acts
+on them as an ``mps_control`` violation. The supervisor itself never kills.
+
 The node daemon's stop leaves every control daemon running: they and their
 clients must outlive a restart or upgrade of gpushare-node.
 """
@@ -64,6 +74,7 @@ import psutil
 
 from mps import CardDaemon, DaemonIdentity, Health, HealthState, MpsError, MpsLayout, proc, shm
 from mps.control import shown_pinned_limit_mib
+from mps.holders import Look, holding, waiting
 from mps.mounts import MountError
 from mps.namespace import CardNamespace, prepare_directory
 from nodemgr.allocation.allocator import Allocator
@@ -71,6 +82,7 @@ from nodemgr.common.wakepipe import WakePipe
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import MpsSettings
 from nodemgr.domain.statusdoc import MpsView
+from nodemgr.domain.violations import ControlHold
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import Card, Inventory
 
@@ -146,6 +158,12 @@ class _CardState:
     watched: tuple[DaemonIdentity, int] | None = None  # the verified daemon and its pidfd
     defaults_checked_at: float = 0.0  # monotonic
     shm_problem: str | None = None  # why its tmpfs could not be mounted (no shared work)
+    # While the card does not answer: the daemon's connections at the last hung check,
+    # whether to check again at once (a client it waits on, not yet seen twice), and
+    # the holds found. ``holds`` is read by the watchdog's thread: replaced whole.
+    look: Look | None = None
+    relook: bool = False
+    holds: tuple[ControlHold, ...] = ()
 
 
 class MpsSupervisor(ThreadWorker):
@@ -189,6 +207,15 @@ class MpsSupervisor(ThreadWorker):
                 servers |= state.daemon.servers(identity)
         return frozenset(servers)
 
+    def control_holds(self) -> tuple[ControlHold, ...]:
+        """The processes holding a card's control daemon (a client connected to its control
+        socket that sends nothing), as the last hung checks found them. Called from the
+        watchdog's thread."""
+        holds: list[ControlHold] = []
+        for state in list(self._states.values()):
+            holds.extend(state.holds)
+        return tuple(holds)
+
     def prepare(self) -> None:
         """Once at start, before serving: every card's /dev/shm and first tend, all cards
         at once (each waits on its own control commands)."""
@@ -222,7 +249,10 @@ class MpsSupervisor(ThreadWorker):
         self._poke()
 
     def _next_wake(self, next_check: float) -> float:
-        """The health check, or sooner a restart whose backoff ends first."""
+        """The health check, or sooner a restart whose backoff ends first, or now for a
+        card whose daemon waits on a client that must be looked at again."""
+        if any(s.relook for s in self._states.values()):
+            return time.monotonic()
         retries = [s.retry_at for s in self._states.values() if s.failures and s.retry_at]
         return min([next_check, *retries])
 
@@ -278,9 +308,10 @@ class MpsSupervisor(ThreadWorker):
         return views
 
     def _keep_mps(self, card: Card, state: _CardState, replaced: bool = False) -> None:
+        state.relook = False
         if self._without_shm(card, state):
             return
-        health = state.health = state.daemon.probe()
+        health = self._probe(card, state)
         if health.state is HealthState.DOWN and state.mode == "shared" and not state.failures:
             # It was running: tell kubelet first, restart after the backoff.
             self._problem(card, state, health)
@@ -319,6 +350,16 @@ class MpsSupervisor(ThreadWorker):
             return
         state.mode, state.failures, state.retry_at = "shared", 0, 0.0
         self._set_problem(card, state, None)
+
+    def _probe(self, card: Card, state: _CardState) -> Health:
+        """The daemon's health now; while it hangs, also who holds it (``_find_holders``)."""
+        health = state.health = state.daemon.probe()
+        if health.state is HealthState.HUNG:
+            health = state.health = self._find_holders(card, state, health)
+        else:
+            state.look, state.holds = None, ()
+            state.notes = {n for n in state.notes if not n.startswith(("hold-", "look-"))}
+        return health
 
     def _without_shm(self, card: Card, state: _CardState) -> bool:
         """The card's tmpfs could not be mounted (tried again now): no shared work, since
@@ -414,6 +455,60 @@ class MpsSupervisor(ThreadWorker):
         self._unwatch(state)
         state.identity, state.mode, state.failures, state.retry_at = None, None, 0, 0.0
         return True
+
+    def _find_holders(self, card: Card, state: _CardState, hung: Health) -> Health:
+        """A hung check: who the daemon waits on. A client it waits on at two hung checks
+        in a row holds it (mps.holders): named in the card's problem, handed to the
+        watchdog. Returns the hung health, its reason naming what was found."""
+        identity = state.daemon.identify(state.identity)
+        if identity is None:
+            state.look, state.holds = None, ()
+            return hung
+        look = state.daemon.look(identity, os.getpid())
+        held = holding(state.look, look)
+        state.look = look
+        state.holds = tuple(
+            ControlHold(
+                card.uuid, c.inode, c.peer or 0, tuple((h.pid, h.start_ticks) for h in c.holders)
+            )
+            for c in held
+        )
+        if look.problem is not None:
+            self._note(
+                state,
+                "look-failed",
+                logging.WARNING,
+                "GPU%d: its MPS control daemon does not answer, and which client it waits "
+                "on cannot be told: %s",
+                card.index,
+                look.problem,
+            )
+            return hung
+        candidates = waiting(look)
+        state.relook = bool(candidates) and not held
+        if not candidates:
+            return hung
+        pids = ", ".join(str(h.pid) for c in candidates for h in c.holders)
+        if held:
+            for hold in state.holds:
+                self._note(
+                    state,
+                    f"hold-{hold.connection}-{hold.peer}",
+                    logging.ERROR,
+                    "GPU%d: its MPS control daemon waits on process(es) %s, connected to its "
+                    "control socket, sending or reading nothing: MPS answers no tenant of the "
+                    "card; handed to enforcement",
+                    card.index,
+                    ", ".join(str(pid) for pid, _ in hold.holders),
+                )
+        seen = "held" if held else "waited on"
+        return Health(
+            HealthState.HUNG,
+            f"{hung.reason}; the control daemon waits on a client that connected to its "
+            f"control socket and sends or reads nothing ({seen}: process {pids})",
+            hung.servers,
+            hung.clients,
+        )
 
     def _shareable_mib(self, card: Card) -> int:
         return (card.memory_mib // self._unit_mib) * self._unit_mib

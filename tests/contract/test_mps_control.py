@@ -739,3 +739,35 @@ def test_published_client_directory_reaches_the_daemon_but_cannot_quit_it(mps):
     assert mps.ask("get_default_active_thread_percentage") == "100.0\n"
     assert mps.client("quit").stdout == NO_PRIVILEGE + "\n"
     assert sorted(os.listdir(card.client_dir)) == ["control"]
+
+
+# A client that connects and sends nothing (NVIDIA's binary only)
+
+
+def test_a_silent_client_holds_the_real_daemon_and_is_seen_holding_it(daemon):
+    """NVIDIA's daemon serves one client at a time and waits, with no time-out, on the one
+    it accepted: while a SOCK_SEQPACKET client of `control` sends nothing, every command
+    hangs (a probe is HUNG); mps.connections then sees that connection, bound to
+    `control`'s own file, the daemon blocked reading it (recvmsg) with nothing unread, held
+    by this process; once it closes, the daemon answers again. The stand-in serves each
+    client on a thread of its own and never hangs so: this is the real binary's fact."""
+    mps, proc = daemon
+    if not mps.is_real:
+        pytest.skip("the stand-in serves every client on its own thread: no hang to pin")
+    card = CardDaemon(GPU, mps.binary, mps.pipe_dir, mps.log_dir, 1.0)
+    identity = DaemonIdentity(proc.pid, card.identify().start_ticks)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as silent:
+        silent.connect(os.path.join(mps.pipe_dir, "control"))
+        assert card.probe().state is HealthState.HUNG
+
+        def blocked():
+            seen = card.look(identity, os.getpid())
+            return seen if any(c.blocked for c in seen.connections) else None
+
+        look = wait_until(blocked, what="the daemon blocked on its connection")
+        assert look.problem is None and not look.stopped
+        [connection] = look.connections
+        assert connection.blocked == "reading" and connection.unread == 0
+        assert [(h.pid, h.ours) for h in connection.holders] == [(os.getpid(), True)]
+        assert connection.peer == os.fstat(silent.fileno()).st_ino
+    assert wait_until(lambda: card.probe().ok, what="the daemon answering again")

@@ -13,18 +13,15 @@ mode): the MPS settings live in the daemon the test starts and quits."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
 from mps import CardDaemon, HealthState
-from tests.gpu.clients import finish, start_client
+from tests.gpu.clients import client_env, finish, start_client
 
 pytestmark = pytest.mark.gpu
 
@@ -81,50 +78,6 @@ for _ in range(400):
 torch.cuda.synchronize()
 print(time.perf_counter() - start, flush=True)
 """
-
-
-@pytest.fixture(scope="module")
-def card_uuid():
-    if not shutil.which("nvidia-cuda-mps-control"):
-        pytest.skip("nvidia-cuda-mps-control is not on PATH")
-    if importlib.util.find_spec("torch") is None:
-        pytest.skip("torch is not installed (CUDA clients are torch programs)")
-    from nodemgr.config.schema import GpuSettings
-    from nodemgr.errors import InventoryError
-    from nodemgr.inventory import open_inventory
-
-    try:
-        inventory = open_inventory(GpuSettings(backend="nvml"))
-    except InventoryError as e:
-        pytest.skip(f"no usable NVIDIA GPU here: {e}")
-    return inventory.cards()[0].uuid
-
-
-@pytest.fixture
-def daemon(card_uuid):
-    root = tempfile.mkdtemp(prefix="mpsgpu-")
-    daemon = CardDaemon(
-        card_uuid,
-        "nvidia-cuda-mps-control",
-        f"{root}/pipe",
-        f"{root}/log",
-        timeout_seconds=20,
-        client_dir=f"{root}/client",
-    )
-    daemon.start()
-    yield daemon
-    if daemon.probe().state is not HealthState.DOWN:
-        daemon.stop()
-    shutil.rmtree(root, ignore_errors=True)
-
-
-def client_env(daemon: CardDaemon | None, pipe_dir: str | None = None, **env: str) -> dict:
-    """A client's environment: the card by UUID, the MPS pipe directory (``pipe_dir``,
-    else the daemon's; with no daemon, an empty directory: the client runs outside MPS)."""
-    if pipe_dir is None:
-        pipe_dir = daemon.pipe_dir if daemon is not None else tempfile.mkdtemp(prefix="nomps-")
-    card = daemon.card_uuid if daemon is not None else env.pop("CUDA_VISIBLE_DEVICES")
-    return {**os.environ, "CUDA_VISIBLE_DEVICES": card, "CUDA_MPS_PIPE_DIRECTORY": pipe_dir, **env}
 
 
 def client(daemon, code, **env):

@@ -3,10 +3,14 @@ the processes of every container registered on it (nested cgroups included; issu
 and only what exceeds quota + grace is a violation, whose pids are the newest processes across
 the allocation, just enough to get back within quota + grace, naming the allocation and its pod;
 allocation_used_mib sums exactly that for the status; a process without
-or above its quota env is an ENV violation; GPU processes on shared cards outside a live
-allocation holding that card are UNALLOCATED; whole cards and whole allocations are not policed;
+or above its quota env is an ENV violation; GPU processes on any of the node's cards, shared or
+given out whole, outside a live allocation holding that card are UNALLOCATED; whole allocations
+get no memory or env checks;
 violation keys stay the same across scans; a quota value not in its exact ASCII form is an ENV
-violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED)."""
+violation, and unreadable /proc files fail closed (no environ: ENV; no cgroup: UNALLOCATED).
+A process holding its card's MPS control daemon is an MPS_CONTROL violation: acted on when in a
+container (registered, or in a mount namespace of its own outside any systemd service), only
+named when it is the host's."""
 
 import pytest
 
@@ -15,10 +19,15 @@ from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registrati
 from nodemgr.domain.violations import (
     ENV,
     MEMORY,
+    MPS_CONTROL,
     UNALLOCATED,
+    ControlHold,
     GpuProcess,
+    HolderProcess,
     allocation_used_mib,
+    control_hold_violation,
     find_violations,
+    index_registrations,
 )
 from tests.harness.cards import GPU0, GPU1
 
@@ -51,9 +60,11 @@ def proc(pid, used_mib, start_ticks=None, card=GPU0, path="/pod-a/c1", env=QUOTA
     return GpuProcess(pid, card, used_mib, start, {"": path}, dict(env))
 
 
-def find(registrations, allocations, processes, shared_cards=(GPU0,), grace=GRACE):
+def find(registrations, allocations, processes, whole_cards=(), grace=GRACE):
+    """The violations on a node of two cards, ``whole_cards`` given out whole."""
+    allocated = {a.id: a for a in allocations}
     return find_violations(
-        registrations, {a.id: a for a in allocations}, processes, set(shared_cards), grace
+        registrations, allocated, processes, {GPU0, GPU1}, grace, set(whole_cards)
     )
 
 
@@ -238,7 +249,7 @@ def test_process_whose_allocation_is_gone_is_unallocated():
 
 def test_process_on_a_card_its_allocation_does_not_hold_is_unallocated():
     process = proc(101, 500, card=GPU1)
-    [violation] = find([registration()], [shared()], [process], shared_cards=(GPU0, GPU1))
+    [violation] = find([registration()], [shared()], [process])
     assert violation.kind == UNALLOCATED and violation.card_uuid == GPU1
     assert violation.allocation_id == "ga-1"
     assert f"holds {GPU0}, not this card" in violation.detail
@@ -246,20 +257,33 @@ def test_process_on_a_card_its_allocation_does_not_hold_is_unallocated():
 
 def test_process_on_a_card_outside_its_allocation_does_not_count_toward_its_memory():
     processes = [proc(101, 3000), proc(102, 3000, card=GPU1)]
-    violations = find([registration()], [shared()], processes, shared_cards=(GPU0, GPU1))
+    violations = find([registration()], [shared()], processes)
     assert [v.kind for v in violations] == [UNALLOCATED]
 
 
-def test_processes_on_non_shared_cards_outside_registrations_are_not_violations():
-    processes = [proc(101, 9000, card=GPU1, path="/host/job"), proc(102, 9000, card=GPU1)]
-    assert find([registration()], [shared()], processes, shared_cards=(GPU0,)) == []
+def test_a_process_on_a_whole_card_outside_its_allocation_is_unallocated():
+    """A card given out whole is policed as a shared one is: a process of no registered
+    container there, and one whose allocation holds another card, are unallocated; the
+    whole allocation's own processes are not judged (no quota, no env)."""
+    owner = registration("cw", "ga-w", "/pod-w/cw")
+    processes = [
+        proc(101, 8192, card=GPU1, path="/host/job"),
+        proc(102, 2048, card=GPU1),
+        proc(103, 4096, card=GPU1, path="/pod-w/cw", env={}),
+    ]
+    violations = find([registration(), owner], [shared(), whole()], processes, whole_cards=(GPU1,))
+    assert sorted((v.kind, v.pids) for v in violations) == [
+        (UNALLOCATED, (101,)),
+        (UNALLOCATED, (102,)),
+    ]
+    assert all("a card given out whole" in v.detail for v in violations)
 
 
 def test_whole_allocations_get_no_memory_or_env_checks():
     reg = registration("cw", "ga-w", "/pod-w/cw")
     processes = [proc(101, 15000, card=GPU1, path="/pod-w/cw", env={})]
     # Even when the card is (wrongly) listed as shared, the registration covers it.
-    assert find([reg], [whole()], processes, shared_cards=(GPU0, GPU1)) == []
+    assert find([reg], [whole()], processes) == []
 
 
 # --- keys ------------------------------------------------------------------------------------
@@ -334,3 +358,57 @@ def test_a_process_whose_cgroup_cannot_be_read_is_unallocated_saying_why():
     process = GpuProcess(101, GPU0, 100, 1010, {}, dict(QUOTA_ENV), cgroup_problem="not UTF-8")
     [violation] = find([registration()], [shared()], [process])
     assert violation.kind == UNALLOCATED and "not UTF-8" in violation.detail
+
+
+# --- MPS control holds -----------------------------------------------------------------------
+
+
+HOLD = ControlHold(GPU0, 10, 11, ((101, 1010), (102, 1020)))
+
+
+def held_by(*holders, registrations=(), allocations=()):
+    index = index_registrations(list(registrations))
+    return control_hold_violation(HOLD, list(holders), index, {a.id: a for a in allocations})
+
+
+def test_a_registered_containers_process_holding_the_control_daemon_is_acted_on():
+    """Named with its container and pod, tied to its allocation; its PID is what kill stops;
+    the key names the connection (stable while it lasts)."""
+    holder = HolderProcess(101, 1010, {"": "/pod-a/c1/sub"}, host_mount_ns=False)
+    violation = held_by(holder, registrations=[registration()], allocations=[shared()])
+    assert violation.kind == MPS_CONTROL and violation.card_uuid == GPU0
+    assert violation.pids == (101,) and violation.owner == POD_A
+    assert (violation.container_id, violation.allocation_id) == ("c1", "ga-1")
+    assert "process 101 (container c1, pod default/a)" in violation.detail
+    assert "sends nothing, or reads nothing" in violation.detail
+    assert violation.key == (MPS_CONTROL, GPU0, 10, 11)
+
+
+def test_a_container_of_no_allocation_is_acted_on_a_host_process_only_named():
+    """Another mount namespace outside every service: a container, acted on. The host's
+    mount namespace, a service with a namespace of its own (PrivateTmp=) or one that cannot
+    be read: the host's, named and not killed."""
+    container = HolderProcess(101, 1010, {"": "/kubepods/pod1/abc"}, host_mount_ns=False)
+    host = HolderProcess(102, 1020, {"": "/user.slice/session-1.scope"}, host_mount_ns=True)
+    service = HolderProcess(103, 1030, {"": "/system.slice/x.service"}, host_mount_ns=False)
+    unknown = HolderProcess(104, 1040, {}, "unreadable", host_mount_ns=None)
+    violation = held_by(container, host, service, unknown)
+    assert violation.pids == (101,) and violation.owner is None
+    assert "process 101 (in a container of no registered allocation" in violation.detail
+    host_words = "(in no container: a process of the host's, named and not killed)"
+    for pid in (102, 103, 104):
+        assert f"process {pid} {host_words}" in violation.detail
+
+
+def test_a_container_holding_again_loses_its_init_process_too():
+    """A registered container named in ``repeat`` (it held MPS lately through another
+    connection) has its init process added to what kill stops, once, and the detail says
+    the container stops."""
+    holder = HolderProcess(101, 1010, {"": "/pod-a/c1"}, host_mount_ns=False)
+    other = HolderProcess(102, 1020, {"": "/pod-a/c1"}, host_mount_ns=False)
+    violation = held_by(holder, other, registrations=[registration()], allocations=[shared()])
+    assert violation.pids == (101, 102)
+    index = index_registrations([registration()])
+    again = control_hold_violation(HOLD, [holder, other], index, {"ga-1": shared()}, {"c1"})
+    assert again.pids == (101, 10, 102)  # registration()'s init process is PID 10
+    assert "its init process 10 too, so the container stops" in again.detail

@@ -1,8 +1,8 @@
 """Pins the watchdog's acting side in-process, with real processes: a GPU
 process on a shared card outside any container is killed with action kill
 and only recorded (once per onset, in the ledger too) with action log; exactly
-the MPS servers the supervisor names (PID and start time) are exempt; a process
-on a card given out whole is not its business; a failing usage source
+the MPS servers the supervisor names (PID and start time) are exempt; a stray process
+on a card given out whole is killed too; a failing usage source
 pauses enforcement with one log line; and without the netlink connector the
 periodic scan still runs. One hostile process never stops it: a process in a cgroup
 named with 0xff is unallocated (fail closed) while the scan goes on, its exec does not
@@ -140,13 +140,16 @@ def test_exactly_the_named_mps_servers_are_exempt(parts):
         server.wait()
 
 
-def test_cards_given_out_whole_are_not_watched(parts, stray):
+def test_a_stray_process_on_a_card_given_out_whole_is_killed(parts, stray):
+    """A card given out whole is watched too: a GPU process of no registered container
+    there is unallocated and killed."""
     _, allocator, _ = parts
     allocator.allocate(ResourceKind.WHOLE, [GPU1])
     usage = Usage()
     usage.processes = [ProcessUsage(stray.pid, GPU1, 8000)]
-    assert watchdog(parts, usage).scan() == []
-    assert not gone(stray, 0.2)
+    [violation] = watchdog(parts, usage).scan()
+    assert violation.kind == "unallocated" and "a card given out whole" in violation.detail
+    assert gone(stray)
 
 
 def test_unreadable_usage_pauses_enforcement_with_one_line(parts, caplog):

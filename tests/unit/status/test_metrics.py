@@ -298,10 +298,13 @@ def test_mps_up_is_absent_where_mps_is_not_meant_to_run(exporter, state, up):
 
 
 def test_enforcement_counters(exporter):
+    """Violation onsets by kind (every kind present, mps_control too, 0 when none), kills,
+    the action in force."""
     s = exporter.scrape()
     assert value(s, "gpushare_enforcement_violations_total", kind="memory") == 4
     assert value(s, "gpushare_enforcement_violations_total", kind="env") == 1
     assert value(s, "gpushare_enforcement_violations_total", kind="unallocated") == 0
+    assert value(s, "gpushare_enforcement_violations_total", kind="mps_control") == 0
     assert value(s, "gpushare_enforcement_kills_total") == 5
     assert value(s, "gpushare_enforcement_action", action="kill") == 1
     assert value(s, "gpushare_enforcement_action", action="log") == 0

@@ -4,7 +4,9 @@ only once its clients are gone and returns to DEFAULT; FAULT makes a card
 unavailable for shared work without killing anything; control daemons are
 adopted, not restarted; the daemon is the verified one (an impostor never is, and a
 daemon that cannot be verified makes the card Unhealthy); the watchdog's exemption is
-exactly its servers; containers see only its current control socket."""
+exactly its servers; containers see only its current control socket. While a card does not
+answer, a client its daemon waits on at two hung checks in a row is a hold handed to the
+watchdog (never our own command, never with the daemon stopped)."""
 
 import logging
 import os
@@ -18,11 +20,13 @@ import time
 
 import pytest
 
-from mps import MpsLayout
+from mps import Health, HealthState, MpsLayout
+from mps.holders import READING, Connection, Holder, Look
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.config.schema import MpsSettings
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids
+from nodemgr.domain.violations import ControlHold
 from nodemgr.inventory import open_inventory
 from nodemgr.supervision.supervisor import MpsSupervisor
 from tests.harness.cards import GPU0, GPU1, simulated_settings
@@ -298,3 +302,77 @@ def test_mps_defaults_a_client_changed_are_restored(world, monkeypatch, caplog):
     assert client.command("get_default_device_pinned_mem_limit 0") == ["15G"]
     assert client.default_active_thread_percentage() == 100.0
     assert "changed through the client socket" in caplog.text
+
+
+def hung_with(monkeypatch, state, looks: list) -> list:
+    """The card's daemon hung at every check; each look returns the next of ``looks``."""
+    monkeypatch.setattr(state.daemon, "probe", lambda: Health(HealthState.HUNG, "timed out"))
+    seen: list = []
+
+    def look(identity, ours):
+        assert ours == os.getpid()
+        seen.append(identity)
+        return looks.pop(0)
+
+    monkeypatch.setattr(state.daemon, "look", look)
+    return seen
+
+
+def test_a_client_the_daemon_waits_on_at_two_hung_checks_is_handed_to_the_watchdog(
+    world, monkeypatch, caplog
+):
+    """The first hung check finds the daemon waiting on a tenant's connection: named in the
+    card's problem and looked at again at once (the next wake is now); the second finds
+    the same one: a hold, handed to the watchdog and logged; once the daemon answers, the
+    hold is gone and the card Healthy."""
+    allocator, inventory, supervisor, clock = world
+    sup = supervisor()
+    sup.prepare()
+    state = sup._states[GPU0]
+    daemon = state.identity
+    waited = Connection(4, 10, 11, 0, READING, (Holder(4242, 99),))
+    seen = hung_with(monkeypatch, state, [Look(daemon, False, (waited,)) for _ in range(2)])
+    sup.tend_all()
+    assert sup.control_holds() == () and seen == [daemon]
+    assert "MPS control daemon not answering" in allocator.card_problems()[GPU0]
+    assert "waited on: process 4242" in sup.views()[GPU0].detail
+    assert sup._next_wake(time.monotonic() + 3600) <= time.monotonic()
+    with caplog.at_level(logging.ERROR):
+        sup.tend_all(check=False)
+    assert sup.control_holds() == (ControlHold(GPU0, 10, 11, ((4242, 99),)),)
+    assert "held: process 4242" in sup.views()[GPU0].detail
+    assert any("waits on process(es) 4242" in r.getMessage() for r in caplog.records)
+    assert sup._next_wake(time.monotonic() + 3600) > time.monotonic() + 3000
+    monkeypatch.undo()
+    sup.tend_all()
+    assert sup.control_holds() == () and GPU0 not in allocator.card_problems()
+
+
+def test_our_own_commands_a_stopped_daemon_and_an_incomplete_look_are_no_holds(
+    world, monkeypatch, caplog
+):
+    """Our own control command holding the connection, a stopped daemon (SIGSTOP) and a
+    look that could not see everything: no hold, nothing looked at again; an incomplete
+    look says why, once."""
+    allocator, inventory, supervisor, clock = world
+    sup = supervisor()
+    sup.prepare()
+    state = sup._states[GPU0]
+    daemon = state.identity
+    ours = Connection(4, 10, 11, 0, READING, (Holder(4242, 99, ours=True),))
+    tenant = Connection(4, 10, 11, 0, READING, (Holder(4242, 99),))
+    looks = [
+        Look(daemon, False, (ours,)),
+        Look(daemon, False, (ours,)),
+        Look(daemon, True, (tenant,)),
+        Look(daemon, True, (tenant,)),
+        Look(daemon, False, (), "sock_diag refused"),
+        Look(daemon, False, (), "sock_diag refused"),
+    ]
+    hung_with(monkeypatch, state, looks)
+    with caplog.at_level(logging.WARNING):
+        for _ in range(6):
+            sup.tend_all()
+            assert sup.control_holds() == () and not state.relook
+    said = [r.getMessage() for r in caplog.records if "cannot be told" in r.getMessage()]
+    assert len(said) == 1 and "sock_diag refused" in said[0]
