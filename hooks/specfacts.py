@@ -14,9 +14,10 @@ reads config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as
 - ``rules``: the ``linux.resources.devices`` rules that allow reading or writing a char
   device of major 195 or of any major (a wildcard, or ``a``: every device).
 
-``touches_gpu`` says cheaply whether the facts touch a GPU at all (what makes the hook ask
-the daemon for a container without GPU env); :mod:`nodemgr.domain.speccheck` decides whether
-they stay within an allocation.
+``touches_gpu`` says cheaply whether the facts touch a GPU at all, or a path of the daemon's
+own (its run_dir, hook and status sockets, state_dir, device plugin sockets: what makes the
+hook ask the daemon for a container without GPU env); :mod:`nodemgr.domain.speccheck` decides
+whether they stay within an allocation.
 
 Where Go reads a document differently from Python, the spec is refused (``SpecError``)
 rather than read one way: a key that differs from a field runc reads only in case (Go
@@ -261,23 +262,27 @@ def rule_may_allow_nvidia(rule: dict) -> bool:
     )
 
 
-def path_touches_gpu(path: str, mps_root: str | None) -> bool:
+def path_touches_gpu(path: str, mps_root: str | None, guarded: tuple[str, ...] = ()) -> bool:
     """A host path whose mount shows GPU things: the MPS root or anything in or above it,
-    an NVIDIA node (or /dev or /), an NVIDIA device-list directory."""
+    an NVIDIA node (or /dev or /), an NVIDIA device-list directory; or one of the daemon's
+    own ``guarded`` paths (its run_dir, sockets, state_dir), in or above it."""
     if mps_root is not None and covers(path, mps_root):
+        return True
+    if any(covers(path, own) for own in guarded):
         return True
     if under(NVIDIA_NODE_PREFIX, path) or path.startswith(NVIDIA_NODE_PREFIX):
         return True
     return any(under(path, d) for d in DEVICE_LIST_DIRS)
 
 
-def touches_gpu(facts: dict, mps_root: str | None) -> str | None:
-    """What in the facts touches a GPU (for the log), or None: see the module."""
+def touches_gpu(facts: dict, mps_root: str | None, guarded: tuple[str, ...] = ()) -> str | None:
+    """What in the facts touches a GPU or a path of the daemon's own (``guarded``, lexically
+    normal), or None: see the module."""
     for mount in facts["mounts"]:
         if any(under(mount["destination"], d) for d in DEVICE_LIST_DIRS):
             return f"mount at {mount['destination']}"
         for path in mount["sources"]:
-            if path_touches_gpu(path, mps_root):
+            if path_touches_gpu(path, mps_root, guarded):
                 return f"mount of {path} at {mount['destination']}"
         for major, minor in mount["nodes"]:
             if major == NVIDIA_MAJOR or not in_range(major, minor):

@@ -23,10 +23,18 @@ allowing another card's minor, every minor of 195 (``c 195:*``) or every char de
 195). The devices cgroup is what really stops a process from opening a node, whatever its
 name; this check keeps the spec from asking for more than the allocation.
 
+No container, with or without an allocation, may mount a path of the daemon's own
+(:class:`DaemonPaths`): its hook and status sockets wherever they are, anything in its
+run_dir but what the allocation is given there, its state_dir (the ledger), its device
+plugin sockets in kubelet's device plugin directory, or a directory above any of them.
+Through these it could ask the daemon to register containers, read every allocation, or
+call Allocate itself.
+
 Node-wide containers are the exception, when they ask for no GPU at all (no GPU env, no
 allocation): a privileged one (a rule allowing every device: it lists every host node,
 ``/dev/nvidia*`` too) or one mounting the host's ``/``, ``/dev`` or a directory above
-gpushare-node's run_dir (``/run``, ``/var``). Such a container is root on the node in all
+gpushare-node's run_dir, state_dir or kubelet's device plugin directory (``/run``,
+``/var/lib``, ``/var/lib/kubelet``). Such a container is root on the node in all
 but name (kube-proxy, CNI agents, node-exporter, NVIDIA's own device plugin and DCGM): no
 check of its spec can fence it, and refusing it would break the node. Keeping tenants out
 of that is the cluster's job (Pod Security Admission ``baseline`` forbids privileged pods
@@ -52,6 +60,7 @@ from hooks.specfacts import (
     rule_may_allow_nvidia,
     under,
 )
+from hooks.textsafe import quote
 
 NO_ALLOCATION_FIX = (
     "GPUs on this node are given only through the device plugin resources (request "
@@ -72,14 +81,31 @@ class CardNode:
 
 
 @dataclass(frozen=True)
+class DaemonPaths:
+    """gpushare-node's own host paths (nodemgr.config.schema.Settings.own_paths)."""
+
+    paths: Mapping[str, str] = field(default_factory=dict)  # path -> what it is
+    # run_dir, state_dir, kubelet's device plugin directory: their parents are node-wide
+    directories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class NodeGpus:
-    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off)."""
+    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off), and
+    the daemon's own paths."""
 
     cards: tuple[CardNode, ...]
     mps_root: str | None = None
     # card UUID -> the directory its shared containers mount (mps.layout's client dir)
     client_dirs: Mapping[str, str] = field(default_factory=dict)
     shm_dir: str | None = None
+    daemon: DaemonPaths = DaemonPaths()
+
+    def wide_directories(self) -> tuple[str, ...]:
+        """The directories whose strict parents a node-wide container mounts."""
+        if self.daemon.directories:
+            return tuple(normpath(d) for d in self.daemon.directories)
+        return (normpath(self.mps_root.rsplit("/", 1)[0] or "/"),) if self.mps_root else ()
 
     def by_minor(self, minor: int) -> CardNode | None:
         return next((c for c in self.cards if c.minor == minor), None)
@@ -186,10 +212,10 @@ def _host_wide(mount: MountFact, node: NodeGpus) -> bool:
     destination = normpath(mount.destination)
     if any(under(destination, directory) for directory in DEVICE_LIST_DIRS):
         return False
-    run_dir = normpath(node.mps_root.rsplit("/", 1)[0] or "/") if node.mps_root else None
+    directories = node.wide_directories()
     for source in map(normpath, mount.sources):
-        wide = source in ("/", "/dev") or (
-            run_dir is not None and under(run_dir, source) and source != run_dir
+        wide = source in ("/", "/dev") or any(
+            under(directory, source) and source != directory for directory in directories
         )
         if not wide:
             return False
@@ -225,14 +251,14 @@ def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown
     destination = normpath(mount.destination)
     for directory in DEVICE_LIST_DIRS:
         if under(destination, directory):
-            what = f"the mount at {destination}"
+            what = f"the mount at {quote(destination)}"
             return _device_list_shown(what, destination, directory, grant, node)
     for source in mount.sources:
         shown = _path_shown(normpath(source), destination, grant, node)
         if shown:
             return shown
     for major, minor in mount.nodes:
-        what = f"the mount at {destination}"
+        what = f"the mount at {quote(destination)}"
         if not in_range(major, minor):
             return what, f"device {major}:{minor} (outside Linux's range)"
         if major == NVIDIA_MAJOR:
@@ -243,9 +269,12 @@ def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown
 
 
 def _path_shown(path: str, destination: str, grant: Grant | None, node: NodeGpus) -> Shown:
-    what = f"the mount of {path} at {destination}"
+    what = f"the mount of {quote(path)} at {quote(destination)}"
     if node.mps_root is not None and covers(path, node.mps_root):
         return _mps_shown(what, path, grant, node)
+    for own in sorted(node.daemon.paths, key=len, reverse=True):  # the narrowest named
+        if covers(path, normpath(own)):
+            return what, f"{node.daemon.paths[own]} {own}"
     if under(NVIDIA_NODE_PREFIX, path):  # "/" or "/dev"
         return what, "every /dev/nvidia* node (every card)"
     if path.startswith(NVIDIA_NODE_PREFIX):
@@ -270,18 +299,18 @@ def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Sho
     name = path[len(root) :].strip("/").split("/")[0]
     card = node.by_name(name)
     if card is not None:
-        return what, f"{card}'s MPS directory {path[len(root) :].strip('/')}"
+        return what, f"{card}'s MPS directory {quote(path[len(root) :].strip('/'))}"
     if node.shm_dir is not None and under(path, normpath(node.shm_dir)):
         return what, "the MPS /dev/shm (only for shared allocations)"
-    return what, f"gpushare-node's MPS directory {name}"
+    return what, f"gpushare-node's MPS directory {quote(name)}"
 
 
 def _node_path_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Shown:
     if any(under(path, control) for control in CONTROL_NODES):
-        return None if grant is not None else (what, f"{path}, a GPU node")
+        return None if grant is not None else (what, f"{quote(path)}, a GPU node")
     number = path[len(NVIDIA_NODE_PREFIX) :]
     if not (number.isascii() and number.isdigit()):
-        return what, f"{path}, not a node gpushare-node gives"
+        return what, f"{quote(path)}, not a node gpushare-node gives"
     return _minor_shown(what, int(number), grant, node)
 
 
@@ -307,12 +336,14 @@ def _device_list_shown(
     if grant is not None and grant.holds(card):
         return None
     owner = str(card) if card is not None else "every card or none of this node"
-    return what, f"{directory}/{name} in the NVIDIA device list ({owner})"
+    return what, f"{directory}/{quote(name)} in the NVIDIA device list ({owner})"
 
 
 def _device_shown(device: DeviceFact, grant: Grant | None, node: NodeGpus) -> Shown:
     path = normpath(device.path)
-    what = f"its linux.devices node {path} ({device.type} {device.major}:{device.minor})"
+    what = (
+        f"its linux.devices node {quote(path)} ({quote(device.type)} {device.major}:{device.minor})"
+    )
     char = device.type in ("c", "u")
     if char and not in_range(device.major, device.minor):
         return what, "a device number outside Linux's range (runc would truncate it)"
@@ -328,7 +359,9 @@ def _rule_shown(rule: RuleFact, grant: Grant | None, node: NodeGpus) -> Shown:
         return None
     major = "*" if rule.major is None else rule.major
     minor = "*" if rule.minor is None else rule.minor
-    what = f"its device rule allowing {rule.type} {major}:{minor} {rule.access or 'rwm'}"
+    what = (
+        f"its device rule allowing {quote(rule.type)} {major}:{minor} {quote(rule.access or 'rwm')}"
+    )
     if rule.major is None:
         return what, "every character device, every card's /dev/nvidia* too"
     if not in_range(rule.major, rule.minor):

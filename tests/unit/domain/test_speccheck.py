@@ -11,6 +11,7 @@ import pytest
 
 from nodemgr.domain.speccheck import (
     CardNode,
+    DaemonPaths,
     DeviceFact,
     Grant,
     MountFact,
@@ -321,3 +322,70 @@ def test_a_privileged_container_asking_for_a_gpu_gets_no_exception():
     """With GPU env (an allocation), every device allowed is refused as before."""
     problem = spec_problem(rules(("a", None, None, "rwm")), SHARED0, NODE)
     assert problem is not None and "every character device" in problem
+
+
+# --- the daemon's own paths ----------------------------------------------------------------
+
+PLUGINS = "/var/lib/kubelet/device-plugins"
+OWN = DaemonPaths(
+    paths={
+        RUN: "gpushare-node's run_dir",
+        "/var/lib/gpushare": "gpushare-node's state_dir (its ledger)",
+        f"{RUN}/hook.sock": "gpushare-node's hook socket",
+        "/srv/gs/status.sock": "gpushare-node's status socket",
+        f"{PLUGINS}/gpushare-memory.sock": "gpushare-node's device plugin socket (memory)",
+    },
+    directories=(RUN, "/var/lib/gpushare", PLUGINS),
+)
+GUARDED = NodeGpus(NODE.cards, NODE.mps_root, NODE.client_dirs, NODE.shm_dir, OWN)
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        (f"{RUN}/hook.sock", f"gpushare-node's hook socket {RUN}/hook.sock"),
+        (f"{RUN}/status.sock", f"gpushare-node's run_dir {RUN}"),
+        (f"{RUN}/anything", f"gpushare-node's run_dir {RUN}"),
+        ("/srv/gs/status.sock", "gpushare-node's status socket /srv/gs/status.sock"),
+        ("/srv/gs", "gpushare-node's status socket /srv/gs/status.sock"),
+        ("/var/lib/gpushare/ledger.sqlite", "gpushare-node's state_dir (its ledger)"),
+        (f"{PLUGINS}/gpushare-memory.sock", "device plugin socket (memory)"),
+        (PLUGINS, "device plugin socket (memory)"),
+    ],
+)
+@pytest.mark.parametrize("grant", [None, SHARED0], ids=["no-allocation", "shared"])
+def test_the_daemons_own_paths_are_refused_to_everyone(source, fragment, grant):
+    """Its sockets wherever configured, anything in run_dir but the allocation's MPS
+    directories, the ledger, its device plugin sockets and directories above any of them:
+    refused with or without an allocation, naming the path and what it is."""
+    asks = grant is not None
+    problem = spec_problem(mounts(("/mnt", source)), grant, GUARDED, env_asks_gpus=asks)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_what_an_allocation_is_given_in_run_dir_still_passes():
+    """The shared allocation's own client directory and the MPS /dev/shm, under run_dir."""
+    spec = mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client"), ("/dev/shm", f"{MPS}/shm"))
+    assert spec_problem(spec, SHARED0, GUARDED) is None
+
+
+@pytest.mark.parametrize("source", ["/run", "/var/lib", "/var/lib/kubelet", "/var", "/"])
+def test_a_parent_of_the_daemons_directories_is_node_wide(source):
+    """/run, /var/lib, /var/lib/kubelet (kubelet's PKI, every pod's volumes): a container
+    mounting one is root on the node in all but name; with no GPU env it passes."""
+    assert spec_problem(mounts(("/host", source)), None, GUARDED, env_asks_gpus=False) is None
+
+
+def test_the_device_plugin_directory_itself_is_not_node_wide():
+    """Mounting kubelet's device plugin directory (as another device plugin would) reaches
+    the daemon's sockets: refused unless the container is privileged."""
+    spec = mounts(("/var/lib/kubelet/device-plugins", PLUGINS))
+    assert spec_problem(spec, None, GUARDED, env_asks_gpus=False) is not None
+    privileged = SpecFacts(spec.mounts, rules=rules(("a", None, None, "rwm")).rules)
+    assert spec_problem(privileged, None, GUARDED, env_asks_gpus=False) is None
+
+
+def test_a_path_in_a_message_is_shown_safely():
+    """A mount source with a newline is shown as an escaped literal."""
+    problem = spec_problem(mounts(("/mnt", f"{RUN}/x\nCRITICAL")), None, GUARDED)
+    assert problem is not None and "\n" not in problem and "x\\nCRITICAL" in problem
