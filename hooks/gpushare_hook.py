@@ -15,7 +15,8 @@ cannot be known without reading it.
   of an NVIDIA node, of an NVIDIA device list or of a path of the daemon's own) exits 0
   at once. Any other is sent
   to the daemon with those spec facts (mount paths resolved through symlinks, the
-  numbers of a bind-mounted device node), which checks its GPU env and spec against
+  numbers of a bind-mounted device node; NVIDIA's majors besides 195, such as nvidia-uvm's,
+  read from /proc/devices, which must be readable), which checks its GPU env and spec against
   a live allocation and registers its cgroup; exit 0 if allowed, else exit 1 with
   one line on stderr. If the daemon cannot be reached the container is refused
   (fail closed).
@@ -55,6 +56,7 @@ if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py):
     sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from hooks import gpuenv, hostpath, podidentity, specfacts, wirejson  # noqa: E402 (the path)
+from hooks.textsafe import quote  # noqa: E402
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -62,8 +64,9 @@ MAX_STATE_BYTES = 256 * 1024
 # A pod's spec is at most ~1.5 MiB in etcd; env from ConfigMaps adds up to 1 MiB each.
 # Parsing this much takes ~0.1 s; a 300 MB config.json is refused unread.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
-# A line per cgroup hierarchy, each path at most PATH_MAX.
+# A line per cgroup hierarchy, each path at most PATH_MAX (also the cap on /proc/devices).
 MAX_CGROUP_BYTES = 128 * 1024
+PROC_DEVICES = "/proc/devices"  # char and block majors by driver name
 USAGE = (
     "usage: gpushare-hook [--socket PATH] [--run-dir DIR] [--runtime {containerd,cri-o}] "
     "[--guard PATH ...] {createRuntime,poststop}"
@@ -161,12 +164,13 @@ def _create(options: dict, state: dict) -> int:
     config = _read_config(state["bundle"])
     try:
         env = gpuenv.env_from_list(specfacts.process_env(config))
-        facts = specfacts.read_facts(config, state["bundle"])
+        majors = _nvidia_majors()
+        facts = specfacts.read_facts(config, state["bundle"], majors)
     except (gpuenv.EnvError, specfacts.SpecError) as e:
-        raise Refusal(f"container {state['id']}: {e}") from None
+        raise Refusal(f"container {quote(state['id'])}: {e}") from None
     _resolve_host_paths(facts)
-    guarded = options["guarded"]
-    if not gpuenv.needs_daemon(env) and specfacts.touches_gpu(facts, mps_root, guarded) is None:
+    touches = specfacts.touches_gpu(facts, mps_root, options["guarded"], majors)
+    if not gpuenv.needs_daemon(env) and touches is None:
         return 0
     annotations = {**_mapping(config.get("annotations")), **_mapping(state.get("annotations"))}
     from hooks import protocol  # only containers touching GPUs talk to the daemon
@@ -265,6 +269,22 @@ def _too_big(path: str, size: int) -> str:
         f"the container's {path} is over {MAX_CONFIG_BYTES} bytes ({size} or more): "
         "refused unread (gpushare-hook reads at most that much)"
     )
+
+
+def _nvidia_majors() -> frozenset[int]:
+    """NVIDIA's char majors on this host besides 195 (nvidia-uvm's, nvidia-caps', ...), from
+    /proc/devices. Without them a node or rule of nvidia-uvm could not be told from any
+    other: where it cannot be read, the container is refused (exit 2)."""
+    try:
+        with open(PROC_DEVICES, "rb") as f:
+            text = f.read(MAX_CGROUP_BYTES).decode("ascii", "replace")
+    except OSError as e:
+        raise Refusal(
+            f"cannot read {PROC_DEVICES} ({e.strerror}): NVIDIA's device numbers on this "
+            "host are unknown; the hook must see the host's /proc",
+            code=2,
+        ) from None
+    return specfacts.nvidia_majors(text)
 
 
 def _read_cgroup(state: dict) -> str:

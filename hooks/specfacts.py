@@ -9,10 +9,12 @@ reads config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as
   absolute source) or whose destination is in an NVIDIA device-list directory; each with its
   destination and its host paths, lexically normal. The hook adds each path's real path
   (symlinks resolved) and the device numbers of a char device node it names;
-- ``devices``: the ``linux.devices`` nodes that may be NVIDIA's (char, major 195, or a path
-  under /dev/nvidia, or a number outside Linux's range, which runc would truncate);
+- ``devices``: the ``linux.devices`` nodes that may be NVIDIA's (char, major 195 or another
+  major /proc/devices gives NVIDIA's drivers, such as nvidia-uvm's; or a path under
+  /dev/nvidia, whatever its numbers; or a number outside Linux's range, which runc would
+  truncate);
 - ``rules``: the ``linux.resources.devices`` rules that allow reading or writing a char
-  device of major 195 or of any major (a wildcard, or ``a``: every device).
+  device of one of NVIDIA's majors or of any major (a wildcard, or ``a``: every device).
 
 ``touches_gpu`` says cheaply whether the facts touch a GPU at all, or a path of the daemon's
 own (its run_dir, hook and status sockets, state_dir, device plugin sockets: what makes the
@@ -130,15 +132,33 @@ def process_env(config: dict) -> list:
     return _list(process.get("env"), "process.env")
 
 
-def read_facts(config: dict, bundle: str) -> dict:
-    """The mounts, devices and rules of config.json that may touch a GPU (see the module)."""
+def nvidia_majors(proc_devices: str) -> frozenset[int]:
+    """The char device majors that ``/proc/devices`` gives NVIDIA's drivers besides 195
+    (``nvidia-uvm``, ``nvidia-caps``, ``nvidia-nvswitch``, ...: their majors are chosen when
+    the module loads, so only the host can say them)."""
+    majors = set()
+    in_char = False
+    for line in proc_devices.splitlines():
+        if line.strip().endswith("devices:"):
+            in_char = line.strip() == "Character devices:"
+            continue
+        number, _, name = line.strip().partition(" ")
+        if in_char and name.strip().startswith("nvidia") and number.isdigit():
+            majors.add(int(number))
+    majors.discard(NVIDIA_MAJOR)
+    return frozenset(majors)
+
+
+def read_facts(config: dict, bundle: str, majors: frozenset[int] = frozenset()) -> dict:
+    """The mounts, devices and rules of config.json that may touch a GPU (see the module);
+    ``majors``: NVIDIA's majors on this host besides 195 (:func:`nvidia_majors`)."""
     config = top_level(config)
     linux = _fields(config.get("linux"), ("devices", "resources"), "linux")
     resources = _fields(linux.get("resources"), ("devices",), "linux.resources")
     facts = {
         "mounts": _mounts(_list(config.get("mounts"), "mounts"), bundle),
-        "devices": _devices(_list(linux.get("devices"), "linux.devices")),
-        "rules": _rules(_list(resources.get("devices"), "linux.resources.devices")),
+        "devices": _devices(_list(linux.get("devices"), "linux.devices"), majors),
+        "rules": _rules(_list(resources.get("devices"), "linux.resources.devices"), majors),
     }
     for name, entries in facts.items():
         if len(entries) > MAX_ENTRIES:
@@ -194,7 +214,7 @@ def in_range(major: int | None, minor: int | None) -> bool:
     return (major is None or 0 <= major <= MAX_MAJOR) and (minor is None or 0 <= minor <= MAX_MINOR)
 
 
-def _devices(entries: list) -> list[dict]:
+def _devices(entries: list, majors: frozenset[int]) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.devices[{i}]"
@@ -205,20 +225,27 @@ def _devices(entries: list) -> list[dict]:
             "major": _integer(entry, "major", where) or 0,  # Go's zero value
             "minor": _integer(entry, "minor", where) or 0,
         }
-        if device_may_be_nvidia(device):
+        if device_may_be_nvidia(device, majors):
             facts.append(device)
     return facts
 
 
-def device_may_be_nvidia(device: dict) -> bool:
-    """A linux.devices node that is, or may be, NVIDIA's: see the module."""
+def nvidia_named(path: str) -> bool:
+    """A path named as an NVIDIA device node (/dev/nvidia*, lexically normal)."""
+    return under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX)
+
+
+def device_may_be_nvidia(device: dict, majors: frozenset[int] = frozenset()) -> bool:
+    """A linux.devices node that is, or may be, NVIDIA's: see the module; ``majors``:
+    NVIDIA's majors on this host besides 195."""
     char = device["type"] in ("c", "u")
-    return (under(device["path"], "/dev") and device["path"].startswith(NVIDIA_NODE_PREFIX)) or (
-        char and (device["major"] == NVIDIA_MAJOR or not in_range(device["major"], device["minor"]))
+    major = device["major"]
+    return nvidia_named(device["path"]) or (
+        char and (major == NVIDIA_MAJOR or major in majors or not in_range(major, device["minor"]))
     )
 
 
-def _rules(entries: list) -> list[dict]:
+def _rules(entries: list, majors: frozenset[int]) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.resources.devices[{i}]"
@@ -238,7 +265,7 @@ def _rules(entries: list) -> list[dict]:
             "minor": None if minor is None or minor < 0 else minor,
             "access": _string(entry, "access", where),
         }
-        if rule_may_allow_nvidia(rule):
+        if rule_may_allow_nvidia(rule, majors):
             facts.append(rule)
     return facts
 
@@ -250,14 +277,15 @@ def rule_grants_use(rule: dict) -> bool:
     return bool(rule["allow"] and rule["type"] != "b" and uses)
 
 
-def rule_may_allow_nvidia(rule: dict) -> bool:
-    """An allow rule for reading or writing major 195, any major, or a number runc would
-    truncate."""
+def rule_may_allow_nvidia(rule: dict, majors: frozenset[int] = frozenset()) -> bool:
+    """An allow rule for reading or writing major 195 or another of NVIDIA's ``majors``, any
+    major, or a number runc would truncate."""
     if not rule_grants_use(rule):
         return False
     return (
         rule["major"] is None
         or rule["major"] == NVIDIA_MAJOR
+        or rule["major"] in majors
         or not in_range(rule["major"], rule["minor"])
     )
 
@@ -275,9 +303,14 @@ def path_touches_gpu(path: str, mps_root: str | None, guarded: tuple[str, ...] =
     return any(under(path, d) for d in DEVICE_LIST_DIRS)
 
 
-def touches_gpu(facts: dict, mps_root: str | None, guarded: tuple[str, ...] = ()) -> str | None:
+def touches_gpu(
+    facts: dict,
+    mps_root: str | None,
+    guarded: tuple[str, ...] = (),
+    majors: frozenset[int] = frozenset(),
+) -> str | None:
     """What in the facts touches a GPU or a path of the daemon's own (``guarded``, lexically
-    normal), or None: see the module."""
+    normal), or None: see the module; ``majors``: NVIDIA's majors besides 195."""
     for mount in facts["mounts"]:
         if any(under(mount["destination"], d) for d in DEVICE_LIST_DIRS):
             return f"mount at {mount['destination']}"
@@ -285,7 +318,7 @@ def touches_gpu(facts: dict, mps_root: str | None, guarded: tuple[str, ...] = ()
             if path_touches_gpu(path, mps_root, guarded):
                 return f"mount of {path} at {mount['destination']}"
         for major, minor in mount["nodes"]:
-            if major == NVIDIA_MAJOR or not in_range(major, minor):
+            if major == NVIDIA_MAJOR or major in majors or not in_range(major, minor):
                 return f"mount of device {major}:{minor} at {mount['destination']}"
     for device in facts["devices"]:
         return f"device {device['path']}"

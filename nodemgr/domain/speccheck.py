@@ -7,7 +7,8 @@ lexically normal, and resolved through symlinks), char device nodes among them, 
 
 - its own cards' ``/dev/nvidia<minor>`` (char 195:<minor>, the card's minor number) and the
   control nodes (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, /dev/nvidia-uvm,
-  /dev/nvidia-uvm-tools, /dev/nvidia-caps);
+  /dev/nvidia-uvm-tools, /dev/nvidia-caps: the majors the host's /proc/devices gives
+  NVIDIA's drivers, ``NodeGpus.control_majors``);
 - with a shared allocation and MPS on: its card's MPS client directory (what Allocate
   mounts) and the MPS /dev/shm;
 - entries of the NVIDIA toolkit's device list (``/var/run/nvidia-container-devices/<name>``)
@@ -21,7 +22,11 @@ another card's node, of ``/dev`` or ``/``; a device node of another card's minor
 allowing another card's minor, every minor of 195 (``c 195:*``) or every char device
 (``c *:*``, ``a``); a device number outside Linux's range (runc would truncate it, maybe to
 195). The devices cgroup is what really stops a process from opening a node, whatever its
-name; this check keeps the spec from asking for more than the allocation.
+name; this check keeps the spec from asking for more than the allocation. So a node is
+judged by its type and numbers, never its name: one named as an NVIDIA node but made with
+other numbers (``/dev/nvidia-uvm`` as ``c 1:1``, /dev/mem) must be exactly the host's node of
+that name (``NodeGpus.host_nodes``), and where the host has none it cannot be verified and
+is refused; a bind-mounted node under an NVIDIA name, by the numbers the hook read.
 
 No container, with or without an allocation, may mount a path of the daemon's own
 (:class:`DaemonPaths`): its hook and status sockets wherever they are, anything in its
@@ -57,6 +62,7 @@ from hooks.specfacts import (
     covers,
     in_range,
     normpath,
+    nvidia_named,
     rule_may_allow_nvidia,
     under,
 )
@@ -90,6 +96,19 @@ class DaemonPaths:
 
 
 @dataclass(frozen=True)
+class HostNode:
+    """The host's device node of a name: its type (``c``, ``b``; ``-`` for no device) and
+    numbers."""
+
+    type: str
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.major}:{self.minor}" if self.type != "-" else "no device node"
+
+
+@dataclass(frozen=True)
 class NodeGpus:
     """The node's cards and gpushare-node's MPS directories on the host (None: MPS off), and
     the daemon's own paths."""
@@ -100,6 +119,11 @@ class NodeGpus:
     client_dirs: Mapping[str, str] = field(default_factory=dict)
     shm_dir: str | None = None
     daemon: DaemonPaths = DaemonPaths()
+    # What the host says now (nodemgr.enforcement.hostdevices): the majors of NVIDIA's
+    # drivers besides 195 (nvidia-uvm, nvidia-caps), and the host's node of each NVIDIA
+    # name the spec lists (None: the host has none).
+    control_majors: frozenset[int] = frozenset()
+    host_nodes: Mapping[str, HostNode | None] = field(default_factory=dict)
 
     def wide_directories(self) -> tuple[str, ...]:
         """The directories whose strict parents a node-wide container mounts."""
@@ -257,6 +281,7 @@ def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown
         shown = _path_shown(normpath(source), destination, grant, node)
         if shown:
             return shown
+    named = [source for source in map(normpath, mount.sources) if nvidia_named(source)]
     for major, minor in mount.nodes:
         what = f"the mount at {quote(destination)}"
         if not in_range(major, minor):
@@ -265,6 +290,14 @@ def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown
             shown = _minor_shown(what, minor, grant, node)
             if shown:
                 return shown
+        elif major in node.control_majors:
+            if grant is None:
+                return what, f"an NVIDIA control node (c {major}:{minor})"
+        elif named:
+            return what, (
+                f"c {major}:{minor} under the NVIDIA name {quote(named[0])}, which is no "
+                "NVIDIA node (a node is judged by its numbers, not its name)"
+            )
     return None
 
 
@@ -340,22 +373,42 @@ def _device_list_shown(
 
 
 def _device_shown(device: DeviceFact, grant: Grant | None, node: NodeGpus) -> Shown:
+    """A linux.devices node is what its type and numbers say: major 195 by its minor (a
+    card, or nvidiactl/modeset), another NVIDIA major (nvidia-uvm, nvidia-caps) as a control
+    node. One named as an NVIDIA node with other numbers must be the host's node of that
+    name (a control node then), else it is refused: ``c 1:1`` named /dev/nvidia-uvm is
+    /dev/mem; where the host has no node of that name it cannot be verified."""
     path = normpath(device.path)
-    what = (
-        f"its linux.devices node {quote(path)} ({quote(device.type)} {device.major}:{device.minor})"
-    )
+    numbers = f"{quote(device.type)} {device.major}:{device.minor}"
+    what = f"its linux.devices node {quote(path)} ({numbers})"
     char = device.type in ("c", "u")
     if char and not in_range(device.major, device.minor):
         return what, "a device number outside Linux's range (runc would truncate it)"
     if char and device.major == NVIDIA_MAJOR:
         return _minor_shown(what, device.minor, grant, node)
-    if under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX) and grant is None:
-        return what, "a GPU node"
+    control = char and device.major in node.control_majors
+    if nvidia_named(path) and not control:
+        host = node.host_nodes.get(path)
+        made = HostNode("c" if char else device.type, device.major, device.minor)
+        if host is None:
+            return what, (
+                "a node named as NVIDIA's that cannot be verified: the host has no "
+                f"{quote(path)} (a node is judged by its type and numbers, and one named as "
+                "an NVIDIA node must be the host's node of that name)"
+            )
+        if host != made:
+            return what, (
+                f"a node named as NVIDIA's that is not the host's {quote(path)} ({host}): it "
+                f"is {made} (a node is judged by its type and numbers, not its name)"
+            )
+        control = True
+    if control and grant is None:
+        return what, "an NVIDIA control node"
     return None
 
 
 def _rule_shown(rule: RuleFact, grant: Grant | None, node: NodeGpus) -> Shown:
-    if not rule_may_allow_nvidia(asdict(rule)):
+    if not rule_may_allow_nvidia(asdict(rule), node.control_majors):
         return None
     major = "*" if rule.major is None else rule.major
     minor = "*" if rule.minor is None else rule.minor
@@ -366,6 +419,8 @@ def _rule_shown(rule: RuleFact, grant: Grant | None, node: NodeGpus) -> Shown:
         return what, "every character device, every card's /dev/nvidia* too"
     if not in_range(rule.major, rule.minor):
         return what, "a device number outside Linux's range (runc would truncate it)"
+    if rule.major in node.control_majors:
+        return None if grant is not None else (what, f"NVIDIA's control nodes (c {major}:*)")
     if rule.minor is None:
         return what, f"c {NVIDIA_MAJOR}:*, every card's /dev/nvidia*"
     return _minor_shown(what, rule.minor, grant, node)

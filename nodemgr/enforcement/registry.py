@@ -28,8 +28,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from hooks import gpuenv
+from hooks.specfacts import normpath, nvidia_named
 from hooks.textsafe import quote
 from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
@@ -57,7 +59,7 @@ from nodemgr.domain.speccheck import (
     SpecFacts,
     spec_problem,
 )
-from nodemgr.enforcement import procfs
+from nodemgr.enforcement import hostdevices, procfs
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.errors import GpushareError, LedgerError
 
@@ -202,11 +204,31 @@ class ContainerRegistry:
         none) to this env; None when it does not, or no spec was passed."""
         if spec is None:
             return None
+        node = self._gpus_now(spec)
+        if isinstance(node, str):
+            return node
         grant = None
         if allocation is not None:
             grant = Grant(allocation.id, allocation.cards, shared=not allocation.whole)
         asks = gpuenv.requested_gpus(env) is not None
-        return spec_problem(spec, grant, self._gpus, env_asks_gpus=asks)
+        return spec_problem(spec, grant, node, env_asks_gpus=asks)
+
+    def _gpus_now(self, spec: SpecFacts) -> NodeGpus | str:
+        """The node's GPUs with what the host says now of NVIDIA's device numbers (the
+        majors of its drivers, the host's node of each NVIDIA name the spec lists); why
+        they cannot be read (fail closed). Read only for a spec with device nodes or rules."""
+        if not (spec.devices or spec.rules or any(m.nodes for m in spec.mounts)):
+            return self._gpus
+        try:
+            majors = hostdevices.nvidia_majors()
+        except hostdevices.HostDevicesError as e:
+            return (
+                f"NVIDIA's device numbers on this host cannot be read ({e}), so its device "
+                "nodes and rules cannot be judged"
+            )
+        names = {normpath(d.path) for d in spec.devices if nvidia_named(normpath(d.path))}
+        nodes = {name: hostdevices.host_node(name) for name in names}
+        return replace(self._gpus, control_majors=majors, host_nodes=nodes)
 
     def _judged_allocation(
         self, who: str, identity: ContainerRef | None, env: dict[str, str]

@@ -49,11 +49,24 @@ OWN_PATHS = {
     "plugins": "… kubelet's device plugin directory (its sockets and `kubelet.sock`)",
 }
 
+UVM_AS_MEM = (
+    "`linux.devices` `/dev/nvidia-uvm` as `c 1:1` (that is `/dev/mem`) in a container "
+    "holding an allocation"
+)
+UVM_TOOLS_AS_TUN = "… `/dev/nvidia-uvm-tools` as `c 10:200` (that is `/dev/net/tun`)"
+
 TABLE = OutcomeTable(
     "hostile-identity",
     "tests/hostile/test_identity.py",
     ("attack", "result", "what the attacker got"),
-    (FORGED_SHARED, FORGED_WHOLE, FORGED_PODMAN, *OWN_PATHS.values()),
+    (
+        FORGED_SHARED,
+        FORGED_WHOLE,
+        FORGED_PODMAN,
+        *OWN_PATHS.values(),
+        UVM_AS_MEM,
+        UVM_TOOLS_AS_TUN,
+    ),
 )
 
 NOTHING_STARTED = "nothing: the container did not start"
@@ -228,6 +241,35 @@ def test_a_mount_of_the_daemons_own_paths_is_refused(site, case):
     tenant.not_started(cluster, "reach")
     assert "gpushare-node's" in reason, reason
     TABLE.record(OWN_PATHS[case], reason, NOTHING_STARTED)
+
+
+# --- item 10: device nodes by their numbers --------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("case", "path", "major", "minor"),
+    [(UVM_AS_MEM, "/dev/nvidia-uvm", 1, 1), (UVM_TOOLS_AS_TUN, "/dev/nvidia-uvm-tools", 10, 200)],
+    ids=["uvm-as-mem", "uvm-tools-as-tun"],
+)
+def test_a_control_node_name_on_other_numbers_is_refused(site, case, path, major, minor):
+    """A container holding an allocation lists a node named as an NVIDIA control node but
+    made with another device's numbers: refused. A node is judged by its type and numbers;
+    one named as NVIDIA's must be the host's node of that name, which this GPU-less host
+    does not have: it cannot be verified, so it is refused, saying so."""
+    cluster = site.cluster
+    env, mounts = site.admit("nodes")
+    node = {"path": path, "type": "c", "major": major, "minor": minor, "fileMode": 0o666,
+            "uid": 0, "gid": 0}  # fmt: skip
+
+    def edit(config: dict) -> None:
+        config["linux"].setdefault("devices", []).append(node)
+
+    done = cluster.start_in_pod("nodes", "nodes", env, mounts, edit=edit)
+    reason = refusal(done, "nodes")
+    tenant.not_started(cluster, "nodes")
+    said = tenant.hook_said(done.stdout)
+    assert f"the host has no {path}" in said, said
+    TABLE.record(case, f"{reason}: the host has no {path} to compare it with", NOTHING_STARTED)
 
 
 # --- the README -------------------------------------------------------------------------------

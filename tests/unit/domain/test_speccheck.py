@@ -14,6 +14,7 @@ from nodemgr.domain.speccheck import (
     DaemonPaths,
     DeviceFact,
     Grant,
+    HostNode,
     MountFact,
     NodeGpus,
     RuleFact,
@@ -29,6 +30,7 @@ NODE = NodeGpus(
     mps_root=MPS,
     client_dirs={GPU0: f"{MPS}/{GPU0}/client", GPU1: f"{MPS}/{GPU1}/client"},
     shm_dir=f"{MPS}/shm",
+    control_majors=frozenset({510}),  # nvidia-uvm's major on this host (/proc/devices)
 )
 SHARED0 = Grant("ga-1", (GPU0,), shared=True)
 WHOLE0 = Grant("ga-2", (GPU0,), shared=False)
@@ -244,7 +246,7 @@ def test_device_list_entries_of_other_cards_are_refused(path, fragment):
         (mounts(("/dev/nvidiactl", "/dev/nvidiactl")), "/dev/nvidiactl, a GPU node"),
         (mounts(("/dev/uvm", "/dev/nvidia-uvm")), "/dev/nvidia-uvm, a GPU node"),
         (devices((195, 255), path="/dev/nvidiactl"), "/dev/nvidiactl (c 195:255)"),
-        (devices((510, 0), path="/dev/nvidia-uvm"), "a GPU node"),
+        (devices((510, 0), path="/dev/nvidia-uvm"), "an NVIDIA control node"),
         (rules(("c", 195, 0, "rw")), f"GPU 0 ({GPU0})"),
         (mounts((f"/run/nvidia-container-devices/{GPU0}", "/dev/null")), "NVIDIA device list"),
     ],
@@ -389,3 +391,81 @@ def test_a_path_in_a_message_is_shown_safely():
     """A mount source with a newline is shown as an escaped literal."""
     problem = spec_problem(mounts(("/mnt", f"{RUN}/x\nCRITICAL")), None, GUARDED)
     assert problem is not None and "\n" not in problem and "x\\nCRITICAL" in problem
+
+
+# --- device nodes by their type and numbers ----------------------------------------------------
+
+
+def with_host(**nodes: HostNode | None) -> NodeGpus:
+    """NODE whose host has these nodes (keyword: the name after /dev/, ``_`` for ``-``)."""
+    host = {f"/dev/{name.replace('_', '-')}": node for name, node in nodes.items()}
+    return NodeGpus(
+        NODE.cards, NODE.mps_root, NODE.client_dirs, NODE.shm_dir, NODE.daemon,
+        NODE.control_majors, host,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "fragment"),
+    [
+        (
+            devices((1, 1), path="/dev/nvidia-uvm"),
+            with_host(nvidia_uvm=None),
+            "cannot be verified: the host has no /dev/nvidia-uvm",
+        ),
+        (
+            devices((10, 200), path="/dev/nvidia-uvm-tools"),
+            with_host(nvidia_uvm_tools=HostNode("c", 510, 1)),
+            "not the host's /dev/nvidia-uvm-tools (c 510:1): it is c 10:200",
+        ),
+        (
+            devices((1, 1), path="/dev/nvidia0"),
+            with_host(nvidia0=HostNode("c", 195, 0)),
+            "not the host's /dev/nvidia0 (c 195:0): it is c 1:1",
+        ),
+        (
+            devices((510, 0), path="/dev/nvidia-uvm", type_="b"),
+            with_host(nvidia_uvm=HostNode("c", 510, 0)),
+            "it is b 510:0",
+        ),
+        (
+            mounts(("/dev/nvidia-uvm", "/dev/nvidia-uvm"), nodes=[(1, 1)]),
+            NODE,
+            "c 1:1 under the NVIDIA name /dev/nvidia-uvm, which is no NVIDIA node",
+        ),
+    ],
+    ids=["uvm-as-mem-unverifiable", "uvm-tools-as-tun", "card-as-mem", "block", "bind-mounted"],
+)
+def test_a_node_named_as_nvidias_is_judged_by_its_numbers(spec, node, fragment):
+    """A node named as NVIDIA's but made with other numbers is refused, even with an
+    allocation: compared with the host's node of that name, or, where the host has none,
+    refused as unverifiable; a bind-mounted node by the numbers the hook read."""
+    problem = spec_problem(spec, SHARED0, node)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_the_hosts_own_node_of_an_nvidia_name_is_a_control_node():
+    """A node exactly as the host's node of that NVIDIA name: a control node, fine with an
+    allocation, refused without."""
+    node = NodeGpus(NODE.cards, host_nodes={"/dev/nvidia-uvm": HostNode("c", 511, 0)})
+    spec = devices((511, 0), path="/dev/nvidia-uvm")
+    assert spec_problem(spec, SHARED0, node) is None
+    problem = spec_problem(spec, None, node)
+    assert problem is not None and "an NVIDIA control node" in problem
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        devices((510, 1), path="/dev/anything"),
+        rules(("c", 510, None, "rw")),
+        mounts(("/dev/u", "/srv/u"), nodes=[(510, 0)]),
+    ],
+    ids=["device", "rule", "bind-mounted"],
+)
+def test_nvidia_control_majors_are_judged_whatever_the_name(spec):
+    """nvidia-uvm's major (read from the host): a node, a rule or a bind-mounted node of it
+    is fine with an allocation and refused without one, whatever it is called."""
+    assert spec_problem(spec, SHARED0, NODE) is None
+    problem = spec_problem(spec, None, NODE)
+    assert problem is not None and "NVIDIA" in problem and "control node" in problem, problem

@@ -29,7 +29,7 @@ from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import CgroupKey, ContainerRef
-from nodemgr.enforcement import hookserver
+from nodemgr.enforcement import hookserver, hostdevices
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
@@ -433,6 +433,22 @@ def test_a_container_without_gpu_env_touching_a_gpu_is_refused(node, child):
     answer = node.call(request)
     assert_refused(answer, "its linux.devices node /dev/nvidia1 (c 195:1)")
     assert "without a gpushare allocation" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_device_nodes_are_refused_while_nvidias_numbers_cannot_be_read(node, child, monkeypatch):
+    """/proc/devices unreadable: a spec with device nodes cannot be judged, so it is refused
+    (fail closed), naming why."""
+
+    def unreadable(path=hostdevices.PROC_DEVICES):
+        raise hostdevices.HostDevicesError(f"{path}: Permission denied")
+
+    monkeypatch.setattr(hostdevices, "nvidia_majors", unreadable)
+    allocation = node.allocate()
+    device = {"path": "/dev/nvidia-uvm", "type": "c", "major": 510, "minor": 0}
+    request = with_spec(create("c1", child.pid, env_of(allocation), POD_A), devices=[device])
+    answer = node.call(request)
+    assert_refused(answer, "NVIDIA's device numbers on this host cannot be read (/proc/devices")
     assert node.registered() == {}
 
 
