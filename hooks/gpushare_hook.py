@@ -56,7 +56,7 @@ if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py):
     sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
 from hooks import gpuenv, hostpath, podidentity, specfacts, wirejson  # noqa: E402 (the path)
-from hooks.textsafe import quote  # noqa: E402
+from hooks.textsafe import one_line, quote  # noqa: E402
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -101,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return _create(options, state)
     except Refusal as e:
-        print(f"gpushare-hook: {e}", file=sys.stderr)
+        # One line: the runtime passes it on into the pod's events (values in it escaped).
+        print(f"gpushare-hook: {one_line(str(e))}", file=sys.stderr)
         return e.code
 
 

@@ -9,9 +9,20 @@ sees. ``quote`` leaves a value that prints as one plain line as it is (a pod nam
 UUID, a path) and writes any other as a Python string literal: quoted, with ``\\n``,
 ``\\x1b``, ``\\u2028`` and the like escaped, so it can neither end a line nor hide a
 character. Either way it is cut at ``limit`` characters, saying how many were left out.
+``one_line`` escapes what does not print in a whole message, without quoting it: the last
+guard of every line the daemon logs and the hook writes.
 """
 
 LIMIT = 256  # characters of one value shown; an env value may be a megabyte long
+
+
+def one_line(text: str) -> str:
+    """``text`` with every character that does not print (line breaks, carriage returns,
+    terminal escapes, bidirectional overrides) written as its escape, without quotes: a
+    whole message made one line, whatever a value in it held."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
 
 
 def quote(value: object, limit: int = LIMIT) -> str:

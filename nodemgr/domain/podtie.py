@@ -77,8 +77,13 @@ def _shown(identity: Mapping[str, str]) -> str:
 
 
 def pod_of(ref: ContainerRef) -> str:
-    """namespace/pod: what an allocation is tied to."""
+    """namespace/pod: what an allocation is tied to (a key: compared, never shown)."""
     return f"{ref.namespace}/{ref.pod}"
+
+
+def shown_pod(ref: ContainerRef) -> str:
+    """namespace/pod as a message shows it, each part safe (:func:`hooks.textsafe.quote`)."""
+    return f"{quote(ref.namespace)}/{quote(ref.pod)}"
 
 
 def holders(
@@ -101,17 +106,17 @@ def pod_tie_problem(
     container of ``identity`` to the allocation; None when a container of its pod holds
     the allocation's devices and no other pod holds any of them."""
     pods = sorted({pod_of(ref) for ref in holding})
-    mine = pod_of(identity)
+    shown = ", ".join(sorted({shown_pod(ref) for ref in holding}))
     what = f"allocation {allocation.id} ({', '.join(allocation.cards)})"
-    if mine not in pods:
+    if pod_of(identity) not in pods:
         return (
-            f"kubelet gives {what} to pod {', '.join(pods)}, not to pod {mine}: an "
+            f"kubelet gives {what} to pod {shown}, not to pod {shown_pod(identity)}: an "
             "allocation's env grants GPUs only to containers of the pod it was allocated "
             "to (request aliyun.com/gpu-mem in this pod's own spec)"
         )
     if len(pods) > 1:
         return (
-            f"kubelet gives the devices of {what} to several pods ({', '.join(pods)}); "
+            f"kubelet gives the devices of {what} to several pods ({shown}); "
             "the next reconcile splits it (start the container again then)"
         )
     return None

@@ -50,6 +50,7 @@ from nodemgr.domain.podtie import (
     pod_of,
     pod_tie_problem,
     pods_allocation,
+    shown_pod,
 )
 from nodemgr.domain.speccheck import (
     CardNode,
@@ -276,17 +277,18 @@ class ContainerRegistry:
         if record is None:
             return named, None
         names = self._allocator.resource_names
-        pods = {pod_of(ref) for ref in holders(named, record, names)} if named else set()
-        if pod_of(identity) in pods:
+        holding = holders(named, record, names) if named else set()
+        if pod_of(identity) in {pod_of(ref) for ref in holding}:
             return named, None
         requested = gpuenv.requested_gpus(env) or []
         cards = {self._card_uuids_by_index.get(item, item) for item in requested}
         own = pods_allocation(identity, self._allocator.allocations(), record, names, cards)
         if own is None:
             return named, None
-        alias = f"its env names allocation {env.get(gpuenv.ALLOCATION_ID)}, which " + (
-            f"kubelet's record gives to pod {', '.join(sorted(pods))}, not to pod "
-            f"{pod_of(identity)}"
+        named_id = quote(env.get(gpuenv.ALLOCATION_ID, ""))
+        pods = ", ".join(sorted({shown_pod(ref) for ref in holding}))
+        alias = f"its env names allocation {named_id}, which " + (
+            f"kubelet's record gives to pod {pods}, not to pod {shown_pod(identity)}"
             if pods
             else "is not live here (the ledger was rebuilt, or the allocation split)"
         )
@@ -295,8 +297,8 @@ class ContainerRegistry:
             "it holds allocation %s (%s): judged against that one (the env's ID went stale: "
             "the ledger was rebuilt, or a mislinked allocation was split)",
             who,
-            env.get(gpuenv.ALLOCATION_ID),
-            pod_of(identity),
+            named_id,
+            shown_pod(identity),
             own.id,
             ", ".join(own.cards),
         )

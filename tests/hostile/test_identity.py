@@ -55,6 +55,16 @@ UVM_AS_MEM = (
 )
 UVM_TOOLS_AS_TUN = "… `/dev/nvidia-uvm-tools` as `c 10:200` (that is `/dev/net/tun`)"
 
+FORGED_LINE = "2026-11-27 10:00:00,000 CRITICAL nodemgr.enforcement.watchdog: killed process 1"
+FORGED_ENV = (
+    "`NVIDIA_VISIBLE_DEVICES=<its card>,1<newline>2026-… CRITICAL … killed process 1` with its "
+    "pod's own allocation"
+)
+FORGED_PATH = (
+    "a pod without GPUs mounts `<run_dir>/x<CR><ESC>[2K<ESC>[1A2026-… CRITICAL …` (terminal "
+    "controls in a hostPath)"
+)
+
 TABLE = OutcomeTable(
     "hostile-identity",
     "tests/hostile/test_identity.py",
@@ -66,6 +76,8 @@ TABLE = OutcomeTable(
         *OWN_PATHS.values(),
         UVM_AS_MEM,
         UVM_TOOLS_AS_TUN,
+        FORGED_ENV,
+        FORGED_PATH,
     ),
 )
 
@@ -270,6 +282,66 @@ def test_a_control_node_name_on_other_numbers_is_refused(site, case, path, major
     said = tenant.hook_said(done.stdout)
     assert f"the host has no {path}" in said, said
     TABLE.record(case, f"{reason}: the host has no {path} to compare it with", NOTHING_STARTED)
+
+
+# --- item 11: values from containers in the log -------------------------------------------
+
+
+def forged_lines(log: str) -> list[str]:
+    """Lines of the daemon's log that begin with the forged text (lines it never wrote)."""
+    return [line for line in log.splitlines() if line.startswith(FORGED_LINE[:24])]
+
+
+def test_a_log_line_forged_in_an_env_value_stays_inside_its_line(site):
+    """The container's card list carries a newline and a whole log line after it: refused
+    (its cards differ from the allocation's); the daemon's log and the hook's message show
+    the value escaped on one line, and no line of the log begins with the forged text."""
+    cluster = site.cluster
+    before = len(cluster.node.log())
+    env, mounts = site.admit("scribe")
+    cards = f"{env['NVIDIA_VISIBLE_DEVICES']},1\n{FORGED_LINE}"
+    done = cluster.start_in_pod(
+        "scribe", "scribe", {**env, "NVIDIA_VISIBLE_DEVICES": cards}, mounts
+    )
+    reason = refusal(done, "scribe")
+    tenant.not_started(cluster, "scribe")
+    said = tenant.hook_said(done.stdout)
+    assert "\n" not in said and ",1\\n2026-11-27 10:00:00,000 CRITICAL" in said, said
+    log = site.wait_log("gpushare-node refused container scribe")[before:]
+    assert forged_lines(log) == [], forged_lines(log)
+    assert ",1\\n2026-11-27 10:00:00,000 CRITICAL" in log
+    TABLE.record(
+        FORGED_ENV,
+        f"{reason}; logged and passed on with the value escaped on its line (`\\n`)",
+        "no line of the daemon's log of its own",
+    )
+
+
+def test_terminal_controls_in_a_mount_path_are_shown_escaped(site):
+    """A pod without GPUs mounts a directory in run_dir whose name holds a carriage return
+    and terminal escapes (erase the line, move up) before a forged line: refused; neither
+    the daemon's log nor the hook's message holds a raw control character."""
+    cluster = site.cluster
+    before = len(cluster.node.log())
+    name = f"x\r\x1b[2K\x1b[1A{FORGED_LINE}"
+    path = os.path.join(cluster.node.root, "run", name)
+    os.mkdir(path)
+    try:
+        done = cluster.start_container("painter", {"HOME": "/"}, [("/mnt/painter", path)])
+        reason = refusal(done, "painter")
+        tenant.not_started(cluster, "painter")
+    finally:
+        os.rmdir(path)
+    said = tenant.hook_said(done.stdout)
+    assert "\r" not in said and "\x1b" not in said and "x\\r\\x1b[2K" in said, said
+    log = site.wait_log("gpushare-node refused container painter")[before:]
+    assert "\r" not in log and "\x1b" not in log
+    assert forged_lines(log) == []
+    TABLE.record(
+        FORGED_PATH,
+        f"{reason}; the path shown escaped (`\\r`, `\\x1b`), in the log too",
+        "no line of the daemon's log rewritten",
+    )
 
 
 # --- the README -------------------------------------------------------------------------------

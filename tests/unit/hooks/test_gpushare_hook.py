@@ -729,3 +729,15 @@ def test_a_relative_guard_is_a_bad_invocation():
     result = run_hook(missing_socket(), "createRuntime", b"", "--guard=srv/state")
     assert result.returncode == 2
     assert "--guard takes absolute paths (got ['srv/state'])" in result.stderr.decode()
+
+
+def test_what_the_hook_writes_is_one_line_whatever_the_message_holds(daemon):
+    """A refusal holding a line break or terminal escapes (an older daemon's, or a value the
+    hook shows itself): stderr is one line, those written as escapes (the runtime passes it
+    into the pod's events)."""
+    fake = daemon({"allowed": False, "message": "refused: x\n2026-11-27 CRITICAL forged\x1b[2K"})
+    result = run_hook(fake.path, "createRuntime", state(bundle(GPU_ENV)))
+    assert result.returncode == 1
+    assert result.stderr.decode() == (
+        "gpushare-hook: refused: x\\n2026-11-27 CRITICAL forged\\x1b[2K\n"
+    )

@@ -4,7 +4,7 @@ limit, saying how much was left out."""
 
 import pytest
 
-from hooks.textsafe import quote
+from hooks.textsafe import one_line, quote
 
 
 @pytest.mark.parametrize(
@@ -42,3 +42,10 @@ def test_a_long_value_is_cut_saying_how_much_is_left_out():
 
 def test_non_strings_are_shown_through_str():
     assert quote(42) == "42"
+
+
+def test_one_line_escapes_in_place_without_quotes():
+    """A whole message: what does not print is written as its escape, the rest as it is."""
+    assert one_line("refused: a=b") == "refused: a=b"
+    assert one_line("x=GPU-1\n2026 CRITICAL\r\x1b[2K") == "x=GPU-1\\n2026 CRITICAL\\r\\x1b[2K"
+    assert one_line("tab\there").isprintable()
