@@ -55,8 +55,7 @@ if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py):
 
     sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-from hooks import gpuenv, hostpath, podidentity, specfacts, wirejson  # noqa: E402 (the path)
-from hooks.textsafe import one_line, quote  # noqa: E402
+from hooks import gpuenv, hostpath, specfacts, wirejson  # noqa: E402 (after the path above)
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -67,6 +66,9 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # A line per cgroup hierarchy, each path at most PATH_MAX (also the cap on /proc/devices).
 MAX_CGROUP_BYTES = 128 * 1024
 PROC_DEVICES = "/proc/devices"  # char and block majors by driver name
+# hooks.podidentity.RUNTIMES, imported only for containers sent to the daemon (a test keeps
+# the two equal).
+RUNTIMES = ("containerd", "cri-o")
 USAGE = (
     "usage: gpushare-hook [--socket PATH] [--run-dir DIR] [--runtime {containerd,cri-o}] "
     "[--guard PATH ...] {createRuntime,poststop}"
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         return _create(options, state)
     except Refusal as e:
         # One line: the runtime passes it on into the pod's events (values in it escaped).
+        from hooks.textsafe import one_line  # only a refusal writes
+
         print(f"gpushare-hook: {one_line(str(e))}", file=sys.stderr)
         return e.code
 
@@ -121,7 +125,7 @@ def _parse_args(args: list[str]) -> dict | None:
     if not hostpath.isabs(run_dir):
         raise Refusal(f"--run-dir must be an absolute path (got {run_dir!r}); {USAGE}", code=2)
     runtime = values["--runtime"] or None
-    if runtime is not None and runtime not in podidentity.RUNTIMES:
+    if runtime is not None and runtime not in RUNTIMES:
         raise Refusal(f"--runtime must be containerd or cri-o (got {runtime!r}); {USAGE}", 2)
     if not all(hostpath.isabs(path) for path in guarded):
         raise Refusal(f"--guard takes absolute paths (got {guarded!r}); {USAGE}", code=2)
@@ -165,16 +169,21 @@ def _create(options: dict, state: dict) -> int:
     config = _read_config(state["bundle"])
     try:
         env = gpuenv.env_from_list(specfacts.process_env(config))
-        majors = _nvidia_majors()
+        majors = _ProcMajors()
         facts = specfacts.read_facts(config, state["bundle"], majors)
     except (gpuenv.EnvError, specfacts.SpecError) as e:
+        from hooks.textsafe import quote
+
         raise Refusal(f"container {quote(state['id'])}: {e}") from None
     _resolve_host_paths(facts)
     touches = specfacts.touches_gpu(facts, mps_root, options["guarded"], majors)
     if not gpuenv.needs_daemon(env) and touches is None:
         return 0
     annotations = {**_mapping(config.get("annotations")), **_mapping(state.get("annotations"))}
-    from hooks import protocol  # only containers touching GPUs talk to the daemon
+    from hooks import (
+        podidentity,
+        protocol,  # only containers touching GPUs talk to the daemon
+    )
 
     found = podidentity.identity_keys(annotations)
     request = {
@@ -272,10 +281,16 @@ def _too_big(path: str, size: int) -> str:
     )
 
 
+class _ProcMajors(specfacts.HostMajors):
+    def read(self) -> frozenset[int]:
+        return _nvidia_majors()
+
+
 def _nvidia_majors() -> frozenset[int]:
     """NVIDIA's char majors on this host besides 195 (nvidia-uvm's, nvidia-caps', ...), from
-    /proc/devices. Without them a node or rule of nvidia-uvm could not be told from any
-    other: where it cannot be read, the container is refused (exit 2)."""
+    /proc/devices, read only when the spec names a major from the kernel's dynamic range
+    (specfacts.HostMajors). Without them a node or rule of nvidia-uvm could not be told
+    from any other: where it cannot be read, the container is refused (exit 2)."""
     try:
         with open(PROC_DEVICES, "rb") as f:
             text = f.read(MAX_CGROUP_BYTES).decode("ascii", "replace")
@@ -347,6 +362,8 @@ def _mapping(value: object) -> dict:
 def _identity(found: dict[str, str], runtime: str | None) -> dict[str, str]:
     """The pod identity the runtime's keys give; {} for none, or when the annotations name
     two pods (the daemon judges the keys again and refuses, naming both)."""
+    from hooks import podidentity
+
     try:
         return podidentity.resolve(found, runtime)
     except podidentity.IdentityConflict:

@@ -149,7 +149,34 @@ def nvidia_majors(proc_devices: str) -> frozenset[int]:
     return frozenset(majors)
 
 
-def read_facts(config: dict, bundle: str, majors: frozenset[int] = frozenset()) -> dict:
+# The kernel's dynamic char majors (CHRDEV_MAJOR_DYN_END..254, then 384..511): a driver
+# that asks for "any major", as nvidia-uvm, nvidia-caps and nvidia-nvswitch do, gets one
+# of these, so no other number can be one of NVIDIA's besides 195.
+DYNAMIC_MAJORS = (range(234, 255), range(384, 512))
+
+
+class HostMajors:
+    """NVIDIA's majors besides 195 as ``in`` asks them, read (:meth:`read`, once) only when a
+    number from the kernel's dynamic range is asked about: an ordinary spec's rules (1, 5,
+    10, 136) never make the hook read /proc/devices. A subclass reads them."""
+
+    _majors: frozenset[int] | None = None
+
+    def read(self) -> frozenset[int]:
+        raise NotImplementedError
+
+    def __contains__(self, major: object) -> bool:
+        if not isinstance(major, int) or not any(major in r for r in DYNAMIC_MAJORS):
+            return False
+        if self._majors is None:
+            self._majors = self.read()
+        return major in self._majors
+
+
+Majors = frozenset[int] | HostMajors
+
+
+def read_facts(config: dict, bundle: str, majors: Majors = frozenset()) -> dict:
     """The mounts, devices and rules of config.json that may touch a GPU (see the module);
     ``majors``: NVIDIA's majors on this host besides 195 (:func:`nvidia_majors`)."""
     config = top_level(config)
@@ -214,7 +241,7 @@ def in_range(major: int | None, minor: int | None) -> bool:
     return (major is None or 0 <= major <= MAX_MAJOR) and (minor is None or 0 <= minor <= MAX_MINOR)
 
 
-def _devices(entries: list, majors: frozenset[int]) -> list[dict]:
+def _devices(entries: list, majors: Majors) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.devices[{i}]"
@@ -235,7 +262,7 @@ def nvidia_named(path: str) -> bool:
     return under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX)
 
 
-def device_may_be_nvidia(device: dict, majors: frozenset[int] = frozenset()) -> bool:
+def device_may_be_nvidia(device: dict, majors: Majors = frozenset()) -> bool:
     """A linux.devices node that is, or may be, NVIDIA's: see the module; ``majors``:
     NVIDIA's majors on this host besides 195."""
     char = device["type"] in ("c", "u")
@@ -245,7 +272,7 @@ def device_may_be_nvidia(device: dict, majors: frozenset[int] = frozenset()) -> 
     )
 
 
-def _rules(entries: list, majors: frozenset[int]) -> list[dict]:
+def _rules(entries: list, majors: Majors) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.resources.devices[{i}]"
@@ -277,7 +304,7 @@ def rule_grants_use(rule: dict) -> bool:
     return bool(rule["allow"] and rule["type"] != "b" and uses)
 
 
-def rule_may_allow_nvidia(rule: dict, majors: frozenset[int] = frozenset()) -> bool:
+def rule_may_allow_nvidia(rule: dict, majors: Majors = frozenset()) -> bool:
     """An allow rule for reading or writing major 195 or another of NVIDIA's ``majors``, any
     major, or a number runc would truncate."""
     if not rule_grants_use(rule):
@@ -307,7 +334,7 @@ def touches_gpu(
     facts: dict,
     mps_root: str | None,
     guarded: tuple[str, ...] = (),
-    majors: frozenset[int] = frozenset(),
+    majors: Majors = frozenset(),
 ) -> str | None:
     """What in the facts touches a GPU or a path of the daemon's own (``guarded``, lexically
     normal), or None: see the module; ``majors``: NVIDIA's majors besides 195."""

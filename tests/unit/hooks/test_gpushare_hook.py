@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from hooks import gpushare_hook, protocol
+from hooks import gpushare_hook, podidentity, protocol
 from mps.layout import MpsLayout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -741,3 +741,9 @@ def test_what_the_hook_writes_is_one_line_whatever_the_message_holds(daemon):
     assert result.stderr.decode() == (
         "gpushare-hook: refused: x\\n2026-11-27 CRITICAL forged\\x1b[2K\n"
     )
+
+
+def test_the_hooks_runtimes_are_podidentitys():
+    """The hook checks --runtime without importing hooks.podidentity (only containers sent to
+    the daemon pay for it): the two lists are the same."""
+    assert gpushare_hook.RUNTIMES == podidentity.RUNTIMES

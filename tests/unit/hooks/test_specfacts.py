@@ -288,3 +288,24 @@ def test_nvidias_other_majors_are_kept_when_the_host_names_them():
 def test_nvidia_majors_come_from_the_character_devices_only():
     text = "Character devices:\n195 nvidia\n510 nvidia-uvm\n 10 misc\n\nBlock devices:\n"
     assert nvidia_majors(text + "259 nvidia-fake-block\n") == {510}
+
+
+class CountingMajors(specfacts.HostMajors):
+    reads = 0
+
+    def read(self):
+        self.reads += 1
+        return frozenset({510})
+
+
+def test_the_hosts_majors_are_read_only_for_numbers_from_the_dynamic_range():
+    """An ordinary spec's rules (c 1:3, 5:*, 136:*, 10:200) never make the hook read
+    /proc/devices; a number from the kernel's dynamic range does, once."""
+    majors = CountingMajors()
+    ordinary = config(
+        rules=[{"allow": True, "type": "c", "major": m, "access": "rwm"} for m in (1, 5, 136, 10)]
+    )
+    assert read_facts(ordinary, BUNDLE, majors)["rules"] == []
+    assert majors.reads == 0
+    assert 510 in majors and 511 not in majors and 240 not in majors
+    assert majors.reads == 1
