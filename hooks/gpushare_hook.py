@@ -1,4 +1,6 @@
-"""``gpushare-hook [--socket PATH] [--run-dir DIR] STAGE``: the OCI runtime hook.
+"""``gpushare-hook [--socket PATH] [--run-dir DIR] [--runtime NAME] [--guard PATH] STAGE``.
+
+The OCI runtime hook.
 
 The runtime passes the container's state JSON on stdin (``id``, ``pid``,
 ``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``. Both are
@@ -10,9 +12,11 @@ cannot be known without reading it.
 - ``createRuntime``: a container that asks for no GPU (and claims no gpushare
   allocation) and whose spec touches no GPU (:func:`hooks.specfacts.touches_gpu`:
   no NVIDIA device node or device rule, no mount of gpushare-node's MPS directory,
-  of an NVIDIA node or of an NVIDIA device list) exits 0 at once. Any other is sent
+  of an NVIDIA node, of an NVIDIA device list or of a path of the daemon's own) exits 0
+  at once. Any other is sent
   to the daemon with those spec facts (mount paths resolved through symlinks, the
-  numbers of a bind-mounted device node), which checks its GPU env and spec against
+  numbers of a bind-mounted device node; NVIDIA's majors besides 195, such as nvidia-uvm's,
+  read from /proc/devices, which must be readable), which checks its GPU env and spec against
   a live allocation and registers its cgroup; exit 0 if allowed, else exit 1 with
   one line on stderr. If the daemon cannot be reached the container is refused
   (fail closed).
@@ -20,7 +24,16 @@ cannot be known without reading it.
   daemon also drops registrations of containers that stopped unseen).
 
 ``--run-dir`` is gpushare-node's run_dir (its MPS directories are in ``<run_dir>/mps``);
-without it, the directory of the socket.
+without it, the directory of the socket. ``--runtime`` (``containerd`` or ``cri-o``; podman
+counts as CRI-O) is the runtime whose configuration runs the hook: the pod identity is read
+only from that runtime's annotation keys, and the other runtime's keys, where present, must
+name the same pod (:mod:`hooks.podidentity`). The hook sends the daemon the keys it found, the
+runtime and the identity it read; the daemon reads them again and refuses a container whose
+annotations name two pods. Without ``--runtime`` (a configuration from an older install)
+either family is read, and both must agree where both are present. ``--guard PATH``
+(repeated) names a path of the daemon's own besides its run_dir and socket (its status
+socket, state_dir, device plugin sockets): a container whose mounts show one (it, a path in
+it, or a directory above it) is sent to the daemon, which refuses it unless it is node-wide.
 
 Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
 (also a refusal: the runtime stops the container either way).
@@ -50,9 +63,16 @@ MAX_STATE_BYTES = 256 * 1024
 # A pod's spec is at most ~1.5 MiB in etcd; env from ConfigMaps adds up to 1 MiB each.
 # Parsing this much takes ~0.1 s; a 300 MB config.json is refused unread.
 MAX_CONFIG_BYTES = 16 * 1024 * 1024
-# A line per cgroup hierarchy, each path at most PATH_MAX.
+# A line per cgroup hierarchy, each path at most PATH_MAX (also the cap on /proc/devices).
 MAX_CGROUP_BYTES = 128 * 1024
-USAGE = "usage: gpushare-hook [--socket PATH] [--run-dir DIR] {createRuntime,poststop}"
+PROC_DEVICES = "/proc/devices"  # char and block majors by driver name
+# hooks.podidentity.RUNTIMES, imported only for containers sent to the daemon (a test keeps
+# the two equal).
+RUNTIMES = ("containerd", "cri-o")
+USAGE = (
+    "usage: gpushare-hook [--socket PATH] [--run-dir DIR] [--runtime {containerd,cri-o}] "
+    "[--guard PATH ...] {createRuntime,poststop}"
+)
 
 DEFAULT_SOCKET = "/run/gpushare/hook.sock"
 # gpushare-node's MPS directories in its run_dir (mps/layout.py's MpsLayout.root; the hook
@@ -61,13 +81,6 @@ MPS_SUBDIR = "mps"
 # The daemon answers from memory, one question to kubelet and one SQLite write; this
 # bounds the whole call (a hung daemon, or one at its connection cap for that long).
 TIMEOUT_SECONDS = 2.0
-
-# Pod identity as the CRI runtimes write it into the OCI annotations.
-_IDENTITY_KEYS = {
-    "namespace": ("io.kubernetes.cri.sandbox-namespace", "io.kubernetes.pod.namespace"),
-    "pod": ("io.kubernetes.cri.sandbox-name", "io.kubernetes.pod.name"),
-    "container": ("io.kubernetes.cri.container-name", "io.kubernetes.container.name"),
-}
 
 
 class Refusal(Exception):
@@ -84,37 +97,25 @@ def main(argv: list[str] | None = None) -> int:
         if options is None:
             print(USAGE)
             return 0
-        socket_path, run_dir, stage = options
         state = _read_state(sys.stdin.buffer.read(MAX_STATE_BYTES + 1))
-        if stage == POSTSTOP:
-            _poststop(socket_path, state)
+        if options["stage"] == POSTSTOP:
+            _poststop(options["socket"], state)
             return 0
-        return _create(socket_path, hostpath.join(run_dir, MPS_SUBDIR), state)
+        return _create(options, state)
     except Refusal as e:
-        print(f"gpushare-hook: {e}", file=sys.stderr)
+        # One line: the runtime passes it on into the pod's events (values in it escaped).
+        from hooks.textsafe import one_line  # only a refusal writes
+
+        print(f"gpushare-hook: {one_line(str(e))}", file=sys.stderr)
         return e.code
 
 
-def _parse_args(args: list[str]) -> tuple[str, str, str] | None:
-    """(socket path, run_dir, stage); None for --help."""
-    values = {"--socket": DEFAULT_SOCKET, "--run-dir": ""}
-    stages = []
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in ("-h", "--help"):
-            return None
-        name, equals, value = arg.partition("=")
-        if name in values and not equals and i + 1 < len(args):
-            values[name], i = args[i + 1], i + 2
-            continue
-        if name in values and equals:
-            values[name] = value
-        elif arg.startswith("-"):
-            raise Refusal(f"unknown option {arg!r}; {USAGE}", code=2)
-        else:
-            stages.append(arg)
-        i += 1
+def _parse_args(args: list[str]) -> dict | None:
+    """{socket, run_dir, runtime (None: not given), guarded, stage}; None for --help."""
+    parsed = _split_args(args)
+    if parsed is None:
+        return None
+    values, guarded, stages = parsed
     if len(stages) != 1 or stages[0] not in (CREATE, POSTSTOP):
         raise Refusal(f"expected one stage, createRuntime or poststop (got {stages}); {USAGE}", 2)
     socket_path = values["--socket"]
@@ -123,28 +124,76 @@ def _parse_args(args: list[str]) -> tuple[str, str, str] | None:
     run_dir = values["--run-dir"] or hostpath.dirname(socket_path)
     if not hostpath.isabs(run_dir):
         raise Refusal(f"--run-dir must be an absolute path (got {run_dir!r}); {USAGE}", code=2)
-    return socket_path, run_dir, stages[0]
+    runtime = values["--runtime"] or None
+    if runtime is not None and runtime not in RUNTIMES:
+        raise Refusal(f"--runtime must be containerd or cri-o (got {runtime!r}); {USAGE}", 2)
+    if not all(hostpath.isabs(path) for path in guarded):
+        raise Refusal(f"--guard takes absolute paths (got {guarded!r}); {USAGE}", code=2)
+    own = tuple(specfacts.normpath(p) for p in (run_dir, socket_path, *guarded))
+    return {"socket": socket_path, "run_dir": run_dir, "runtime": runtime, "guarded": own,
+            "stage": stages[0]}  # fmt: skip
 
 
-def _create(socket_path: str, mps_root: str, state: dict) -> int:
+def _split_args(args: list[str]) -> tuple[dict, list[str], list[str]] | None:
+    """(the single-valued options, the --guard paths, the other arguments); None for
+    --help. Options take ``--name VALUE`` or ``--name=VALUE``."""
+    values = {"--socket": DEFAULT_SOCKET, "--run-dir": "", "--runtime": ""}
+    guarded: list[str] = []
+    stages = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in ("-h", "--help"):
+            return None
+        name, equals, value = arg.partition("=")
+        known = name in values or name == "--guard"
+        if known and not equals:
+            if i + 1 == len(args):
+                raise Refusal(f"{name} needs a value; {USAGE}", code=2)
+            value, i = args[i + 1], i + 1
+        if name == "--guard":
+            guarded.append(value)
+        elif known:
+            values[name] = value
+        elif arg.startswith("-"):
+            raise Refusal(f"unknown option {arg!r}; {USAGE}", code=2)
+        else:
+            stages.append(arg)
+        i += 1
+    return values, guarded, stages
+
+
+def _create(options: dict, state: dict) -> int:
+    socket_path = options["socket"]
+    mps_root = hostpath.join(options["run_dir"], MPS_SUBDIR)
     config = _read_config(state["bundle"])
     try:
         env = gpuenv.env_from_list(specfacts.process_env(config))
-        facts = specfacts.read_facts(config, state["bundle"])
+        majors = _ProcMajors()
+        facts = specfacts.read_facts(config, state["bundle"], majors)
     except (gpuenv.EnvError, specfacts.SpecError) as e:
-        raise Refusal(f"container {state['id']}: {e}") from None
+        from hooks.textsafe import quote
+
+        raise Refusal(f"container {quote(state['id'])}: {e}") from None
     _resolve_host_paths(facts)
-    if not gpuenv.needs_daemon(env) and specfacts.touches_gpu(facts, mps_root) is None:
+    touches = specfacts.touches_gpu(facts, mps_root, options["guarded"], majors)
+    if not gpuenv.needs_daemon(env) and touches is None:
         return 0
     annotations = {**_mapping(config.get("annotations")), **_mapping(state.get("annotations"))}
-    from hooks import protocol  # only containers touching GPUs talk to the daemon
+    from hooks import (
+        podidentity,
+        protocol,  # only containers touching GPUs talk to the daemon
+    )
 
+    found = podidentity.identity_keys(annotations)
     request = {
         "stage": CREATE,
         "container_id": state["id"],
         "pid": state.get("pid"),
         "env": env,
-        "identity": _identity(annotations),
+        "identity": _identity(found, options["runtime"]),
+        "identity_annotations": found,
+        "runtime": options["runtime"],
         "cgroup": _read_cgroup(state),
         "spec": facts,
     }
@@ -232,6 +281,28 @@ def _too_big(path: str, size: int) -> str:
     )
 
 
+class _ProcMajors(specfacts.HostMajors):
+    def read(self) -> frozenset[int]:
+        return _nvidia_majors()
+
+
+def _nvidia_majors() -> frozenset[int]:
+    """NVIDIA's char majors on this host besides 195 (nvidia-uvm's, nvidia-caps', ...), from
+    /proc/devices, read only when the spec names a major from the kernel's dynamic range
+    (specfacts.HostMajors). Without them a node or rule of nvidia-uvm could not be told
+    from any other: where it cannot be read, the container is refused (exit 2)."""
+    try:
+        with open(PROC_DEVICES, "rb") as f:
+            text = f.read(MAX_CGROUP_BYTES).decode("ascii", "replace")
+    except OSError as e:
+        raise Refusal(
+            f"cannot read {PROC_DEVICES} ({e.strerror}): NVIDIA's device numbers on this "
+            "host are unknown; the hook must see the host's /proc",
+            code=2,
+        ) from None
+    return specfacts.nvidia_majors(text)
+
+
 def _read_cgroup(state: dict) -> str:
     pid = state.get("pid")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
@@ -288,15 +359,15 @@ def _mapping(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _identity(annotations: dict) -> dict[str, str]:
-    identity = {}
-    for field, keys in _IDENTITY_KEYS.items():
-        for key in keys:
-            value = annotations.get(key)
-            if isinstance(value, str) and value:
-                identity[field] = value
-                break
-    return identity
+def _identity(found: dict[str, str], runtime: str | None) -> dict[str, str]:
+    """The pod identity the runtime's keys give; {} for none, or when the annotations name
+    two pods (the daemon judges the keys again and refuses, naming both)."""
+    from hooks import podidentity
+
+    try:
+        return podidentity.resolve(found, runtime)
+    except podidentity.IdentityConflict:
+        return {}
 
 
 if __name__ == "__main__":

@@ -6,10 +6,19 @@ the daemon answers one JSON object and a newline, and closes.
 Requests::
 
     {"stage": "createRuntime", "container_id": "...", "pid": 1234,
-     "env": {<GPU env names only>}, "identity": {"namespace", "pod", "container"},
+     "env": {<GPU env names only>},
+     "identity": {"namespace", "pod", "container", "uid"},
+     "identity_annotations": {<the identity keys of both runtimes found, as written>},
+     "runtime": "containerd" | "cri-o" | null,
      "cgroup": "<text of /proc/<pid>/cgroup>",
      "spec": {"mounts": [...], "devices": [...], "rules": [...]}}
     {"stage": "poststop", "container_id": "..."}
+
+``identity`` is what the hook read (:mod:`hooks.podidentity`; {} for none), from the
+``identity_annotations`` it also sends, for the ``runtime`` its configuration names (null: an
+older configuration without ``--runtime``). The daemon reads the annotations again itself
+and refuses a container whose annotations name two pods, or whose ``identity`` is not what
+they say.
 
 ``spec`` holds what the container's config.json shows of the GPUs
 (:mod:`hooks.specfacts`), at most ``specfacts.MAX_ENTRIES`` entries per list:
@@ -23,8 +32,8 @@ Requests::
 - ``rules``: ``{"allow", "type", "major", "minor", "access"}`` of the
   ``linux.resources.devices`` rules that may allow using one (``null``: any number).
 
-A createRuntime request without ``spec`` comes from a hook older than the daemon
-and is refused (the hook and the daemon ship together).
+A createRuntime request without ``spec`` or ``identity_annotations`` comes from a hook
+older than the daemon and is refused (the hook and the daemon ship together).
 
 Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 ``message`` is the one line the runtime shows the user.

@@ -9,14 +9,17 @@ reads config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as
   absolute source) or whose destination is in an NVIDIA device-list directory; each with its
   destination and its host paths, lexically normal. The hook adds each path's real path
   (symlinks resolved) and the device numbers of a char device node it names;
-- ``devices``: the ``linux.devices`` nodes that may be NVIDIA's (char, major 195, or a path
-  under /dev/nvidia, or a number outside Linux's range, which runc would truncate);
+- ``devices``: the ``linux.devices`` nodes that may be NVIDIA's (char, major 195 or another
+  major /proc/devices gives NVIDIA's drivers, such as nvidia-uvm's; or a path under
+  /dev/nvidia, whatever its numbers; or a number outside Linux's range, which runc would
+  truncate);
 - ``rules``: the ``linux.resources.devices`` rules that allow reading or writing a char
-  device of major 195 or of any major (a wildcard, or ``a``: every device).
+  device of one of NVIDIA's majors or of any major (a wildcard, or ``a``: every device).
 
-``touches_gpu`` says cheaply whether the facts touch a GPU at all (what makes the hook ask
-the daemon for a container without GPU env); :mod:`nodemgr.domain.speccheck` decides whether
-they stay within an allocation.
+``touches_gpu`` says cheaply whether the facts touch a GPU at all, or a path of the daemon's
+own (its run_dir, hook and status sockets, state_dir, device plugin sockets: what makes the
+hook ask the daemon for a container without GPU env); :mod:`nodemgr.domain.speccheck` decides
+whether they stay within an allocation.
 
 Where Go reads a document differently from Python, the spec is refused (``SpecError``)
 rather than read one way: a key that differs from a field runc reads only in case (Go
@@ -129,15 +132,60 @@ def process_env(config: dict) -> list:
     return _list(process.get("env"), "process.env")
 
 
-def read_facts(config: dict, bundle: str) -> dict:
-    """The mounts, devices and rules of config.json that may touch a GPU (see the module)."""
+def nvidia_majors(proc_devices: str) -> frozenset[int]:
+    """The char device majors that ``/proc/devices`` gives NVIDIA's drivers besides 195
+    (``nvidia-uvm``, ``nvidia-caps``, ``nvidia-nvswitch``, ...: their majors are chosen when
+    the module loads, so only the host can say them)."""
+    majors = set()
+    in_char = False
+    for line in proc_devices.splitlines():
+        if line.strip().endswith("devices:"):
+            in_char = line.strip() == "Character devices:"
+            continue
+        number, _, name = line.strip().partition(" ")
+        if in_char and name.strip().startswith("nvidia") and number.isdigit():
+            majors.add(int(number))
+    majors.discard(NVIDIA_MAJOR)
+    return frozenset(majors)
+
+
+# The kernel's dynamic char majors (CHRDEV_MAJOR_DYN_END..254, then 384..511): a driver
+# that asks for "any major", as nvidia-uvm, nvidia-caps and nvidia-nvswitch do, gets one
+# of these, so no other number can be one of NVIDIA's besides 195.
+DYNAMIC_MAJORS = (range(234, 255), range(384, 512))
+
+
+class HostMajors:
+    """NVIDIA's majors besides 195 as ``in`` asks them, read (:meth:`read`, once) only when a
+    number from the kernel's dynamic range is asked about: an ordinary spec's rules (1, 5,
+    10, 136) never make the hook read /proc/devices. A subclass reads them."""
+
+    _majors: frozenset[int] | None = None
+
+    def read(self) -> frozenset[int]:
+        raise NotImplementedError
+
+    def __contains__(self, major: object) -> bool:
+        if not isinstance(major, int) or not any(major in r for r in DYNAMIC_MAJORS):
+            return False
+        if self._majors is None:
+            self._majors = self.read()
+        return major in self._majors
+
+
+Majors = frozenset[int] | HostMajors
+
+
+def read_facts(config: dict, bundle: str, majors: Majors = frozenset()) -> dict:
+    """The mounts, devices and rules of config.json that may touch a GPU (see the module);
+    ``majors``: NVIDIA's majors on this host besides 195 (:func:`nvidia_majors`)."""
     config = top_level(config)
     linux = _fields(config.get("linux"), ("devices", "resources"), "linux")
     resources = _fields(linux.get("resources"), ("devices",), "linux.resources")
     facts = {
         "mounts": _mounts(_list(config.get("mounts"), "mounts"), bundle),
-        "devices": _devices(_list(linux.get("devices"), "linux.devices")),
-        "rules": _rules(_list(resources.get("devices"), "linux.resources.devices")),
+        "devices": _devices(_list(linux.get("devices"), "linux.devices"), majors),
+        "rules": _rules(_list(resources.get("devices"), "linux.resources.devices"), majors),
     }
     for name, entries in facts.items():
         if len(entries) > MAX_ENTRIES:
@@ -193,7 +241,7 @@ def in_range(major: int | None, minor: int | None) -> bool:
     return (major is None or 0 <= major <= MAX_MAJOR) and (minor is None or 0 <= minor <= MAX_MINOR)
 
 
-def _devices(entries: list) -> list[dict]:
+def _devices(entries: list, majors: Majors) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.devices[{i}]"
@@ -204,20 +252,27 @@ def _devices(entries: list) -> list[dict]:
             "major": _integer(entry, "major", where) or 0,  # Go's zero value
             "minor": _integer(entry, "minor", where) or 0,
         }
-        if device_may_be_nvidia(device):
+        if device_may_be_nvidia(device, majors):
             facts.append(device)
     return facts
 
 
-def device_may_be_nvidia(device: dict) -> bool:
-    """A linux.devices node that is, or may be, NVIDIA's: see the module."""
+def nvidia_named(path: str) -> bool:
+    """A path named as an NVIDIA device node (/dev/nvidia*, lexically normal)."""
+    return under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX)
+
+
+def device_may_be_nvidia(device: dict, majors: Majors = frozenset()) -> bool:
+    """A linux.devices node that is, or may be, NVIDIA's: see the module; ``majors``:
+    NVIDIA's majors on this host besides 195."""
     char = device["type"] in ("c", "u")
-    return (under(device["path"], "/dev") and device["path"].startswith(NVIDIA_NODE_PREFIX)) or (
-        char and (device["major"] == NVIDIA_MAJOR or not in_range(device["major"], device["minor"]))
+    major = device["major"]
+    return nvidia_named(device["path"]) or (
+        char and (major == NVIDIA_MAJOR or major in majors or not in_range(major, device["minor"]))
     )
 
 
-def _rules(entries: list) -> list[dict]:
+def _rules(entries: list, majors: Majors) -> list[dict]:
     facts = []
     for i, entry in enumerate(entries):
         where = f"linux.resources.devices[{i}]"
@@ -237,7 +292,7 @@ def _rules(entries: list) -> list[dict]:
             "minor": None if minor is None or minor < 0 else minor,
             "access": _string(entry, "access", where),
         }
-        if rule_may_allow_nvidia(rule):
+        if rule_may_allow_nvidia(rule, majors):
             facts.append(rule)
     return facts
 
@@ -249,38 +304,48 @@ def rule_grants_use(rule: dict) -> bool:
     return bool(rule["allow"] and rule["type"] != "b" and uses)
 
 
-def rule_may_allow_nvidia(rule: dict) -> bool:
-    """An allow rule for reading or writing major 195, any major, or a number runc would
-    truncate."""
+def rule_may_allow_nvidia(rule: dict, majors: Majors = frozenset()) -> bool:
+    """An allow rule for reading or writing major 195 or another of NVIDIA's ``majors``, any
+    major, or a number runc would truncate."""
     if not rule_grants_use(rule):
         return False
     return (
         rule["major"] is None
         or rule["major"] == NVIDIA_MAJOR
+        or rule["major"] in majors
         or not in_range(rule["major"], rule["minor"])
     )
 
 
-def path_touches_gpu(path: str, mps_root: str | None) -> bool:
+def path_touches_gpu(path: str, mps_root: str | None, guarded: tuple[str, ...] = ()) -> bool:
     """A host path whose mount shows GPU things: the MPS root or anything in or above it,
-    an NVIDIA node (or /dev or /), an NVIDIA device-list directory."""
+    an NVIDIA node (or /dev or /), an NVIDIA device-list directory; or one of the daemon's
+    own ``guarded`` paths (its run_dir, sockets, state_dir), in or above it."""
     if mps_root is not None and covers(path, mps_root):
+        return True
+    if any(covers(path, own) for own in guarded):
         return True
     if under(NVIDIA_NODE_PREFIX, path) or path.startswith(NVIDIA_NODE_PREFIX):
         return True
     return any(under(path, d) for d in DEVICE_LIST_DIRS)
 
 
-def touches_gpu(facts: dict, mps_root: str | None) -> str | None:
-    """What in the facts touches a GPU (for the log), or None: see the module."""
+def touches_gpu(
+    facts: dict,
+    mps_root: str | None,
+    guarded: tuple[str, ...] = (),
+    majors: Majors = frozenset(),
+) -> str | None:
+    """What in the facts touches a GPU or a path of the daemon's own (``guarded``, lexically
+    normal), or None: see the module; ``majors``: NVIDIA's majors besides 195."""
     for mount in facts["mounts"]:
         if any(under(mount["destination"], d) for d in DEVICE_LIST_DIRS):
             return f"mount at {mount['destination']}"
         for path in mount["sources"]:
-            if path_touches_gpu(path, mps_root):
+            if path_touches_gpu(path, mps_root, guarded):
                 return f"mount of {path} at {mount['destination']}"
         for major, minor in mount["nodes"]:
-            if major == NVIDIA_MAJOR or not in_range(major, minor):
+            if major == NVIDIA_MAJOR or major in majors or not in_range(major, minor):
                 return f"mount of device {major}:{minor} at {mount['destination']}"
     for device in facts["devices"]:
         return f"device {device['path']}"

@@ -55,6 +55,15 @@ NUMBER_RANGES: dict[str, NumberRange] = {
 }
 
 
+# The device plugin sockets gpushare-node serves in kubelet.device_plugin_dir, by resource
+# (memory, core, whole card).
+PLUGIN_SOCKETS = {
+    "memory": "gpushare-memory.sock",
+    "core": "gpushare-core.sock",
+    "whole": "gpushare-whole.sock",
+}
+
+
 @dataclass(frozen=True)
 class KubeletSettings:
     """Where kubelet is and how often gpushare-node compares its state with kubelet's."""
@@ -195,3 +204,38 @@ class Settings:
     @property
     def status_socket(self) -> str:
         return self.status.socket or os.path.join(self.run_dir, "status.sock")
+
+    def own_paths(self) -> dict[str, str]:
+        """gpushare-node's own host paths (path -> what it is), which no container may reach
+        but for what an allocation is given of run_dir: a container reaching the hook or
+        status socket, the ledger or a device plugin socket could ask the daemon anything
+        (Allocate included)."""
+        paths = {
+            self.run_dir: "gpushare-node's run_dir",
+            self.state_dir: "gpushare-node's state_dir (its ledger)",
+            self.hook_socket: "gpushare-node's hook socket",
+            self.status_socket: "gpushare-node's status socket",
+        }
+        for resource, name in PLUGIN_SOCKETS.items():
+            path = os.path.join(self.kubelet.device_plugin_dir, name)
+            paths[path] = f"gpushare-node's device plugin socket ({resource})"
+        return {os.path.normpath(path): what for path, what in paths.items()}
+
+    def hook_guards(self) -> tuple[str, ...]:
+        """The own paths the runtime hook is told of with ``--guard``: all but those it
+        knows already (run_dir, and its socket) and those inside run_dir."""
+        run_dir = os.path.normpath(self.run_dir)
+        known = {run_dir, os.path.normpath(self.hook_socket)}
+        return tuple(
+            path
+            for path in self.own_paths()
+            if path not in known and not path.startswith(run_dir.rstrip("/") + "/")
+        )
+
+    def own_directories(self) -> tuple[str, ...]:
+        """The directories that hold gpushare-node's own paths (run_dir, state_dir,
+        kubelet's device plugin directory): a mount of one of their parents (``/run``,
+        ``/var/lib/kubelet``) shows the node's runtime, kubelet's or the node's state
+        wholesale, the mark of a node-wide container."""
+        directories = (self.run_dir, self.state_dir, self.kubelet.device_plugin_dir)
+        return tuple(os.path.normpath(d) for d in directories)

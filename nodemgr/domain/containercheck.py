@@ -13,8 +13,9 @@ directory or at other cards.
 from __future__ import annotations
 
 from hooks import gpuenv
+from hooks.textsafe import quote
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef
-from nodemgr.domain.podtie import pod_of
+from nodemgr.domain.podtie import pod_of, shown_pod
 
 
 class CgroupError(ValueError):
@@ -22,9 +23,14 @@ class CgroupError(ValueError):
 
 
 def parse_cgroups(text: str) -> dict[str, str]:
-    """/proc/PID/cgroup as {controllers: path}; ``hierarchy-ID:controllers:path`` lines."""
+    """/proc/PID/cgroup as {controllers: path}; ``hierarchy-ID:controllers:path`` lines.
+
+    Lines end at ``\n`` only, as the kernel writes them: a cgroup name may hold ``\r`` or
+    another character ``str.splitlines`` breaks at (only ``/``, ``\n`` and NUL are
+    refused), and reading ``/mine/x\r0::/kubepods/victim`` as two lines would put the
+    process into another container's cgroup."""
     cgroups = {}
-    for line in text.splitlines():
+    for line in text.split("\n"):
         if not line.strip():
             continue
         parts = line.split(":", 2)
@@ -89,11 +95,12 @@ def container_cgroup(text: str, container_id: str) -> CgroupKey:
             "the container has no cgroup of its own (every hierarchy is /): "
             "its processes could not be told from the host's"
         )
-    shown = ", ".join(f"{h or 'unified'} {p}" for h, p in own)
+    shown = ", ".join(f"{h or 'unified'} {quote(p)}" for h, p in own)
+    cid = quote(container_id)
     raise CgroupError(
         f"its cgroup ({shown}) is not a container cgroup: only a cgroup that a container "
-        f"runtime made for container {container_id} is accepted (its last part "
-        f"{container_id}, crio-{container_id}, cri-containerd-{container_id}.scope and the "
+        f"runtime made for container {cid} is accepted (its last part "
+        f"{cid}, crio-{cid}, cri-containerd-{cid}.scope and the "
         "like), never a host service, slice, pod or another container's cgroup"
     )
 
@@ -112,7 +119,9 @@ def check_container(
     """
     requested = gpuenv.requested_gpus(env)
     allocation_id = env.get(gpuenv.ALLOCATION_ID)
-    shown = env.get(gpuenv.VISIBLE_DEVICES, f"all (legacy CUDA image, {gpuenv.CUDA_VERSION} set)")
+    shown = _env_value(
+        env, gpuenv.VISIBLE_DEVICES, f"all (legacy CUDA image, {gpuenv.CUDA_VERSION} set)"
+    )
     if allocation_id is None:
         return (
             f"it asks for GPUs ({gpuenv.VISIBLE_DEVICES}={shown}) without a gpushare "
@@ -122,7 +131,7 @@ def check_container(
         )
     if allocation is None:
         return (
-            f"{gpuenv.ALLOCATION_ID}={allocation_id} is not a live allocation on this node "
+            f"{gpuenv.ALLOCATION_ID}={quote(allocation_id)} is not a live allocation on this node "
             "(released, or never made here)"
         )
     if requested is None:
@@ -135,7 +144,7 @@ def check_container(
     resolved = {card_uuids_by_index.get(item, item) for item in requested}
     if resolved != set(allocation.cards):
         return (
-            f"{gpuenv.VISIBLE_DEVICES}={env.get(gpuenv.VISIBLE_DEVICES)} differs from the "
+            f"{gpuenv.VISIBLE_DEVICES}={_env_value(env, gpuenv.VISIBLE_DEVICES)} differs from the "
             f"cards of allocation {allocation.id} ({_cards(allocation)})"
         )
     if allocation.whole:
@@ -146,7 +155,7 @@ def check_container(
     pipe = env.get(gpuenv.PIPE_DIRECTORY)
     if mps_pipe_directory is not None and pipe != mps_pipe_directory:
         return (
-            f"{gpuenv.PIPE_DIRECTORY}={'(unset)' if pipe is None else pipe} differs from "
+            f"{gpuenv.PIPE_DIRECTORY}={_env_value(env, gpuenv.PIPE_DIRECTORY)} differs from "
             f"{mps_pipe_directory}, where its card's MPS daemon is mounted"
         )
     return None
@@ -165,10 +174,13 @@ def quota_env_problem(env: dict[str, str], allocation: Allocation) -> str | None
         if set(limits) != {"0"}:
             # An entry for an ordinal the container cannot see makes the MPS
             # client drop every pinned limit (docs/mps.md).
-            return f"{gpuenv.PINNED_MEM_LIMIT}={value}: only device 0 is visible, name only 0"
+            return (
+                f"{gpuenv.PINNED_MEM_LIMIT}={quote(value)}: only device 0 is visible, name only 0"
+            )
         if limits["0"] > allocation.memory_mib:
             return (
-                f"{gpuenv.PINNED_MEM_LIMIT}={value} raises the quota of {allocation.memory_mib} MiB"
+                f"{gpuenv.PINNED_MEM_LIMIT}={quote(value)} raises the quota of "
+                f"{allocation.memory_mib} MiB"
             )
     if allocation.core_percent:
         value = env.get(gpuenv.ACTIVE_THREAD_PERCENTAGE)
@@ -182,7 +194,7 @@ def quota_env_problem(env: dict[str, str], allocation: Allocation) -> str | None
             return str(e)
         if not 0 < percent <= allocation.core_percent:
             return (
-                f"{gpuenv.ACTIVE_THREAD_PERCENTAGE}={value} is outside the share of "
+                f"{gpuenv.ACTIVE_THREAD_PERCENTAGE}={quote(value)} is outside the share of "
                 f"{allocation.core_percent}%"
             )
     return None
@@ -203,10 +215,16 @@ def identity_conflict(
     expected = allocation.owner or next(iter(others), None)
     if expected is not None and pod_of(expected) != pod_of(identity):
         return (
-            f"allocation {allocation.id} belongs to pod {pod_of(expected)}, "
-            f"not to pod {pod_of(identity)}"
+            f"allocation {allocation.id} belongs to pod {shown_pod(expected)}, "
+            f"not to pod {shown_pod(identity)}"
         )
     return None
+
+
+def _env_value(env: dict[str, str], name: str, missing: str = "(unset)") -> str:
+    """An env value as a message shows it (:func:`hooks.textsafe.quote`)."""
+    value = env.get(name)
+    return missing if value is None else quote(value)
 
 
 def _cards(allocation: Allocation) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
+from hooks.textsafe import quote
 from nodemgr.domain.deviceids import ResourceKind, card_of
 
 
@@ -23,7 +24,7 @@ class ContainerRef:
     container: str
 
     def __str__(self) -> str:
-        return f"{self.namespace}/{self.pod}/{self.container}"
+        return "/".join(quote(part) for part in (self.namespace, self.pod, self.container))
 
 
 @dataclass(frozen=True)
@@ -99,7 +100,7 @@ class CgroupKey:
     path: str
 
     def __str__(self) -> str:
-        return f"{self.hierarchy or 'unified'}:{self.path}"
+        return f"{self.hierarchy or 'unified'}:{quote(self.path)}"
 
 
 @dataclass(frozen=True)

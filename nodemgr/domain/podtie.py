@@ -8,8 +8,12 @@ escape it. A GPU container is tied to an allocation by the pod it belongs to:
 - its pod identity comes from the OCI annotations the CRI runtime writes
   (``io.kubernetes.cri.sandbox-namespace``/``sandbox-name``/``container-name``
   for containerd, ``io.kubernetes.pod.namespace``/``pod.name``/``container.name``
-  for CRI-O), never from the container's own env. A container without them was
-  not made by kubelet through a CRI runtime: refused;
+  for CRI-O), never from the container's own env, and only from the keys of the
+  runtime the hook was installed for: the other runtime's keys can be the pod's
+  own annotations (CRI-O copies them all into the container's), so where they are
+  present they must name the same pod, else the container is refused
+  (:func:`runtime_identity`, :mod:`hooks.podidentity`). A container without an
+  identity was not made by kubelet through a CRI runtime: refused;
 - kubelet's PodResources record, read at that moment, must show a container
   of that same pod (namespace and name) holding the allocation's device IDs,
   and no other pod holding any of them.
@@ -28,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from hooks import podidentity
+from hooks.textsafe import quote
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation, ContainerRef
 
@@ -42,9 +48,42 @@ NO_IDENTITY = (
 )
 
 
+def runtime_identity(
+    annotations: Mapping[str, str], runtime: str | None, claimed: Mapping[str, str]
+) -> tuple[ContainerRef | None, str | None]:
+    """(the container's pod identity, why it is refused or None) from the identity keys of
+    its annotations and the runtime the hook was installed for (None: an older hook
+    configuration), read again here; ``claimed`` is the identity the hook read, which must be
+    the same (the daemon does not take the hook's word for it)."""
+    try:
+        identity = podidentity.resolve(dict(annotations), runtime)
+    except podidentity.IdentityConflict as e:
+        return None, str(e)
+    if dict(claimed) != identity:
+        return None, (
+            f"the hook read the pod identity {_shown(claimed)} from annotations that give "
+            f"{_shown(identity)}: the hook and the daemon disagree (run `nodemgr install` "
+            "again so the runtime runs the hook installed with this daemon)"
+        )
+    if not identity:
+        return None, None
+    return ContainerRef(identity["namespace"], identity["pod"], identity["container"]), None
+
+
+def _shown(identity: Mapping[str, str]) -> str:
+    if not identity:
+        return "(none)"
+    return "/".join(quote(identity.get(f, "?")) for f in podidentity.REQUIRED)
+
+
 def pod_of(ref: ContainerRef) -> str:
-    """namespace/pod: what an allocation is tied to."""
+    """namespace/pod: what an allocation is tied to (a key: compared, never shown)."""
     return f"{ref.namespace}/{ref.pod}"
+
+
+def shown_pod(ref: ContainerRef) -> str:
+    """namespace/pod as a message shows it, each part safe (:func:`hooks.textsafe.quote`)."""
+    return f"{quote(ref.namespace)}/{quote(ref.pod)}"
 
 
 def holders(
@@ -67,17 +106,17 @@ def pod_tie_problem(
     container of ``identity`` to the allocation; None when a container of its pod holds
     the allocation's devices and no other pod holds any of them."""
     pods = sorted({pod_of(ref) for ref in holding})
-    mine = pod_of(identity)
+    shown = ", ".join(sorted({shown_pod(ref) for ref in holding}))
     what = f"allocation {allocation.id} ({', '.join(allocation.cards)})"
-    if mine not in pods:
+    if pod_of(identity) not in pods:
         return (
-            f"kubelet gives {what} to pod {', '.join(pods)}, not to pod {mine}: an "
+            f"kubelet gives {what} to pod {shown}, not to pod {shown_pod(identity)}: an "
             "allocation's env grants GPUs only to containers of the pod it was allocated "
             "to (request aliyun.com/gpu-mem in this pod's own spec)"
         )
     if len(pods) > 1:
         return (
-            f"kubelet gives the devices of {what} to several pods ({', '.join(pods)}); "
+            f"kubelet gives the devices of {what} to several pods ({shown}); "
             "the next reconcile splits it (start the container again then)"
         )
     return None

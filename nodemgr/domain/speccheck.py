@@ -7,7 +7,8 @@ lexically normal, and resolved through symlinks), char device nodes among them, 
 
 - its own cards' ``/dev/nvidia<minor>`` (char 195:<minor>, the card's minor number) and the
   control nodes (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, /dev/nvidia-uvm,
-  /dev/nvidia-uvm-tools, /dev/nvidia-caps);
+  /dev/nvidia-uvm-tools, /dev/nvidia-caps: the majors the host's /proc/devices gives
+  NVIDIA's drivers, ``NodeGpus.control_majors``);
 - with a shared allocation and MPS on: its card's MPS client directory and its card's own
   /dev/shm tmpfs (what Allocate mounts), never another card's;
 - entries of the NVIDIA toolkit's device list (``/var/run/nvidia-container-devices/<name>``)
@@ -21,12 +22,24 @@ another card's node, of ``/dev`` or ``/``; a device node of another card's minor
 allowing another card's minor, every minor of 195 (``c 195:*``) or every char device
 (``c *:*``, ``a``); a device number outside Linux's range (runc would truncate it, maybe to
 195). The devices cgroup is what really stops a process from opening a node, whatever its
-name; this check keeps the spec from asking for more than the allocation.
+name; this check keeps the spec from asking for more than the allocation. So a node is
+judged by its type and numbers, never its name: one named as an NVIDIA node but made with
+other numbers (``/dev/nvidia-uvm`` as ``c 1:1``, /dev/mem) must be exactly the host's node of
+that name (``NodeGpus.host_nodes``), and where the host has none it cannot be verified and
+is refused; a bind-mounted node under an NVIDIA name, by the numbers the hook read.
+
+No container, with or without an allocation, may mount a path of the daemon's own
+(:class:`DaemonPaths`): its hook and status sockets wherever they are, anything in its
+run_dir but what the allocation is given there, its state_dir (the ledger), its device
+plugin sockets in kubelet's device plugin directory, or a directory above any of them.
+Through these it could ask the daemon to register containers, read every allocation, or
+call Allocate itself.
 
 Node-wide containers are the exception, when they ask for no GPU at all (no GPU env, no
 allocation): a privileged one (a rule allowing every device: it lists every host node,
 ``/dev/nvidia*`` too) or one mounting the host's ``/``, ``/dev`` or a directory above
-gpushare-node's run_dir (``/run``, ``/var``). Such a container is root on the node in all
+gpushare-node's run_dir, state_dir or kubelet's device plugin directory (``/run``,
+``/var/lib``, ``/var/lib/kubelet``). Such a container is root on the node in all
 but name (kube-proxy, CNI agents, node-exporter, NVIDIA's own device plugin and DCGM): no
 check of its spec can fence it, and refusing it would break the node. Keeping tenants out
 of that is the cluster's job (Pod Security Admission ``baseline`` forbids privileged pods
@@ -49,9 +62,11 @@ from hooks.specfacts import (
     covers,
     in_range,
     normpath,
+    nvidia_named,
     rule_may_allow_nvidia,
     under,
 )
+from hooks.textsafe import quote
 
 NO_ALLOCATION_FIX = (
     "GPUs on this node are given only through the device plugin resources (request "
@@ -72,8 +87,31 @@ class CardNode:
 
 
 @dataclass(frozen=True)
+class DaemonPaths:
+    """gpushare-node's own host paths (nodemgr.config.schema.Settings.own_paths)."""
+
+    paths: Mapping[str, str] = field(default_factory=dict)  # path -> what it is
+    # run_dir, state_dir, kubelet's device plugin directory: their parents are node-wide
+    directories: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class HostNode:
+    """The host's device node of a name: its type (``c``, ``b``; ``-`` for no device) and
+    numbers."""
+
+    type: str
+    major: int
+    minor: int
+
+    def __str__(self) -> str:
+        return f"{self.type} {self.major}:{self.minor}" if self.type != "-" else "no device node"
+
+
+@dataclass(frozen=True)
 class NodeGpus:
-    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off)."""
+    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off), and
+    the daemon's own paths."""
 
     cards: tuple[CardNode, ...]
     mps_root: str | None = None
@@ -83,6 +121,18 @@ class NodeGpus:
     shm_dirs: Mapping[str, str] = field(default_factory=dict)
     # The one /dev/shm tmpfs earlier versions gave every card's containers: no one's now.
     retired_shm_dir: str | None = None
+    daemon: DaemonPaths = DaemonPaths()
+    # What the host says now (nodemgr.enforcement.hostdevices): the majors of NVIDIA's
+    # drivers besides 195 (nvidia-uvm, nvidia-caps), and the host's node of each NVIDIA
+    # name the spec lists (None: the host has none).
+    control_majors: frozenset[int] = frozenset()
+    host_nodes: Mapping[str, HostNode | None] = field(default_factory=dict)
+
+    def wide_directories(self) -> tuple[str, ...]:
+        """The directories whose strict parents a node-wide container mounts."""
+        if self.daemon.directories:
+            return tuple(normpath(d) for d in self.daemon.directories)
+        return (normpath(self.mps_root.rsplit("/", 1)[0] or "/"),) if self.mps_root else ()
 
     def by_minor(self, minor: int) -> CardNode | None:
         return next((c for c in self.cards if c.minor == minor), None)
@@ -190,10 +240,10 @@ def _host_wide(mount: MountFact, node: NodeGpus) -> bool:
     destination = normpath(mount.destination)
     if any(under(destination, directory) for directory in DEVICE_LIST_DIRS):
         return False
-    run_dir = normpath(node.mps_root.rsplit("/", 1)[0] or "/") if node.mps_root else None
+    directories = node.wide_directories()
     for source in map(normpath, mount.sources):
-        wide = source in ("/", "/dev") or (
-            run_dir is not None and under(run_dir, source) and source != run_dir
+        wide = source in ("/", "/dev") or any(
+            under(directory, source) and source != directory for directory in directories
         )
         if not wide:
             return False
@@ -229,27 +279,39 @@ def _mount_shown(mount: MountFact, grant: Grant | None, node: NodeGpus) -> Shown
     destination = normpath(mount.destination)
     for directory in DEVICE_LIST_DIRS:
         if under(destination, directory):
-            what = f"the mount at {destination}"
+            what = f"the mount at {quote(destination)}"
             return _device_list_shown(what, destination, directory, grant, node)
     for source in mount.sources:
         shown = _path_shown(normpath(source), destination, grant, node)
         if shown:
             return shown
+    named = [source for source in map(normpath, mount.sources) if nvidia_named(source)]
     for major, minor in mount.nodes:
-        what = f"the mount at {destination}"
+        what = f"the mount at {quote(destination)}"
         if not in_range(major, minor):
             return what, f"device {major}:{minor} (outside Linux's range)"
         if major == NVIDIA_MAJOR:
             shown = _minor_shown(what, minor, grant, node)
             if shown:
                 return shown
+        elif major in node.control_majors:
+            if grant is None:
+                return what, f"an NVIDIA control node (c {major}:{minor})"
+        elif named:
+            return what, (
+                f"c {major}:{minor} under the NVIDIA name {quote(named[0])}, which is no "
+                "NVIDIA node (a node is judged by its numbers, not its name)"
+            )
     return None
 
 
 def _path_shown(path: str, destination: str, grant: Grant | None, node: NodeGpus) -> Shown:
-    what = f"the mount of {path} at {destination}"
+    what = f"the mount of {quote(path)} at {quote(destination)}"
     if node.mps_root is not None and covers(path, node.mps_root):
         return _mps_shown(what, path, grant, node)
+    for own in sorted(node.daemon.paths, key=len, reverse=True):  # the narrowest named
+        if covers(path, normpath(own)):
+            return what, f"{node.daemon.paths[own]} {own}"
     if under(NVIDIA_NODE_PREFIX, path):  # "/" or "/dev"
         return what, "every /dev/nvidia* node (every card)"
     if path.startswith(NVIDIA_NODE_PREFIX):
@@ -280,21 +342,21 @@ def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Sho
     if card_shm is not None and under(path, normpath(card_shm)):
         return what, f"{card}'s /dev/shm tmpfs (only for shared allocations on that card)"
     if card is not None:
-        return what, f"{card}'s MPS directory {path[len(root) :].strip('/')}"
+        return what, f"{card}'s MPS directory {quote(path[len(root) :].strip('/'))}"
     if node.retired_shm_dir is not None and under(path, normpath(node.retired_shm_dir)):
         return what, (
             "the /dev/shm that earlier versions shared between every card's containers "
             "(recreate the pod: it gets its card's own)"
         )
-    return what, f"gpushare-node's MPS directory {name}"
+    return what, f"gpushare-node's MPS directory {quote(name)}"
 
 
 def _node_path_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Shown:
     if any(under(path, control) for control in CONTROL_NODES):
-        return None if grant is not None else (what, f"{path}, a GPU node")
+        return None if grant is not None else (what, f"{quote(path)}, a GPU node")
     number = path[len(NVIDIA_NODE_PREFIX) :]
     if not (number.isascii() and number.isdigit()):
-        return what, f"{path}, not a node gpushare-node gives"
+        return what, f"{quote(path)}, not a node gpushare-node gives"
     return _minor_shown(what, int(number), grant, node)
 
 
@@ -320,32 +382,58 @@ def _device_list_shown(
     if grant is not None and grant.holds(card):
         return None
     owner = str(card) if card is not None else "every card or none of this node"
-    return what, f"{directory}/{name} in the NVIDIA device list ({owner})"
+    return what, f"{directory}/{quote(name)} in the NVIDIA device list ({owner})"
 
 
 def _device_shown(device: DeviceFact, grant: Grant | None, node: NodeGpus) -> Shown:
+    """A linux.devices node is what its type and numbers say: major 195 by its minor (a
+    card, or nvidiactl/modeset), another NVIDIA major (nvidia-uvm, nvidia-caps) as a control
+    node. One named as an NVIDIA node with other numbers must be the host's node of that
+    name (a control node then), else it is refused: ``c 1:1`` named /dev/nvidia-uvm is
+    /dev/mem; where the host has no node of that name it cannot be verified."""
     path = normpath(device.path)
-    what = f"its linux.devices node {path} ({device.type} {device.major}:{device.minor})"
+    numbers = f"{quote(device.type)} {device.major}:{device.minor}"
+    what = f"its linux.devices node {quote(path)} ({numbers})"
     char = device.type in ("c", "u")
     if char and not in_range(device.major, device.minor):
         return what, "a device number outside Linux's range (runc would truncate it)"
     if char and device.major == NVIDIA_MAJOR:
         return _minor_shown(what, device.minor, grant, node)
-    if under(path, "/dev") and path.startswith(NVIDIA_NODE_PREFIX) and grant is None:
-        return what, "a GPU node"
+    control = char and device.major in node.control_majors
+    if nvidia_named(path) and not control:
+        host = node.host_nodes.get(path)
+        made = HostNode("c" if char else device.type, device.major, device.minor)
+        if host is None:
+            return what, (
+                "a node named as NVIDIA's that cannot be verified: the host has no "
+                f"{quote(path)} (a node is judged by its type and numbers, and one named as "
+                "an NVIDIA node must be the host's node of that name)"
+            )
+        if host != made:
+            return what, (
+                f"a node named as NVIDIA's that is not the host's {quote(path)} ({host}): it "
+                f"is {made} (a node is judged by its type and numbers, not its name)"
+            )
+        control = True
+    if control and grant is None:
+        return what, "an NVIDIA control node"
     return None
 
 
 def _rule_shown(rule: RuleFact, grant: Grant | None, node: NodeGpus) -> Shown:
-    if not rule_may_allow_nvidia(asdict(rule)):
+    if not rule_may_allow_nvidia(asdict(rule), node.control_majors):
         return None
     major = "*" if rule.major is None else rule.major
     minor = "*" if rule.minor is None else rule.minor
-    what = f"its device rule allowing {rule.type} {major}:{minor} {rule.access or 'rwm'}"
+    what = (
+        f"its device rule allowing {quote(rule.type)} {major}:{minor} {quote(rule.access or 'rwm')}"
+    )
     if rule.major is None:
         return what, "every character device, every card's /dev/nvidia* too"
     if not in_range(rule.major, rule.minor):
         return what, "a device number outside Linux's range (runc would truncate it)"
+    if rule.major in node.control_majors:
+        return None if grant is not None else (what, f"NVIDIA's control nodes (c {major}:*)")
     if rule.minor is None:
         return what, f"c {NVIDIA_MAJOR}:*, every card's /dev/nvidia*"
     return _minor_shown(what, rule.minor, grant, node)

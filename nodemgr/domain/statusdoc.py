@@ -41,6 +41,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from hooks.textsafe import quote
 from nodemgr.domain.isolation import CardIsolationFacts, NodeIsolationFacts, isolation_of
 from nodemgr.domain.model import Allocation
 
@@ -331,6 +332,9 @@ def _indexes(status: dict[str, Any], allocation: dict[str, Any]) -> list[int]:
 
 
 def _columns(rows: Sequence[tuple[str, ...]]) -> list[str]:
+    """Aligned columns; a cell (a pod's name, a card's problem) that does not print as one
+    plain line is shown as its escaped literal (:func:`hooks.textsafe.quote`)."""
+    rows = [tuple(quote(cell, limit=10_000) if cell else cell for cell in row) for row in rows]
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return ["  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
             for row in rows]  # fmt: skip

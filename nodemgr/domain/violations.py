@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from hooks.gpuenv import quota_env_form_problem
 from nodemgr.domain.containercheck import quota_env_problem
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
-from nodemgr.domain.podtie import pod_of
+from nodemgr.domain.podtie import shown_pod
 
 MEMORY = "memory"  # an allocation's GPU processes together use more than its memory quota
 ENV = "env"  # a GPU process of a registered container lacks or raises its quota env
@@ -232,7 +232,7 @@ def _over_memory(
         pids=tuple(to_kill),
         detail=(
             f"{len(held)} GPU process(es) of allocation {allocation.id} (pod "
-            f"{pod_of(owner) if owner else 'unknown'}, container(s) {', '.join(containers)}) "
+            f"{shown_pod(owner) if owner else 'unknown'}, container(s) {', '.join(containers)}) "
             f"use {used_mib} MiB together, over the quota of {allocation.memory_mib} MiB "
             f"(+{grace_mib} MiB grace)"
         ),
@@ -305,7 +305,7 @@ def control_hold_violation(
         if registration is not None:
             first = first or (registration, allocation)
             owner = (allocation.owner if allocation else None) or registration.identity
-            pod = f", pod {pod_of(owner)}" if owner else ""
+            pod = f", pod {shown_pod(owner)}" if owner else ""
             again = ""
             pids.append(holder.pid)
             if registration.container_id in repeat:

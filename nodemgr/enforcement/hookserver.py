@@ -5,7 +5,10 @@ Translates the protocol of :mod:`hooks.protocol` into calls on the
 A malformed request gets a refusal naming what is wrong. The socket is
 root-only (0600): only the container runtime talks to it.
 
-A createRuntime request must carry the ``spec`` facts (the mounts, device nodes and
+A createRuntime request must carry the identity keys of the container's annotations
+(``identity_annotations``) and the ``runtime`` the hook was installed for: the pod identity
+is read from them here again (:func:`nodemgr.domain.podtie.runtime_identity`), never taken
+from the hook's ``identity`` alone. It must carry the ``spec`` facts (the mounts, device nodes and
 device rules of the container that may touch a GPU, :mod:`hooks.specfacts`): one
 without them comes from a hook older than this daemon, which checked the env only, and
 is refused (fail closed; the hook and the daemon ship together, so this only happens
@@ -24,11 +27,12 @@ import logging
 import socket
 import time
 
-from hooks import protocol
+from hooks import podidentity, protocol
 from hooks.gpuenv import GPU_ENV_NAMES
 from hooks.specfacts import MAX_ENTRIES
 from nodemgr.common.unixserver import UnixServer
 from nodemgr.domain.model import ContainerRef
+from nodemgr.domain.podtie import runtime_identity
 from nodemgr.domain.speccheck import DeviceFact, MountFact, RuleFact, SpecFacts
 from nodemgr.enforcement.registry import ContainerRegistry
 
@@ -95,13 +99,15 @@ def _answer(registry: ContainerRegistry, request: dict) -> dict:
         pid = request.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             raise BadRequest(f"pid must be a positive integer (got {pid!r})")
+        identity, identity_problem = _identity(request)
         allowed, message = registry.admit(
             container_id,
             pid,
             _env(request.get("env")),
-            _identity(request.get("identity")),
+            identity,
             _string(request, "cgroup"),
             _spec(request.get("spec")),
+            identity_problem=identity_problem,
         )
     except BadRequest as e:
         return _refusal(f"bad hook request: {e}")
@@ -128,28 +134,41 @@ def _env(value: object) -> dict[str, str]:
     return {k: v for k, v in value.items() if k in GPU_ENV_NAMES}
 
 
-def _identity(value: object) -> ContainerRef | None:
-    if not value:
-        return None
-    if not isinstance(value, dict):
-        raise BadRequest("identity must be an object")
-    values = [value.get(k) for k in ("namespace", "pod", "container")]
-    fields = [f for f in values if isinstance(f, str) and f]
-    if len(fields) != len(values):
-        return None  # partial identity: the runtime did not say; nothing to compare
-    return ContainerRef(*fields)
+def _identity(request: dict) -> tuple[ContainerRef | None, str | None]:
+    """(the pod identity, why it is refused) from the annotations' identity keys the hook
+    sent, read again here (nodemgr.domain.podtie.runtime_identity)."""
+    claimed = request.get("identity") or {}
+    if not isinstance(claimed, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in claimed.items()
+    ):
+        raise BadRequest("identity must map names to strings")
+    found = request.get("identity_annotations")
+    if found is None:
+        raise BadRequest(_stale_hook("identity_annotations"))
+    if not isinstance(found, dict) or not all(
+        k in podidentity.KEYS and isinstance(v, str) for k, v in found.items()
+    ):
+        raise BadRequest(
+            "identity_annotations must map the pod identity keys "
+            f"({', '.join(podidentity.KEYS)}) to strings"
+        )
+    runtime = request.get("runtime")
+    if runtime is not None and runtime not in podidentity.RUNTIMES:
+        raise BadRequest(f"runtime must be null or one of {', '.join(podidentity.RUNTIMES)}")
+    return runtime_identity(found, runtime, claimed)
 
 
-_STALE_HOOK = (
-    "spec missing: this gpushare-hook is older than the daemon and checks the env only; "
-    "run `nodemgr install` again so the runtime runs the hook installed with gpushare-node"
-)
+def _stale_hook(missing: str) -> str:
+    return (
+        f"{missing} missing: this gpushare-hook is older than the daemon; run `nodemgr "
+        "install` again so the runtime runs the hook installed with gpushare-node"
+    )
 
 
 def _spec(value: object) -> SpecFacts:
     """The ``spec`` facts of a createRuntime request (see hooks.protocol)."""
     if value is None:
-        raise BadRequest(_STALE_HOOK)
+        raise BadRequest(_stale_hook("spec"))
     if not isinstance(value, dict):
         raise BadRequest("spec must be an object")
     lists = {}

@@ -28,8 +28,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from hooks import gpuenv
+from hooks.specfacts import normpath, nvidia_named
+from hooks.textsafe import quote
 from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
@@ -47,9 +50,17 @@ from nodemgr.domain.podtie import (
     pod_of,
     pod_tie_problem,
     pods_allocation,
+    shown_pod,
 )
-from nodemgr.domain.speccheck import CardNode, Grant, NodeGpus, SpecFacts, spec_problem
-from nodemgr.enforcement import procfs
+from nodemgr.domain.speccheck import (
+    CardNode,
+    DaemonPaths,
+    Grant,
+    NodeGpus,
+    SpecFacts,
+    spec_problem,
+)
+from nodemgr.enforcement import hostdevices, procfs
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.errors import GpushareError, LedgerError
 
@@ -66,11 +77,13 @@ class ContainerRegistry:
         kubelet_record: Callable[[], KubeletRecord] | None = None,
         mps_layout: MpsLayout | None = None,
         marks: CgroupMarks | None = None,
+        daemon_paths: DaemonPaths | None = None,
     ):
         """``kubelet_record``: kubelet's PodResources List (raises a GpushareError when
         kubelet does not answer); None trusts the ledger alone (tests, no kubelet).
         ``mps_layout``: where the cards' MPS directories are on the host (None: MPS off),
-        which a container's spec may mount only its own card's of."""
+        which a container's spec may mount only its own card's of. ``daemon_paths``: the
+        daemon's own paths, which no container's spec may mount (None: none known)."""
         self._ledger = ledger
         self._allocator = allocator
         self._mps_pipe_directory = mps_pipe_directory
@@ -80,7 +93,7 @@ class ContainerRegistry:
         # from the running containers (nodemgr.enforcement.cgroupmarks). None: no marks.
         self._marks = marks
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
-        self._gpus = node_gpus(allocator, mps_layout)
+        self._gpus = node_gpus(allocator, mps_layout, daemon_paths)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
 
@@ -92,13 +105,19 @@ class ContainerRegistry:
         identity: ContainerRef | None,
         cgroup_text: str,
         spec: SpecFacts | None = None,
+        identity_problem: str | None = None,
     ) -> tuple[bool, str]:
         """(allowed, message): whether the container may start; registers it if so.
         ``spec``: what its OCI spec shows of the GPUs (the hook server always passes it;
-        None checks the env alone)."""
-        who = f"container {container_id}" + (f" ({identity})" if identity else "")
+        None checks the env alone). ``identity_problem``: why its annotations give no
+        trustworthy pod identity (they name two pods): a GPU container is refused for it."""
+        who = f"container {quote(container_id)}" + (f" ({identity})" if identity else "")
         if not gpuenv.needs_daemon(env):
             return self._no_gpu_answer(who, spec)
+        if identity_problem is not None:
+            message = f"gpushare-node refused {who}: {identity_problem}"
+            log.warning("%s", message)
+            return False, message
         allocation, record, alias = self._judged_allocation(who, identity, env)
         problem = self._env_problem(env, allocation, spec, alias)
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
@@ -122,12 +141,7 @@ class ContainerRegistry:
                     problem = str(e)
             start_ticks = None
             if problem is None:
-                try:
-                    start_ticks = procfs.read_start_ticks(pid)
-                except procfs.ProcfsError as e:  # fail closed: unreadable is not admitted
-                    problem = f"its init process {pid} cannot be read ({e})"
-            if problem is None and start_ticks is None:
-                problem = f"its init process {pid} is gone"
+                start_ticks, problem = _init_start_ticks(pid)
             if problem is not None:
                 message = f"gpushare-node refused {who}: {problem}"
                 log.warning("%s", message)
@@ -191,11 +205,31 @@ class ContainerRegistry:
         none) to this env; None when it does not, or no spec was passed."""
         if spec is None:
             return None
+        node = self._gpus_now(spec)
+        if isinstance(node, str):
+            return node
         grant = None
         if allocation is not None:
             grant = Grant(allocation.id, allocation.cards, shared=not allocation.whole)
         asks = gpuenv.requested_gpus(env) is not None
-        return spec_problem(spec, grant, self._gpus, env_asks_gpus=asks)
+        return spec_problem(spec, grant, node, env_asks_gpus=asks)
+
+    def _gpus_now(self, spec: SpecFacts) -> NodeGpus | str:
+        """The node's GPUs with what the host says now of NVIDIA's device numbers (the
+        majors of its drivers, the host's node of each NVIDIA name the spec lists); why
+        they cannot be read (fail closed). Read only for a spec with device nodes or rules."""
+        if not (spec.devices or spec.rules or any(m.nodes for m in spec.mounts)):
+            return self._gpus
+        try:
+            majors = hostdevices.nvidia_majors()
+        except hostdevices.HostDevicesError as e:
+            return (
+                f"NVIDIA's device numbers on this host cannot be read ({e}), so its device "
+                "nodes and rules cannot be judged"
+            )
+        names = {normpath(d.path) for d in spec.devices if nvidia_named(normpath(d.path))}
+        nodes = {name: hostdevices.host_node(name) for name in names}
+        return replace(self._gpus, control_majors=majors, host_nodes=nodes)
 
     def _judged_allocation(
         self, who: str, identity: ContainerRef | None, env: dict[str, str]
@@ -243,17 +277,18 @@ class ContainerRegistry:
         if record is None:
             return named, None
         names = self._allocator.resource_names
-        pods = {pod_of(ref) for ref in holders(named, record, names)} if named else set()
-        if pod_of(identity) in pods:
+        holding = holders(named, record, names) if named else set()
+        if pod_of(identity) in {pod_of(ref) for ref in holding}:
             return named, None
         requested = gpuenv.requested_gpus(env) or []
         cards = {self._card_uuids_by_index.get(item, item) for item in requested}
         own = pods_allocation(identity, self._allocator.allocations(), record, names, cards)
         if own is None:
             return named, None
-        alias = f"its env names allocation {env.get(gpuenv.ALLOCATION_ID)}, which " + (
-            f"kubelet's record gives to pod {', '.join(sorted(pods))}, not to pod "
-            f"{pod_of(identity)}"
+        named_id = quote(env.get(gpuenv.ALLOCATION_ID, ""))
+        pods = ", ".join(sorted({shown_pod(ref) for ref in holding}))
+        alias = f"its env names allocation {named_id}, which " + (
+            f"kubelet's record gives to pod {pods}, not to pod {shown_pod(identity)}"
             if pods
             else "is not live here (the ledger was rebuilt, or the allocation split)"
         )
@@ -262,8 +297,8 @@ class ContainerRegistry:
             "it holds allocation %s (%s): judged against that one (the env's ID went stale: "
             "the ledger was rebuilt, or a mislinked allocation was split)",
             who,
-            env.get(gpuenv.ALLOCATION_ID),
-            pod_of(identity),
+            named_id,
+            shown_pod(identity),
             own.id,
             ", ".join(own.cards),
         )
@@ -330,14 +365,32 @@ class ContainerRegistry:
                 )
 
 
-def node_gpus(allocator: Allocator, mps_layout: MpsLayout | None) -> NodeGpus:
-    """The cards' device minors and MPS directories a container spec is checked against."""
+def _init_start_ticks(pid: int) -> tuple[int | None, str | None]:
+    """(the init process's start time, None) or (None, why it cannot be had): unreadable is
+    not admitted (fail closed)."""
+    try:
+        start_ticks = procfs.read_start_ticks(pid)
+    except procfs.ProcfsError as e:
+        return None, f"its init process {pid} cannot be read ({e})"
+    if start_ticks is None:
+        return None, f"its init process {pid} is gone"
+    return start_ticks, None
+
+
+def node_gpus(
+    allocator: Allocator, mps_layout: MpsLayout | None, daemon_paths: DaemonPaths | None = None
+) -> NodeGpus:
+    """The cards' device minors, MPS directories and the daemon's own paths a container spec
+    is checked against."""
     cards = tuple(
         CardNode(c.uuid, c.index, c.index if c.minor_number is None else c.minor_number)
         for c in allocator.cards
     )
+    daemon_paths = daemon_paths or DaemonPaths()
     if mps_layout is None:
-        return NodeGpus(cards)
+        return NodeGpus(cards, daemon=daemon_paths)
     client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in cards}
     shm_dirs = {c.uuid: mps_layout.shm_dir(c.uuid) for c in cards}
-    return NodeGpus(cards, mps_layout.root, client_dirs, shm_dirs, mps_layout.retired_shm_dir)
+    return NodeGpus(
+        cards, mps_layout.root, client_dirs, shm_dirs, mps_layout.retired_shm_dir, daemon_paths
+    )

@@ -28,6 +28,7 @@ import sys
 import threading
 from types import FrameType
 
+from nodemgr.common import logline
 from nodemgr.config.schema import KubernetesSettings, ResourceSettings
 from nodemgr.errors import KubeCredentialsError
 from nodemgr.extender.cache import ClusterCache
@@ -113,11 +114,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logline.configure(args.log_level.upper())
     # The client is imported here, not at module level: --help stays fast.
     from nodemgr.kubernetes import scheduling
     from nodemgr.kubernetes.listwatch import ListWatch

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.config.loading import load_settings
 from nodemgr.config.reload import reload_settings
-from nodemgr.config.schema import Settings
+from nodemgr.config.schema import PLUGIN_SOCKETS, Settings
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import ConfigError, GpushareError
@@ -47,9 +47,9 @@ from nodemgr.supervision.supervisor import MpsSupervisor
 log = logging.getLogger("gpushare-node")
 
 SOCKET_NAMES = {
-    ResourceKind.MEMORY: "gpushare-memory.sock",
-    ResourceKind.CORE: "gpushare-core.sock",
-    ResourceKind.WHOLE: "gpushare-whole.sock",
+    ResourceKind.MEMORY: PLUGIN_SOCKETS["memory"],
+    ResourceKind.CORE: PLUGIN_SOCKETS["core"],
+    ResourceKind.WHOLE: PLUGIN_SOCKETS["whole"],
 }
 WATCH_PERIOD_SECONDS = 0.5  # how fast a kubelet restart or a stop request is noticed
 REGISTER_RETRY_MAX_SECONDS = 5.0

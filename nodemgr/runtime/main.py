@@ -23,6 +23,7 @@ import signal
 import sys
 import threading
 
+from nodemgr.common import logline
 from nodemgr.common.version import package_version
 from nodemgr.config.loading import config_error_line, load_settings
 from nodemgr.errors import ConfigError, GpushareError
@@ -51,9 +52,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(config_error_line(e), file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    logline.configure(args.log_level)
     stop, reload_requested = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

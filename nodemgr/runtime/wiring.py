@@ -26,6 +26,7 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
+from nodemgr.domain.speccheck import DaemonPaths
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
@@ -108,6 +109,7 @@ def run(
             kubelet_record=hook_kubelet.list,
             mps_layout=layout,
             marks=marks,
+            daemon_paths=DaemonPaths(settings.own_paths(), settings.own_directories()),
         )
         workers.start(HookServer(registry, settings.hook_socket))
         watchdog = workers.start(

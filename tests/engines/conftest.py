@@ -194,7 +194,7 @@ class Podman:
         for container_path, host_path in mounts:
             flags += ["--volume", f"{host_path}:{container_path}"]
         for key, value in (annotations or {}).items():
-            flags += ["--annotation", f"{key}={value}"]
+            flags += ["--annotation", csv_field(f"{key}={value}")]
         done = self.podman("run", "-d", *flags, "--rootfs", self.rootfs, *command)
         return Ran(done.returncode, done.stdout.strip(), done.stderr)
 
@@ -218,6 +218,14 @@ class Podman:
             if point.startswith(self.dir + "/"):
                 subprocess.run(["umount", "-l", point], check=False, capture_output=True)
         shutil.rmtree(self.dir, ignore_errors=True)
+
+
+def csv_field(text: str) -> str:
+    """``text`` as one field of a CSV line: podman reads each ``--annotation`` as a list of
+    them (a JSON value's quotes and commas would split it otherwise)."""
+    if not any(ch in text for ch in '",\n'):
+        return text
+    return '"' + text.replace('"', '""') + '"'
 
 
 @pytest.fixture

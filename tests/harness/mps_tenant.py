@@ -112,8 +112,14 @@ class MpsNode(runc_env.EnforcementNode):
         impostor = self.runtime.exec(attacker, *pose, script, "-d")
         assert self.run_in(attacker, f"mkdir -p {pipe}").returncode == 0
         self.runtime.exec(attacker, *pose, IN_CONTAINER_BINARY, "-d")
-        listening = self.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix").stdout
-        assert int(listening) == 2  # the real daemon's and the impostor's, in one namespace
+
+        def listening() -> int:
+            done = self.run_in(attacker, f"grep -c ' {pipe}/control$' /proc/net/unix")
+            return int(done.stdout or 0)
+
+        # The real daemon's and the impostor's, in one namespace, once the impostor (which
+        # forks into the background) has bound its socket.
+        self.node.wait_for(lambda: listening() == 2, 10, "the impostor's socket")
         return attacker, impostor
 
     def restart_daemon(self) -> int:

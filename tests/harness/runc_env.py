@@ -21,6 +21,7 @@ from collections.abc import Callable
 import psutil
 import pytest
 
+from nodemgr.config.loading import load_settings
 from tests.harness import exitwait
 from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
@@ -83,24 +84,59 @@ def write_launcher(directory: str) -> str:
     return path
 
 
-def shipped_hooks(socket_path: str, launcher: str) -> dict:
-    """The ``hooks`` of the shipped containerd snippet, pointed at this test's socket
-    and a launcher for this venv: the tests run what admins install."""
+def shipped_hooks(socket_path: str, launcher: str, guards: tuple[str, ...] | None = None) -> dict:
+    """The ``hooks`` of the shipped containerd snippet, pointed at this test's socket, its
+    daemon's own paths (``guards``: the --guard values; None keeps the shipped ones) and a
+    launcher for this venv: the tests run what admins install."""
     with open(SHIPPED_HOOKS) as f:
         hooks = json.load(f)["hooks"]
     for entries in hooks.values():
         for hook in entries:
-            assert hook["path"] == SHIPPED_PATH
-            hook["path"] = launcher
-            hook["args"] = [socket_path if a == SHIPPED_SOCKET else a for a in hook["args"]]
+            _point(hook, socket_path, launcher, guards)
+    return hooks
+
+
+def _point(hook: dict, socket_path: str, launcher: str, guards: tuple[str, ...] | None) -> None:
+    assert hook["path"] == SHIPPED_PATH
+    hook["path"] = launcher
+    args = [socket_path if a == SHIPPED_SOCKET else a for a in hook["args"]]
+    if guards is not None:
+        shipped = [i for i, a in enumerate(args) if a == "--guard"]
+        kept = [a for i, a in enumerate(args) if i not in shipped and i - 1 not in shipped]
+        given = [a for path in guards for a in ("--guard", path)]
+        args = [kept[0], *given, *kept[1:]]
+    hook["args"] = args
+
+
+SHIPPED_OCI_HOOKS = os.path.join(REPO, "hooks", "oci-hooks.d")
+
+
+def shipped_oci_hooks(
+    socket_path: str, launcher: str, guards: tuple[str, ...] | None = None
+) -> dict:
+    """The ``hooks`` CRI-O and podman put into a container's spec from the shipped
+    oci-hooks.d files (one entry per stage), pointed as ``shipped_hooks`` points them."""
+    hooks: dict[str, list] = {}
+    for name in sorted(os.listdir(SHIPPED_OCI_HOOKS)):
+        with open(os.path.join(SHIPPED_OCI_HOOKS, name)) as f:
+            document = json.load(f)
+        hook = document["hook"]
+        _point(hook, socket_path, launcher, guards)
+        for stage in document["stages"]:
+            hooks.setdefault(stage, []).append(hook)
     return hooks
 
 
 class Runtime:
     """runc with its own state root under ``root``, and a busybox rootfs."""
 
-    def __init__(self, root: str, hook_socket: str | None):
+    def __init__(
+        self, root: str, hook_socket: str | None, hook_guards: tuple[str, ...] | None = None
+    ):
+        """``hook_guards``: the daemon's own paths the hooks are told of (--guard; None:
+        the shipped ones)."""
         self.root = root
+        self.hook_guards = hook_guards
         self.state_root = os.path.join(root, "runc-state")
         self.rootfs = os.path.join(root, "rootfs")
         self.hook_socket = hook_socket
@@ -146,7 +182,7 @@ class Runtime:
                 }
             )
         if hooks and self.hook_socket is not None:
-            config["hooks"] = shipped_hooks(self.hook_socket, self.launcher)
+            config["hooks"] = shipped_hooks(self.hook_socket, self.launcher, self.hook_guards)
         if annotations:
             config.setdefault("annotations", {}).update(annotations)
         if edit is not None:
@@ -245,7 +281,8 @@ class EnforcementNode:
         self.node.start()
         self.kubelet.wait_for_resource(MEMORY, timeout=30)
         self.kubelet.wait_for_resource(CORE, timeout=30)
-        self.runtime = Runtime(self.node.root, self.hook_socket)
+        guards = load_settings(self.node.config_path).hook_guards()
+        self.runtime = Runtime(self.node.root, self.hook_socket, guards)
 
     def set_usage(self, processes: list[tuple[int, str, int]]) -> None:
         """What the simulated GPUs report: (pid, card, MiB) per process."""

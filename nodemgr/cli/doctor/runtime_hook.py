@@ -6,9 +6,12 @@ the same name in /usr/share) and containerd's ``base_runtime_spec`` of each
 CRI runtime in containerd's config (config version 2 and 3). Each
 gpushare-hook entry found becomes a ``HookEntry``; ``runtime_hook_result``
 fails when no runtime runs it at ``createRuntime``, or when an entry's binary
-is not executable or calls another socket than this config's daemon serves,
-and warns about a missing ``poststop``, conditional hooks, and a configured
-runtime without the hook. Every path is resolved under ``Host.root``.
+is not executable, calls another socket than this config's daemon serves or
+names another runtime's ``--runtime`` (it would read pod identity keys a pod
+can write), and warns about a missing ``poststop``, conditional hooks, an
+entry without ``--runtime`` or without a ``--guard`` of the daemon's own paths
+(written by an older install: rerun it), and a configured runtime without the
+hook. Every path is resolved under ``Host.root``.
 
 Which containerd config: the one the running containerd was started with
 (``containerd_configs``): every process owned by root whose ``/proc/PID/exe``
@@ -26,7 +29,7 @@ import os
 import tomllib
 from dataclasses import dataclass, field, replace
 
-from hooks import protocol
+from hooks import podidentity, protocol
 from hooks.gpushare_hook import DEFAULT_SOCKET as HOOK_DEFAULT_SOCKET
 from nodemgr.cli.doctor.host import Host
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result, worst
@@ -62,10 +65,42 @@ class HookEntry:
     @property
     def socket(self) -> str:
         """The daemon socket the hook will call (its --socket, else its default)."""
-        args = list(self.args)
-        if "--socket" in args[:-1]:
-            return args[args.index("--socket") + 1]
-        return HOOK_DEFAULT_SOCKET
+        return self.option("--socket") or HOOK_DEFAULT_SOCKET
+
+    @property
+    def runtime(self) -> str | None:
+        """The runtime the hook reads the pod identity for (its --runtime; None: not given)."""
+        return self.option("--runtime")
+
+    @property
+    def guards(self) -> tuple[str, ...]:
+        """The daemon's own paths the hook is told of (its --guard values)."""
+        return tuple(v for n, v in self._options() if n == "--guard")
+
+    def option(self, name: str) -> str | None:
+        """The value of option ``name`` (``--name VALUE`` or ``--name=VALUE``), the last one
+        given; None without it."""
+        values = [v for n, v in self._options() if n == name]
+        return values[-1] if values else None
+
+    def _options(self) -> list[tuple[str, str]]:
+        """(name, value) of each ``--name VALUE`` or ``--name=VALUE`` before the stage."""
+        options = []
+        args = list(self.args)[1:-1]  # argv[0] and the stage
+        i = 0
+        while i < len(args):
+            name, equals, value = args[i].partition("=")
+            if name.startswith("--") and equals:
+                options.append((name, value))
+            elif name.startswith("--") and i + 1 < len(args):
+                options.append((name, args[i + 1]))
+                i += 1
+            i += 1
+        return options
+
+
+# The hook's --runtime for each runtime's configuration (hooks.podidentity.RUNTIMES).
+HOOK_RUNTIME = {"CRI-O/podman": podidentity.CRIO, "containerd": podidentity.CONTAINERD}
 
 
 @dataclass
@@ -163,7 +198,7 @@ def containerd_base_specs(config: dict) -> list[tuple[str, str | None, bool]]:
 def check_runtime_hook(settings: Settings, host: Host) -> Result:
     runtimes = [_crio_hooks(host)]
     runtimes += [_containerd_hooks(host, config) for config in containerd_configs(host)]
-    result = runtime_hook_result(runtimes, settings.hook_socket)
+    result = runtime_hook_result(runtimes, settings.hook_socket, settings.hook_guards())
     if result.status == FAIL and settings.gpus.backend == "simulated":
         # Still a FAIL (nothing is checked at creation), but not a surprise to follow up.
         result = replace(result, detail=result.detail + SIMULATED_NOTE)
@@ -323,8 +358,45 @@ def _containerd_hooks(host: Host, where: ContainerdConfig) -> RuntimeHooks:
     return found
 
 
-def hook_entry_problems(entry: HookEntry, hook_socket: str) -> list[tuple[str, str]]:
+def hook_entry_problems(
+    entry: HookEntry,
+    hook_socket: str,
+    runtime: str | None = None,
+    guards: tuple[str, ...] = (),
+) -> list[tuple[str, str]]:
+    """What is wrong with one entry; ``runtime``: the --runtime it must name (None: any);
+    ``guards``: the daemon's own paths it must be told of with --guard."""
     problems = []
+    unguarded = [path for path in guards if path not in entry.guards]
+    if unguarded:
+        problems.append(
+            (
+                WARN,
+                f"{entry.source}: the hook is not told of the daemon's own "
+                f"{', '.join(unguarded)} (--guard): a container without GPUs mounting one "
+                "starts unchecked; rerun `nodemgr install`",
+            )
+        )
+    if runtime is not None and entry.runtime is None:
+        problems.append(
+            (
+                WARN,
+                f"{entry.source}: the hook has no --runtime (a configuration written by an "
+                "older nodemgr install): it reads either runtime's pod identity keys and only "
+                f"refuses where both are present and differ; rerun `nodemgr install` so it "
+                f"reads only {runtime}'s",
+            )
+        )
+    elif runtime is not None and entry.runtime != runtime:
+        problems.append(
+            (
+                FAIL,
+                f"{entry.source}: the hook runs with --runtime {entry.runtime}, but this is "
+                f"{runtime}'s configuration: it would read the pod identity from keys a pod's "
+                "own annotations can write (or find none and refuse every GPU container); "
+                f"make it --runtime {runtime}",
+            )
+        )
     if not entry.executable:
         problems.append(
             (
@@ -352,7 +424,9 @@ def hook_entry_problems(entry: HookEntry, hook_socket: str) -> list[tuple[str, s
     return problems
 
 
-def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Result:
+def runtime_hook_result(
+    runtimes: list[RuntimeHooks], hook_socket: str, guards: tuple[str, ...] = ()
+) -> Result:
     name = "runtime hook"
     installed, problems, notes = [], [], []
     for rt in runtimes:
@@ -363,9 +437,9 @@ def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Resul
                 notes.append(rt.runtime)
             continue
         for entry in rt.entries:
-            problems += [
-                (s, f"{rt.runtime}: {t}") for s, t in hook_entry_problems(entry, hook_socket)
-            ]
+            runtime = HOOK_RUNTIME.get(rt.runtime)
+            found = hook_entry_problems(entry, hook_socket, runtime, guards)
+            problems += [(s, f"{rt.runtime}: {t}") for s, t in found]
         stages = sorted({e.stage for e in rt.entries})
         if POSTSTOP not in stages:
             problems.append(
@@ -402,7 +476,8 @@ def runtime_hook_result(runtimes: list[RuntimeHooks], hook_socket: str) -> Resul
     status = worst(s for s, _ in problems)
     fix = (
         f"make every hook entry run an executable {HOOK_NAME} with --socket {hook_socket} "
-        "(or set enforcement.hook_socket to the hook's socket); "
+        "(or set enforcement.hook_socket to the hook's socket) and the --runtime of its "
+        "runtime (rerun `nodemgr install` to write them so); "
         + _install_hook_fix(containerd_config)
     )
     return Result(name, status, detail + "; " + "; ".join(t for _, t in problems), fix)

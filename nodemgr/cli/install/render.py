@@ -99,6 +99,7 @@ class Target:
     control_binary: str  # MPS control binary: a name in $PATH or an absolute path
     hook_python: str = SHIPPED_PYTHON  # the Python the hook launcher starts
     hook_package_dir: str = SHIPPED_PACKAGE_DIR  # where it imports the hooks package from
+    hook_guards: tuple[str, ...] = ()  # the daemon's own paths the hook sends containers for
 
     @property
     def nodemgr_command(self) -> str:
@@ -125,6 +126,7 @@ class Target:
             control_binary=settings.mps.control_binary,
             hook_python=hook_python,
             hook_package_dir=hook_package_dir,
+            hook_guards=settings.hook_guards(),
         )
 
 
@@ -151,7 +153,8 @@ def sha256(data: bytes) -> str:
 
 def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
     """Every file of an install for ``target``; the config only if ``with_config``."""
-    for name, value in dataclasses.asdict(target).items():
+    for name, values in dataclasses.asdict(target).items():
+        value = "".join(values) if isinstance(values, tuple) else values
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
             raise InstallError(
                 f"{name} {value!r} contains a control character, which unit files and "
@@ -193,11 +196,14 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
 
 
 def _hook_options(target: Target) -> list[str]:
-    """The hook's options before its stage: the socket, and the run_dir where the socket's
-    directory is not it (the hook assumes it is)."""
+    """The hook's options before its runtime and stage: the socket, the run_dir where the
+    socket's directory is not it (the hook assumes it is), and the daemon's other own paths
+    (``--guard``: a container whose mounts show one is sent to the daemon)."""
     options = ["--socket", target.hook_socket]
     if os.path.normpath(os.path.dirname(target.hook_socket)) != os.path.normpath(target.run_dir):
         options += ["--run-dir", target.run_dir]
+    for path in target.hook_guards:
+        options += ["--guard", path]
     return options
 
 

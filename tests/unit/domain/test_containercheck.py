@@ -17,7 +17,8 @@ from nodemgr.domain.containercheck import (
     quota_env_problem,
 )
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids, core_device_id, memory_device_id
-from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.domain.violations import index_registrations, registration_of
 from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
@@ -418,3 +419,45 @@ def test_any_container_of_the_owning_pod_may_use_the_allocation(owner):
     assert identity_conflict(sidecar, allocation, [POD_A]) is None
     elsewhere = ContainerRef("other", "a", "main")
     assert "not to pod other/a" in identity_conflict(elsewhere, allocation, [POD_A])
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("NVIDIA_VISIBLE_DEVICES", f"{GPU0},1\n2026-11-27 10:00:00,000 CRITICAL x"),
+        ("GPUSHARE_ALLOCATION_ID", "ga-1\n2026-11-27 CRITICAL x"),
+        ("CUDA_MPS_PIPE_DIRECTORY", "/tmp/x\r\x1b[2Kforged"),
+    ],
+    ids=["cards", "allocation-id", "pipe-directory"],
+)
+def test_env_values_in_a_refusal_are_shown_escaped(name, value):
+    """A value with a line break or terminal controls is shown as an escaped literal: the
+    refusal (logged, passed to the pod's events) stays one line."""
+    allocation = shared()
+    env = {**env_of(allocation), name: value}
+    problem = check_container(env, allocation if name != "GPUSHARE_ALLOCATION_ID" else None,
+                              BY_INDEX, PIPE)  # fmt: skip
+    assert problem is not None and problem.isprintable(), problem
+    assert repr(value) in problem
+
+
+def test_a_cgroup_path_in_a_refusal_is_shown_escaped():
+    with pytest.raises(CgroupError) as raised:
+        container_cgroup("0::/system.slice/x\r\x1b[2K.service\n", "c1")
+    assert str(raised.value).isprintable()
+    assert "'/system.slice/x\\r\\x1b[2K.service'" in str(raised.value)
+
+
+def test_a_cgroup_name_with_a_carriage_return_is_one_path():
+    """A cgroup named ``x<CR>0::`` with ``/kubepods/victim`` below it (cgroup v2, where a
+    container may make cgroups below its own): one path, never a second line naming the
+    victim's cgroup (the kernel ends lines at newline only), so the watchdog ties the
+    process to its own container, not the victim's."""
+    text = "0::/kubepods/mine/x\r0::/kubepods/victim\n"
+    cgroups = parse_cgroups(text)
+    assert cgroups == {"": "/kubepods/mine/x\r0::/kubepods/victim"}
+    mine, victim = (
+        Registration(name, "ga-1", CgroupKey("", f"/kubepods/{name}"), 1, 1, None, 0.0)
+        for name in ("mine", "victim")
+    )
+    assert registration_of(index_registrations([victim, mine]), cgroups) is mine

@@ -100,3 +100,11 @@ def test_cgroup_key_names_its_hierarchy():
     """A cgroup v2 key reads 'unified:<path>'; a v1 key names its controllers."""
     assert str(CgroupKey("", "/kubepods/pod1/c1")) == "unified:/kubepods/pod1/c1"
     assert str(CgroupKey("memory", "/kubepods/pod1/c1")) == "memory:/kubepods/pod1/c1"
+
+
+def test_names_from_annotations_and_cgroups_print_safely():
+    """A container reference or cgroup holding a line break prints as one line, each odd part
+    as an escaped literal; ordinary ones print as they are."""
+    assert str(ContainerRef("default", "a", "main")) == "default/a/main"
+    assert str(ContainerRef("default", "a\nCRITICAL", "main")) == "default/'a\\nCRITICAL'/main"
+    assert str(CgroupKey("", "/kubepods/x\r")) == "unified:'/kubepods/x\\r'"

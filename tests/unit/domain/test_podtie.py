@@ -3,13 +3,21 @@ allocation's devices (by resource name and device ID, any one of them), and whet
 container of a given pod identity to the allocation: only a container of the holding pod
 (namespace and name; any container name, as init containers are never listed and hand their
 devices on to the app containers), never another pod's, and nobody while two pods hold parts
-of it. The refusal names the allocation, its card and both pods."""
+of it. The refusal names the allocation, its card and both pods. The identity itself is read
+again from the annotations' identity keys the hook sent (runtime_identity): two pods named
+refuse, and so does a hook whose own reading differs."""
 
 import pytest
 
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, ContainerRef
-from nodemgr.domain.podtie import holders, pod_of, pod_tie_problem, pods_allocation
+from nodemgr.domain.podtie import (
+    holders,
+    pod_of,
+    pod_tie_problem,
+    pods_allocation,
+    runtime_identity,
+)
 from tests.harness.cards import GPU0
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
@@ -126,3 +134,35 @@ def test_a_pod_with_two_allocations_on_the_card_gets_its_own_containers_one_or_n
     assert pods_allocation(helper, both, record, NAMES, {GPU0}) == second
     init = ContainerRef("default", "train", "init")
     assert pods_allocation(init, both, record, NAMES, {GPU0}) is None
+
+
+CRIO_KEYS = {
+    "io.kubernetes.pod.namespace": "default",
+    "io.kubernetes.pod.name": "train",
+    "io.kubernetes.container.name": "main",
+}
+CLAIMED = {"namespace": "default", "pod": "train", "container": "main"}
+
+
+def test_the_identity_is_read_again_from_the_annotations():
+    """The runtime's keys give the ContainerRef when the hook read the same."""
+    assert runtime_identity(CRIO_KEYS, "cri-o", CLAIMED) == (MAIN, None)
+    assert runtime_identity({}, "cri-o", {}) == (None, None)
+
+
+def test_annotations_naming_two_pods_give_no_identity_and_say_why():
+    forged = {**CRIO_KEYS, "io.kubernetes.cri.sandbox-name": "victim"}
+    identity, problem = runtime_identity(forged, "cri-o", {})
+    assert identity is None
+    assert problem.startswith("its annotations name two pods: CRI-O")
+    assert "default/train/main" in problem and "?/victim/?" in problem
+
+
+def test_a_hook_reading_another_identity_is_not_believed():
+    """The hook says victim, its annotations say train: no identity, and why."""
+    identity, problem = runtime_identity(CRIO_KEYS, "cri-o", {**CLAIMED, "pod": "victim"})
+    assert identity is None
+    assert problem.startswith(
+        "the hook read the pod identity default/victim/main from annotations that give "
+        "default/train/main"
+    )

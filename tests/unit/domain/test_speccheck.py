@@ -8,12 +8,16 @@ judged after ``..``, ``//`` and trailing slashes, and a parent directory shows e
 it; a rule allowing another card's minor, c 195:*, every char device or a number outside
 Linux's range is refused. Each refusal names the mount, node or rule and the card."""
 
+import dataclasses
+
 import pytest
 
 from nodemgr.domain.speccheck import (
     CardNode,
+    DaemonPaths,
     DeviceFact,
     Grant,
+    HostNode,
     MountFact,
     NodeGpus,
     RuleFact,
@@ -30,6 +34,7 @@ NODE = NodeGpus(
     client_dirs={GPU0: f"{MPS}/{GPU0}/client", GPU1: f"{MPS}/{GPU1}/client"},
     shm_dirs={GPU0: f"{MPS}/{GPU0}/shm", GPU1: f"{MPS}/{GPU1}/shm"},
     retired_shm_dir=f"{MPS}/shm",
+    control_majors=frozenset({510}),  # nvidia-uvm's major on this host (/proc/devices)
 )
 SHARED0 = Grant("ga-1", (GPU0,), shared=True)
 WHOLE0 = Grant("ga-2", (GPU0,), shared=False)
@@ -271,7 +276,7 @@ def test_device_list_entries_of_other_cards_are_refused(path, fragment):
         (mounts(("/dev/nvidiactl", "/dev/nvidiactl")), "/dev/nvidiactl, a GPU node"),
         (mounts(("/dev/uvm", "/dev/nvidia-uvm")), "/dev/nvidia-uvm, a GPU node"),
         (devices((195, 255), path="/dev/nvidiactl"), "/dev/nvidiactl (c 195:255)"),
-        (devices((510, 0), path="/dev/nvidia-uvm"), "a GPU node"),
+        (devices((510, 0), path="/dev/nvidia-uvm"), "an NVIDIA control node"),
         (rules(("c", 195, 0, "rw")), f"GPU 0 ({GPU0})"),
         (mounts((f"/run/nvidia-container-devices/{GPU0}", "/dev/null")), "NVIDIA device list"),
     ],
@@ -349,3 +354,145 @@ def test_a_privileged_container_asking_for_a_gpu_gets_no_exception():
     """With GPU env (an allocation), every device allowed is refused as before."""
     problem = spec_problem(rules(("a", None, None, "rwm")), SHARED0, NODE)
     assert problem is not None and "every character device" in problem
+
+
+# --- the daemon's own paths ----------------------------------------------------------------
+
+PLUGINS = "/var/lib/kubelet/device-plugins"
+OWN = DaemonPaths(
+    paths={
+        RUN: "gpushare-node's run_dir",
+        "/var/lib/gpushare": "gpushare-node's state_dir (its ledger)",
+        f"{RUN}/hook.sock": "gpushare-node's hook socket",
+        "/srv/gs/status.sock": "gpushare-node's status socket",
+        f"{PLUGINS}/gpushare-memory.sock": "gpushare-node's device plugin socket (memory)",
+    },
+    directories=(RUN, "/var/lib/gpushare", PLUGINS),
+)
+GUARDED = dataclasses.replace(NODE, daemon=OWN)
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        (f"{RUN}/hook.sock", f"gpushare-node's hook socket {RUN}/hook.sock"),
+        (f"{RUN}/status.sock", f"gpushare-node's run_dir {RUN}"),
+        (f"{RUN}/anything", f"gpushare-node's run_dir {RUN}"),
+        ("/srv/gs/status.sock", "gpushare-node's status socket /srv/gs/status.sock"),
+        ("/srv/gs", "gpushare-node's status socket /srv/gs/status.sock"),
+        ("/var/lib/gpushare/ledger.sqlite", "gpushare-node's state_dir (its ledger)"),
+        (f"{PLUGINS}/gpushare-memory.sock", "device plugin socket (memory)"),
+        (PLUGINS, "device plugin socket (memory)"),
+    ],
+)
+@pytest.mark.parametrize("grant", [None, SHARED0], ids=["no-allocation", "shared"])
+def test_the_daemons_own_paths_are_refused_to_everyone(source, fragment, grant):
+    """Its sockets wherever configured, anything in run_dir but the allocation's MPS
+    directories, the ledger, its device plugin sockets and directories above any of them:
+    refused with or without an allocation, naming the path and what it is."""
+    asks = grant is not None
+    problem = spec_problem(mounts(("/mnt", source)), grant, GUARDED, env_asks_gpus=asks)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_what_an_allocation_is_given_in_run_dir_still_passes():
+    """The shared allocation's own client directory and its card's /dev/shm, under run_dir."""
+    spec = mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client"), ("/dev/shm", f"{MPS}/{GPU0}/shm"))
+    assert spec_problem(spec, SHARED0, GUARDED) is None
+
+
+@pytest.mark.parametrize("source", ["/run", "/var/lib", "/var/lib/kubelet", "/var", "/"])
+def test_a_parent_of_the_daemons_directories_is_node_wide(source):
+    """/run, /var/lib, /var/lib/kubelet (kubelet's PKI, every pod's volumes): a container
+    mounting one is root on the node in all but name; with no GPU env it passes."""
+    assert spec_problem(mounts(("/host", source)), None, GUARDED, env_asks_gpus=False) is None
+
+
+def test_the_device_plugin_directory_itself_is_not_node_wide():
+    """Mounting kubelet's device plugin directory (as another device plugin would) reaches
+    the daemon's sockets: refused unless the container is privileged."""
+    spec = mounts(("/var/lib/kubelet/device-plugins", PLUGINS))
+    assert spec_problem(spec, None, GUARDED, env_asks_gpus=False) is not None
+    privileged = SpecFacts(spec.mounts, rules=rules(("a", None, None, "rwm")).rules)
+    assert spec_problem(privileged, None, GUARDED, env_asks_gpus=False) is None
+
+
+def test_a_path_in_a_message_is_shown_safely():
+    """A mount source with a newline is shown as an escaped literal."""
+    problem = spec_problem(mounts(("/mnt", f"{RUN}/x\nCRITICAL")), None, GUARDED)
+    assert problem is not None and "\n" not in problem and "x\\nCRITICAL" in problem
+
+
+# --- device nodes by their type and numbers ----------------------------------------------------
+
+
+def with_host(**nodes: HostNode | None) -> NodeGpus:
+    """NODE whose host has these nodes (keyword: the name after /dev/, ``_`` for ``-``)."""
+    host = {f"/dev/{name.replace('_', '-')}": node for name, node in nodes.items()}
+    return dataclasses.replace(NODE, host_nodes=host)
+
+
+@pytest.mark.parametrize(
+    ("spec", "node", "fragment"),
+    [
+        (
+            devices((1, 1), path="/dev/nvidia-uvm"),
+            with_host(nvidia_uvm=None),
+            "cannot be verified: the host has no /dev/nvidia-uvm",
+        ),
+        (
+            devices((10, 200), path="/dev/nvidia-uvm-tools"),
+            with_host(nvidia_uvm_tools=HostNode("c", 510, 1)),
+            "not the host's /dev/nvidia-uvm-tools (c 510:1): it is c 10:200",
+        ),
+        (
+            devices((1, 1), path="/dev/nvidia0"),
+            with_host(nvidia0=HostNode("c", 195, 0)),
+            "not the host's /dev/nvidia0 (c 195:0): it is c 1:1",
+        ),
+        (
+            devices((510, 0), path="/dev/nvidia-uvm", type_="b"),
+            with_host(nvidia_uvm=HostNode("c", 510, 0)),
+            "it is b 510:0",
+        ),
+        (
+            mounts(("/dev/nvidia-uvm", "/dev/nvidia-uvm"), nodes=[(1, 1)]),
+            NODE,
+            "c 1:1 under the NVIDIA name /dev/nvidia-uvm, which is no NVIDIA node",
+        ),
+    ],
+    ids=["uvm-as-mem-unverifiable", "uvm-tools-as-tun", "card-as-mem", "block", "bind-mounted"],
+)
+def test_a_node_named_as_nvidias_is_judged_by_its_numbers(spec, node, fragment):
+    """A node named as NVIDIA's but made with other numbers is refused, even with an
+    allocation: compared with the host's node of that name, or, where the host has none,
+    refused as unverifiable; a bind-mounted node by the numbers the hook read."""
+    problem = spec_problem(spec, SHARED0, node)
+    assert problem is not None and fragment in problem, problem
+
+
+def test_the_hosts_own_node_of_an_nvidia_name_is_a_control_node():
+    """A node exactly as the host's node of that NVIDIA name: a control node, fine with an
+    allocation, refused without."""
+    node = NodeGpus(NODE.cards, host_nodes={"/dev/nvidia-uvm": HostNode("c", 511, 0)})
+    spec = devices((511, 0), path="/dev/nvidia-uvm")
+    assert spec_problem(spec, SHARED0, node) is None
+    problem = spec_problem(spec, None, node)
+    assert problem is not None and "an NVIDIA control node" in problem
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        devices((510, 1), path="/dev/anything"),
+        rules(("c", 510, None, "rw")),
+        mounts(("/dev/u", "/srv/u"), nodes=[(510, 0)]),
+    ],
+    ids=["device", "rule", "bind-mounted"],
+)
+def test_nvidia_control_majors_are_judged_whatever_the_name(spec):
+    """nvidia-uvm's major (read from the host): a node, a rule or a bind-mounted node of it
+    is fine with an allocation and refused without one, whatever it is called."""
+    assert spec_problem(spec, SHARED0, NODE) is None
+    problem = spec_problem(spec, None, NODE)
+    assert problem is not None and "NVIDIA" in problem and "control node" in problem, problem

@@ -181,6 +181,15 @@ def test_table_one_row_per_card_and_allocation():
     assert any(line.startswith("(not yet known)") and "whole card" in line for line in lines)
 
 
+def test_table_cells_that_do_not_print_as_one_line_are_escaped():
+    """A pod or container name holding a line break or a terminal escape: one row, the
+    cell an escaped literal."""
+    owner = ContainerRef("ns", "p1\n0    Tesla T4  whole", "main\x1b[2K")
+    lines = render_table(status([shared("a1", GPU0, 4, 30, owner)]), now=1065.0).splitlines()
+    [row] = [line for line in lines if line.startswith("'ns/p1")]
+    assert "'ns/p1\\n0    Tesla T4  whole'" in row and "'main\\x1b[2K'" in row
+
+
 def test_table_without_allocations():
     assert render_table(status([]), now=1000.0).endswith("no allocations")
 

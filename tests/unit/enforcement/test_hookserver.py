@@ -23,13 +23,13 @@ import time
 
 import pytest
 
-from hooks import protocol
+from hooks import podidentity, protocol
 from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import CgroupKey, ContainerRef
-from nodemgr.enforcement import hookserver
+from nodemgr.enforcement import hookserver, hostdevices
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
@@ -39,6 +39,7 @@ MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 PIPE = MPS_PIPE
 POD_A = {"namespace": "default", "pod": "a", "container": "main"}
 POD_B = {"namespace": "default", "pod": "b", "container": "main"}
+CRI_POD = "io.kubernetes.cri.sandbox-name"
 
 
 class Node:
@@ -91,16 +92,22 @@ def child():
     process.wait()
 
 
-def create(container_id, pid, env, identity=None, cgroup=None):
-    """A createRuntime request; the cgroup is the container's own (runc's default path)."""
+def create(container_id, pid, env, identity=None, cgroup=None, runtime="containerd"):
+    """A createRuntime request as the hook installed for ``runtime`` sends it: ``identity``
+    written under that runtime's annotation keys; the cgroup is the container's own (runc's
+    default path)."""
     if cgroup is None:
         cgroup = f"0::/{container_id}\n"
+    keys = podidentity.FAMILIES[runtime]
+    found = {keys[field]: value for field, value in (identity or {}).items()}
     return {
         "stage": "createRuntime",
         "container_id": container_id,
         "pid": pid,
         "env": env,
-        "identity": identity or {},
+        "identity": podidentity.resolve(found, runtime),
+        "identity_annotations": found,
+        "runtime": runtime,
         "cgroup": cgroup,
         "spec": {"mounts": [], "devices": [], "rules": []},
     }
@@ -131,7 +138,11 @@ def valid_fields(allocation, pid):
         ({"pid": None}, "pid must be a positive integer"),
         ({"env": ["NVIDIA_VISIBLE_DEVICES=all"]}, "env must map names to strings"),
         ({"env": {"NVIDIA_VISIBLE_DEVICES": 0}}, "env must map names to strings"),
-        ({"identity": "default/a/main"}, "identity must be an object"),
+        ({"identity": "default/a/main"}, "identity must map names to strings"),
+        ({"identity_annotations": None}, "identity_annotations missing: this gpushare-hook is"),
+        ({"identity_annotations": {CRI_POD: 1}}, "identity_annotations must map"),
+        ({"identity_annotations": {"app": "x"}}, "identity_annotations must map the pod identity"),
+        ({"runtime": "docker"}, "runtime must be null or one of containerd, cri-o"),
         ({"cgroup": None}, "cgroup must be a non-empty string"),
         ({"stage": "prestart"}, "unknown stage 'prestart'"),
         ({"stage": None}, "unknown stage None"),
@@ -314,6 +325,51 @@ def test_a_gpu_container_without_a_whole_pod_identity_is_refused(node, child, id
     assert node.registered() == {}
 
 
+def crio_request(container_id, pid, env, own, forged, runtime="cri-o"):
+    """A request from a container whose CRI-O keys name ``own`` and whose containerd keys
+    (its pod's own annotations, as CRI-O copies them) name ``forged``, as the hook sends it."""
+    found = {podidentity.FAMILIES["cri-o"][f]: v for f, v in own.items()}
+    found.update({podidentity.FAMILIES["containerd"][f]: v for f, v in forged.items()})
+    request = create(container_id, pid, env, runtime="containerd")
+    request.update(identity_annotations=found, runtime=runtime, identity={})
+    return request
+
+
+@pytest.mark.parametrize("runtime", ["cri-o", None], ids=["cri-o", "older-hook-config"])
+def test_annotations_naming_two_pods_are_refused_naming_both(node, child, runtime):
+    """A CRI-O pod whose own annotations carry containerd's keys naming the allocation's pod,
+    with its env (what CRI-O copies into the container): refused, naming both pods, whether
+    the hook was installed for CRI-O or by an older install without --runtime (then both
+    families must agree); never registered, and the daemon's log names both."""
+    allocation = node.allocate()
+    request = crio_request("c9", child.pid, env_of(allocation), POD_B, POD_A, runtime)
+    answer = node.call(request)
+    assert_refused(answer, "its annotations name two pods")
+    assert "default/b/main" in answer["message"] and "default/a/main" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_the_hooks_identity_is_read_again_from_the_annotations(node, child):
+    """The hook says pod a, but the annotations it sent say pod b: refused, the daemon does
+    not take the hook's word for it."""
+    allocation = node.allocate()
+    request = create("c1", child.pid, env_of(allocation), POD_B)
+    request["identity"] = POD_A
+    answer = node.call(request)
+    assert_refused(answer, "the hook read the pod identity default/a/main from annotations")
+    assert node.registered() == {}
+
+
+def test_a_crio_pod_repeating_its_own_identity_is_admitted(node, child):
+    """containerd's keys naming the container's own pod (and container): admitted as it."""
+    allocation = node.allocate()
+    request = crio_request("c1", child.pid, env_of(allocation), POD_A, POD_A)
+    request["identity"] = POD_A
+    assert node.call(request)["allowed"]
+    [registration] = node.registry.registrations()
+    assert registration.identity == ContainerRef("default", "a", "main")
+
+
 # --- the spec (issue 14, item 7) -------------------------------------------------------------
 
 
@@ -377,6 +433,22 @@ def test_a_container_without_gpu_env_touching_a_gpu_is_refused(node, child):
     answer = node.call(request)
     assert_refused(answer, "its linux.devices node /dev/nvidia1 (c 195:1)")
     assert "without a gpushare allocation" in answer["message"]
+    assert node.registered() == {}
+
+
+def test_device_nodes_are_refused_while_nvidias_numbers_cannot_be_read(node, child, monkeypatch):
+    """/proc/devices unreadable: a spec with device nodes cannot be judged, so it is refused
+    (fail closed), naming why."""
+
+    def unreadable(path=hostdevices.PROC_DEVICES):
+        raise hostdevices.HostDevicesError(f"{path}: Permission denied")
+
+    monkeypatch.setattr(hostdevices, "nvidia_majors", unreadable)
+    allocation = node.allocate()
+    device = {"path": "/dev/nvidia-uvm", "type": "c", "major": 510, "minor": 0}
+    request = with_spec(create("c1", child.pid, env_of(allocation), POD_A), devices=[device])
+    answer = node.call(request)
+    assert_refused(answer, "NVIDIA's device numbers on this host cannot be read (/proc/devices")
     assert node.registered() == {}
 
 

@@ -19,6 +19,14 @@ HOOKS = os.path.join(REPO, "hooks")
 SNIPPET = os.path.join(HOOKS, "containerd", "gpushare-hooks.json")
 HOOKS_D = os.path.join(HOOKS, "oci-hooks.d")
 SOCKET = "/run/gpushare/hook.sock"
+# The daemon's own paths besides run_dir and the socket, by default: state_dir, its device
+# plugin sockets (the status socket is in run_dir).
+GUARDS = [
+    "--guard", "/var/lib/gpushare",
+    "--guard", "/var/lib/kubelet/device-plugins/gpushare-memory.sock",
+    "--guard", "/var/lib/kubelet/device-plugins/gpushare-core.sock",
+    "--guard", "/var/lib/kubelet/device-plugins/gpushare-whole.sock",
+]  # fmt: skip
 
 
 def load(path):
@@ -27,13 +35,16 @@ def load(path):
 
 
 def test_containerd_snippet_runs_the_launcher_at_create_and_poststop():
-    """Both stages run the launcher with the default socket; the runtime's timeout is above
-    the hook's own 2 s."""
+    """Both stages run the launcher with the default socket, the daemon's other own paths to
+    guard, telling the hook it runs under containerd (it reads containerd's pod identity
+    keys); the runtime's timeout is above the hook's own 2 s."""
     hooks = load(SNIPPET)["hooks"]
     assert set(hooks) == {"createRuntime", "poststop"}
     for stage, [hook] in hooks.items():
         assert hook["path"] == render.HOOK_LAUNCHER
-        assert hook["args"] == ["gpushare-hook", "--socket", SOCKET, stage]
+        assert hook["args"] == [
+            "gpushare-hook", "--socket", SOCKET, *GUARDS, "--runtime", "containerd", stage
+        ]  # fmt: skip
         assert 0 < hook["timeout"] <= 10  # the hook itself gives up after 2 s
 
 
@@ -84,8 +95,17 @@ def test_make_base_spec_is_the_cri_default_spec_plus_the_hooks(tmp_path):
     assert spec == expected
 
 
+def cri_o_to_containerd(hook: dict) -> dict:
+    """A CRI-O hook entry with its --runtime value as the containerd snippet's."""
+    args = list(hook["args"])
+    assert args[args.index("--runtime") + 1] == "cri-o"
+    args[args.index("--runtime") + 1] = "containerd"
+    return {**hook, "args": args}
+
+
 def test_hooks_d_files_match_the_containerd_snippet():
-    """CRI-O/podman run, always, exactly what containerd runs."""
+    """CRI-O/podman run, always, exactly what containerd runs, but for --runtime cri-o
+    (the hook reads CRI-O's pod identity keys there)."""
     snippet = load(SNIPPET)["hooks"]
     files = sorted(glob.glob(os.path.join(HOOKS_D, "*.json")))
     assert len(files) == 2
@@ -95,7 +115,7 @@ def test_hooks_d_files_match_the_containerd_snippet():
         assert config["version"] == "1.0.0"
         assert config["when"] == {"always": True}
         [stage] = config["stages"]
-        stages[stage] = config["hook"]
+        stages[stage] = cri_o_to_containerd(config["hook"])
     assert stages == {stage: hook for stage, [hook] in snippet.items()}
 
 

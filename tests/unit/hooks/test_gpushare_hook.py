@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from hooks import gpushare_hook, protocol
+from hooks import gpushare_hook, podidentity, protocol
 from mps.layout import MpsLayout
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -381,6 +381,8 @@ def test_request_carries_gpu_env_containerd_identity_and_cgroup(daemon):
             "CUDA_MPS_PIPE_DIRECTORY": "/tmp/nvidia-mps",
         },
         "identity": {"namespace": "team-a", "pod": "trainer-0", "container": "main"},
+        "identity_annotations": CONTAINERD,
+        "runtime": None,
         "cgroup": cgroup,
         "spec": NO_SPEC,
     }
@@ -395,6 +397,47 @@ def test_identity_from_crio_annotations_in_the_bundle_config(daemon):
         "pod": "infer-1",
         "container": "server",
     }
+
+
+FORGED = {**CRIO, **CONTAINERD}  # CRI-O's keys, and containerd's from the pod's annotations
+
+
+@pytest.mark.parametrize(
+    ("runtime", "annotations", "identity"),
+    [
+        ("cri-o", FORGED, {}),
+        ("containerd", FORGED, {}),
+        (None, FORGED, {}),
+        ("cri-o", CONTAINERD, {}),
+        ("containerd", CRIO, {}),
+        ("cri-o", CRIO, {"namespace": "team-b", "pod": "infer-1", "container": "server"}),
+        ("containerd", CONTAINERD, {"namespace": "team-a", "pod": "trainer-0",
+                                    "container": "main"}),
+    ],
+    ids=[
+        "crio-two-pods", "containerd-two-pods", "older-config-two-pods",
+        "crio-only-containerd-keys", "containerd-only-crio-keys", "crio", "containerd",
+    ],
+)  # fmt: skip
+def test_runtime_reads_only_its_own_keys_and_sends_them_all(daemon, runtime, annotations, identity):
+    """--runtime names the runtime whose keys give the identity: annotations naming two pods
+    give none (the daemon refuses them, naming both), and neither do only the other
+    runtime's keys; the request carries every identity key found and the runtime, so the
+    daemon reads them again."""
+    fake = daemon({"allowed": False, "message": "judged"})
+    options = ("--runtime", runtime) if runtime else ()
+    run_hook(fake.path, "createRuntime", state(bundle(GPU_ENV, annotations)), *options)
+    [request] = fake.requests
+    assert request["identity"] == identity
+    assert request["identity_annotations"] == annotations
+    assert request["runtime"] == runtime
+
+
+def test_an_unknown_runtime_is_a_bad_invocation():
+    """--runtime docker: exit 2 naming the values, before anything is read."""
+    result = run_hook(missing_socket(), "createRuntime", b"", "--runtime", "docker")
+    assert result.returncode == 2
+    assert "--runtime must be containerd or cri-o (got 'docker')" in result.stderr.decode()
 
 
 def test_state_annotations_override_the_bundle_config(daemon):
@@ -663,3 +706,44 @@ def test_the_installed_hook_imports_no_slow_module(daemon, gpu):
         names & {"json", "json.decoder", "re", "socket", "enum", "argparse", "site", "__future__"}
         == set()
     )
+
+
+def test_a_container_mounting_a_guarded_path_is_sent_to_the_daemon(daemon):
+    """A container without GPU env mounting a --guard path (the daemon's state_dir), a path
+    in it, a directory above it, the hook socket or anything in the run_dir is sent to the
+    daemon; one mounting something else is not."""
+    fake = daemon({"allowed": False, "message": "judged"})
+    run_dir = os.path.dirname(fake.path)
+    guard = ("--guard", "/srv/gs-state")
+    for source in ("/srv/gs-state/ledger.sqlite", "/srv", fake.path, f"{run_dir}/status.sock"):
+        mounts = [{"destination": "/mnt", "source": source, "type": "bind"}]
+        stdin = state(bundle(["HOME=/"], mounts=mounts))
+        assert run_hook(fake.path, "createRuntime", stdin, *guard).returncode == 1, source
+    mounts = [{"destination": "/mnt", "source": "/srv-other", "type": "bind"}]
+    stdin = state(bundle(["HOME=/"], mounts=mounts))
+    assert run_hook(fake.path, "createRuntime", stdin, *guard).returncode == 0
+    assert len(fake.requests) == 4
+
+
+def test_a_relative_guard_is_a_bad_invocation():
+    result = run_hook(missing_socket(), "createRuntime", b"", "--guard=srv/state")
+    assert result.returncode == 2
+    assert "--guard takes absolute paths (got ['srv/state'])" in result.stderr.decode()
+
+
+def test_what_the_hook_writes_is_one_line_whatever_the_message_holds(daemon):
+    """A refusal holding a line break or terminal escapes (an older daemon's, or a value the
+    hook shows itself): stderr is one line, those written as escapes (the runtime passes it
+    into the pod's events)."""
+    fake = daemon({"allowed": False, "message": "refused: x\n2026-11-27 CRITICAL forged\x1b[2K"})
+    result = run_hook(fake.path, "createRuntime", state(bundle(GPU_ENV)))
+    assert result.returncode == 1
+    assert result.stderr.decode() == (
+        "gpushare-hook: refused: x\\n2026-11-27 CRITICAL forged\\x1b[2K\n"
+    )
+
+
+def test_the_hooks_runtimes_are_podidentitys():
+    """The hook checks --runtime without importing hooks.podidentity (only containers sent to
+    the daemon pay for it): the two lists are the same."""
+    assert gpushare_hook.RUNTIMES == podidentity.RUNTIMES

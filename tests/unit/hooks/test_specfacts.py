@@ -8,7 +8,7 @@ refused; and touches_gpu, the hook's cheap test of whether the daemon must see a
 import pytest
 
 from hooks import specfacts
-from hooks.specfacts import SpecError, read_facts, touches_gpu
+from hooks.specfacts import SpecError, nvidia_majors, read_facts, touches_gpu
 
 BUNDLE = "/run/containerd/bundles/c1"
 MPS = "/run/gpushare/mps"
@@ -264,3 +264,48 @@ def test_kept_devices_and_rules_touch():
     assert touches_gpu(read_facts(config(devices=[device]), BUNDLE), MPS) == "device /dev/x"
     rule = {"allow": True, "access": "rwm"}
     assert touches_gpu(read_facts(config(rules=[rule]), BUNDLE), MPS) == "device rule a None:None"
+
+
+def test_nvidias_other_majors_are_kept_when_the_host_names_them():
+    """nvidia-uvm's major (510 here) from /proc/devices: a node or an allow rule of it is
+    kept whatever its name, a bind-mounted node of it touches a GPU; without the host
+    naming it, neither is."""
+    document = config(
+        devices=[{"path": "/dev/x", "type": "c", "major": 510, "minor": 1}],
+        rules=[{"allow": True, "type": "c", "major": 510, "access": "rw"}],
+    )
+    majors = frozenset({510})
+    facts = read_facts(document, BUNDLE, majors)
+    assert [d["major"] for d in facts["devices"]] == [510]
+    assert [r["major"] for r in facts["rules"]] == [510]
+    assert read_facts(document, BUNDLE) == {"mounts": [], "devices": [], "rules": []}
+    mounted = {"mounts": [{"destination": "/dev/u", "sources": ["/srv/u"], "nodes": [[510, 0]]}],
+               "devices": [], "rules": []}  # fmt: skip
+    assert touches_gpu(mounted, MPS, (), majors) == "mount of device 510:0 at /dev/u"
+    assert touches_gpu(mounted, MPS) is None
+
+
+def test_nvidia_majors_come_from_the_character_devices_only():
+    text = "Character devices:\n195 nvidia\n510 nvidia-uvm\n 10 misc\n\nBlock devices:\n"
+    assert nvidia_majors(text + "259 nvidia-fake-block\n") == {510}
+
+
+class CountingMajors(specfacts.HostMajors):
+    reads = 0
+
+    def read(self):
+        self.reads += 1
+        return frozenset({510})
+
+
+def test_the_hosts_majors_are_read_only_for_numbers_from_the_dynamic_range():
+    """An ordinary spec's rules (c 1:3, 5:*, 136:*, 10:200) never make the hook read
+    /proc/devices; a number from the kernel's dynamic range does, once."""
+    majors = CountingMajors()
+    ordinary = config(
+        rules=[{"allow": True, "type": "c", "major": m, "access": "rwm"} for m in (1, 5, 136, 10)]
+    )
+    assert read_facts(ordinary, BUNDLE, majors)["rules"] == []
+    assert majors.reads == 0
+    assert 510 in majors and 511 not in majors and 240 not in majors
+    assert majors.reads == 1

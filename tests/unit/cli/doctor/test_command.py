@@ -21,6 +21,7 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.cli.doctor import command, report
 from nodemgr.cli.doctor.host import Host
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN
+from nodemgr.cli.install import render
 from nodemgr.config.loading import load_settings
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
@@ -65,12 +66,14 @@ class SimulatedNode:
         with open(self.config_path, "w") as f:
             yaml.safe_dump(config, f)
         # The shipped hook files call /run/gpushare/hook.sock, which a test must not take:
-        # the fake root's copies call this node's socket (<run_dir>/hook.sock) instead.
+        # the fake root's copies are those nodemgr install writes for this node's config
+        # (its socket <run_dir>/hook.sock, its own paths to guard).
         self.host = fake_node(str(tmp_path / "root"))
         hooks_d = tmp_path / "root" / "etc" / "containers" / "oci" / "hooks.d"
-        for name in os.listdir(hooks_d):
-            text = (hooks_d / name).read_text()
-            (hooks_d / name).write_text(text.replace("/run/gpushare/hook.sock", self.hook_socket))
+        target = render.Target.of(load_settings(self.config_path), "n", "h", self.config_path)
+        for spec in render.render(target, with_config=False):
+            if spec.path.startswith(render.OCI_HOOKS_DIR + "/"):
+                (hooks_d / os.path.basename(spec.path)).write_text(spec.content)
         self.servers = [
             listening(f"{self.sockets}/dp/kubelet.sock"),
             listening(f"{self.sockets}/pr/kubelet.sock"),

@@ -6,10 +6,10 @@ shadowing /usr/share, containerd's base spec and the hooks nodemgr install write
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
-from types import SimpleNamespace
 
 import pytest
 
@@ -17,6 +17,7 @@ from nodemgr.cli.doctor import runtime_hook
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.cli.doctor.runtime_hook import HookEntry, RuntimeHooks
 from nodemgr.config.loading import load_settings
+from nodemgr.config.schema import Settings
 from tests.harness.daemon_proc import _console_script
 from tests.unit.cli.doctor.support import (
     HOOK_BIN,
@@ -28,10 +29,9 @@ from tests.unit.cli.doctor.support import (
 
 
 def node_settings(backend="nvml"):
-    """What check_runtime_hook reads of the daemon's settings."""
-    return SimpleNamespace(
-        hook_socket="/run/gpushare/hook.sock", gpus=SimpleNamespace(backend=backend)
-    )
+    """The defaults the shipped files are written for, on a node of this GPU backend."""
+    defaults = Settings(node_name="n")
+    return dataclasses.replace(defaults, gpus=dataclasses.replace(defaults.gpus, backend=backend))
 
 
 def entry(stage=runtime_hook.CREATE, socket_path="/run/gpushare/hook.sock", **kw):
@@ -39,7 +39,7 @@ def entry(stage=runtime_hook.CREATE, socket_path="/run/gpushare/hook.sock", **kw
         source="/etc/containers/oci/hooks.d/50-gpushare-create.json",
         stage=stage,
         path=HOOK_BIN,
-        args=("gpushare-hook", "--socket", socket_path, stage),
+        args=("gpushare-hook", "--socket", socket_path, "--runtime", "cri-o", stage),
         executable=True,
     )
     values.update(kw)
@@ -111,6 +111,50 @@ def test_hook_warnings():
     assert other.status == WARN and "containerd is configured here without" in other.detail
 
 
+def test_an_entry_without_runtime_warns_and_another_runtimes_fails():
+    """A CRI-O hook without --runtime (an older install) WARNs to rerun nodemgr install; one
+    with --runtime containerd FAILs (it would read keys a pod's annotations can write); the
+    containerd base spec's entries must name containerd."""
+    sock = "/run/gpushare/hook.sock"
+    old = ("gpushare-hook", "--socket", sock, "createRuntime")
+    older = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", True, [entry(args=old), entry(runtime_hook.POSTSTOP)])],
+        sock,
+    )
+    assert older.status == WARN
+    assert "the hook has no --runtime" in older.detail and "rerun `nodemgr install`" in older.detail
+    swapped = ("gpushare-hook", "--socket", sock, "--runtime=containerd", "createRuntime")
+    wrong = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", True, [entry(args=swapped), entry(runtime_hook.POSTSTOP)])],
+        sock,
+    )
+    assert wrong.status == FAIL
+    assert "runs with --runtime containerd, but this is cri-o's configuration" in wrong.detail
+    ctrd = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("containerd", True, [entry(), entry(runtime_hook.POSTSTOP)])], sock
+    )
+    assert ctrd.status == FAIL and "make it --runtime containerd" in ctrd.detail
+
+
+def test_an_entry_not_told_of_the_daemons_own_paths_warns():
+    """The daemon's state_dir missing from the hook's --guard values: WARN naming it (a
+    container mounting it would start unchecked); the entries nodemgr install writes carry
+    them all."""
+    sock = "/run/gpushare/hook.sock"
+    guards = ("/var/lib/gpushare", "/srv/status.sock")
+    told = ("gpushare-hook", "--socket", sock, "--guard=/srv/status.sock", "--runtime",
+            "cri-o", "createRuntime")  # fmt: skip
+    result = runtime_hook.runtime_hook_result(
+        [RuntimeHooks("CRI-O/podman", True, [entry(args=told), entry(runtime_hook.POSTSTOP)])],
+        sock,
+        guards,
+    )
+    assert result.status == WARN
+    assert "not told of the daemon's own /var/lib/gpushare (--guard)" in result.detail
+    assert "/srv/status.sock" not in result.detail.split("not told of")[1].split("(")[0]
+    assert entry(args=told).guards == ("/srv/status.sock",)
+
+
 def test_hook_entry_socket_defaults_to_the_hooks_default():
     """A hook entry without --socket calls the hook's default socket."""
     assert entry(args=("gpushare-hook", "createRuntime")).socket == "/run/gpushare/hook.sock"
@@ -162,7 +206,7 @@ def test_crio_hooks_found_in_a_fake_root(tmp_path):
     """The shipped CRI-O hooks pass; a removed binary or a broken hook file FAILs."""
     root = str(tmp_path)
     host = fake_node(root)
-    settings = node_settings()
+    settings = Settings(node_name="n")  # the defaults the shipped files are written for
     result = runtime_hook.check_runtime_hook(settings, host)
     assert result.status == PASS and "CRI-O/podman" in result.detail
     os.remove(f"{root}{HOOK_BIN}")
@@ -195,7 +239,7 @@ def test_etc_hooks_d_replaces_the_same_file_in_usr_share(tmp_path):
     with open(os.path.join(SHIPPED_HOOKS_D, "50-gpushare-create.json")) as f:
         stale = f.read().replace("/run/gpushare/hook.sock", "/old/hook.sock")
     write(f"{root}/usr/share/containers/oci/hooks.d/50-gpushare-create.json", stale)
-    settings = node_settings()
+    settings = Settings(node_name="n")  # the defaults the shipped files are written for
     assert runtime_hook.check_runtime_hook(settings, host).status == PASS
 
 
@@ -204,7 +248,7 @@ def test_containerd_base_spec_in_a_fake_root(tmp_path):
     pass."""
     root = str(tmp_path)
     host = fake_node(root, crio_hooks=False)
-    settings = node_settings()
+    settings = Settings(node_name="n")  # the defaults the shipped files are written for
     write(f"{root}/etc/containerd/config.toml", "version = 2\n")
     assert runtime_hook.check_runtime_hook(settings, host).status == FAIL
     write(

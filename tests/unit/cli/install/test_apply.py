@@ -14,6 +14,7 @@ import os
 import stat
 import sys
 
+from nodemgr.config.schema import Settings
 from tests.unit.cli.install.support import (
     BIN,
     CONFIG,
@@ -56,11 +57,17 @@ def test_install_writes_every_file_with_its_mode_and_the_console_scripts(tmp_pat
     for relative, stage in ((HOOK_CREATE, "createRuntime"), (HOOK_POSTSTOP, "poststop")):
         entry = json.loads(read(tmp_path, relative))["hook"]
         assert entry["path"] == hook
-        assert entry["args"] == ["gpushare-hook", "--socket", "/run/gpushare/hook.sock", stage]
+        socket = ["--socket", "/run/gpushare/hook.sock"]
+        guards = [a for p in Settings(node_name="n").hook_guards() for a in ("--guard", p)]
+        assert entry["args"] == ["gpushare-hook", *socket, *guards, "--runtime", "cri-o", stage]
     containerd = json.loads(read(tmp_path, CONTAINERD_HOOKS))["hooks"]
     assert {stage: entry["path"] for stage, [entry] in containerd.items()} == {
         "createRuntime": hook,
         "poststop": hook,
+    }
+    assert {stage: entry["args"][-3:-1] for stage, [entry] in containerd.items()} == {
+        "createRuntime": ["--runtime", "containerd"],
+        "poststop": ["--runtime", "containerd"],
     }
     # The next commands, in the order they must run.
     steps = [
