@@ -20,8 +20,15 @@ expects, field by field:
   ``PodNamespace``, ``PodUID``, ``Node``; ``ExtenderBindingResult``: ``Error``.
 
 Every result is serialised with all its keys, as Go's encoder writes a struct
-without omitempty. Input that does not decode into these types raises
-``WireError`` (answered with HTTP 400 and the message), naming the field.
+without omitempty. Every text kube-scheduler gets back (a failed node's reason,
+``Error``) goes through ``scheduler_text``: kube-scheduler posts it as the
+*format* of the pod's FailedScheduling event (Go's ``Eventf`` with no
+arguments), where each ``%`` starts a verb (``10% free`` reads ``10%!f(MISSING)ree``),
+and puts it unformatted in the pod's PodScheduled condition, where ``%%``
+would show doubled. So no ``%`` goes out: it is written ``percent``.
+
+Input that does not decode into these types raises ``WireError`` (answered with
+HTTP 400 and the message), naming the field.
 
 What it must not do: any I/O; decide anything about GPUs (that is logic's).
 """
@@ -29,6 +36,7 @@ What it must not do: any I/O; decide anything about GPUs (that is logic's).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -82,9 +90,11 @@ class ExtenderFilterResult:
         return {
             "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
             "NodeNames": self.node_names,
-            "FailedNodes": self.failed_nodes,
-            "FailedAndUnresolvableNodes": self.failed_and_unresolvable_nodes,
-            "Error": self.error,
+            "FailedNodes": {n: scheduler_text(r) for n, r in self.failed_nodes.items()},
+            "FailedAndUnresolvableNodes": {
+                n: scheduler_text(r) for n, r in self.failed_and_unresolvable_nodes.items()
+            },
+            "Error": scheduler_text(self.error),
         }
 
 
@@ -103,7 +113,16 @@ def host_priority_list(priorities: Sequence[HostPriority]) -> list[dict[str, Any
 
 def binding_result(error: str = "") -> dict[str, str]:
     """ExtenderBindingResult."""
-    return {"Error": error}
+    return {"Error": scheduler_text(error)}
+
+
+_PERCENT = re.compile(r" ?%")
+
+
+def scheduler_text(text: str) -> str:
+    """``text`` as it must go to kube-scheduler: no ``%`` (``40%`` becomes ``40 percent``),
+    so it reads the same in the event Go's fmt formats and in the pod's condition."""
+    return _PERCENT.sub(" percent", text) if "%" in text else text
 
 
 # --- decoding ----------------------------------------------------------------------

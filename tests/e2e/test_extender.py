@@ -190,8 +190,8 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
     # The example: node-a skipped with the reason, node-b chosen.
     assert placed["job"].node == "node-b"
     assert placed["job"].failed["node-a"] == (
-        "no single GPU on node-a has 6 GiB and 40% free: GPU0 (Tesla T4) has 8 GiB/20% free, "
-        "GPU1 (Tesla T4) has 4 GiB/90% free"
+        "no single GPU on node-a has 6 GiB and 40 percent free: GPU0 (Tesla T4) has "
+        "8 GiB/20 percent free, GPU1 (Tesla T4) has 4 GiB/90 percent free"
     )
     assert placed["whole"].node == "node-b"
 
@@ -235,7 +235,7 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
     cluster.create("too-much-share", [("main", {MEMORY: 1, CORE: 95})])
     decision = cluster.scheduler.schedule("default", "too-much-share")
     assert decision.node is None
-    assert "has 1 GiB and 95% free" in decision.failed["node-a"]
+    assert "has 1 GiB and 95 percent free" in decision.failed["node-a"]
 
     check_kubectl_inspect(cluster, memory_a, core_a)
 

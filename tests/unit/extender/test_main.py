@@ -97,7 +97,7 @@ def test_serves_lists_once_and_rebuilds_after_a_restart(api, tmp_path):
             assert status == 200
             assert result["NodeNames"] == []
             assert result["FailedNodes"]["node-a"] == (
-                "no single GPU on node-a has 8 GiB free: GPU0 (Tesla T4) has 7 GiB/100% free"
+                "no single GPU on node-a has 8 GiB free: GPU0 (Tesla T4) has 7 GiB/100 percent free"
             )
             status, metrics = restarted.get("/metrics")
             assert 'gpushare_extender_cache_synced{resource="pods"} 1' in metrics

@@ -23,6 +23,7 @@ import pytest
 from nodemgr.errors import KubeConflict, KubeUnavailable
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.server import Extender, ExtenderServer
+from tests.harness.gofmt import sprintf_no_args
 from tests.unit.extender.support import (
     CORE,
     MEMORY,
@@ -95,8 +96,8 @@ def test_filter_by_names_and_by_nodes(served):
     result = served.post("filter", {"Pod": job, "NodeNames": ["a", "b"]})
     assert result["NodeNames"] == ["b"] and result["Nodes"] is None and result["Error"] == ""
     assert result["FailedNodes"] == {
-        "a": "no single GPU on a has 6 GiB and 40% free: GPU0 (Tesla T4) has 8 GiB/20% free, "
-        "GPU1 (Tesla T4) has 4 GiB/90% free"
+        "a": "no single GPU on a has 6 GiB and 40 percent free: GPU0 (Tesla T4) has "
+        "8 GiB/20 percent free, GPU1 (Tesla T4) has 4 GiB/90 percent free"
     }
     result = served.post("filter", {"Pod": job, "Nodes": {"items": NODES}}, prefix="")
     assert result["Nodes"]["items"] == [NODES[1]] and result["NodeNames"] is None
@@ -182,7 +183,7 @@ def test_concurrent_binds_never_share_a_card():
         ]
         assert sorted(next(iter(c)) for c in cards) == ["0", "1"]
         assert all(
-            "no longer fits b: no single GPU on b has 8 GiB and 10% free" in e
+            "no longer fits b: no single GPU on b has 8 GiB and 10 percent free" in e
             for e in results.values()
             if e
         )
@@ -223,3 +224,29 @@ def test_metrics_and_http_errors(served):
     assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 2' in text
     assert "gpushare_extender_nodes 2" in text and "gpushare_extender_gpu_nodes 2" in text
     assert "gpushare_extender_assumed_pods 0" in text
+
+
+def test_reasons_read_right_after_go_fmt_and_in_the_condition(served):
+    """kube-scheduler posts the extender's reasons as the *format* of the FailedScheduling
+    event (Go's Eventf with no arguments) and puts them unformatted in the pod's
+    PodScheduled condition: both must read right, so no reason carries a ``%``."""
+    job = pod("big", ("main", {MEMORY: 6, CORE: 95}), uid="u-big")
+    result = served.post("filter", {"Pod": job, "NodeNames": ["a", "b", "nowhere"]})
+    reasons = {**result["FailedNodes"], **result["FailedAndUnresolvableNodes"]}
+    assert set(reasons) == {"a", "nowhere"}  # b has a card with 95 % free
+    for reason in reasons.values():
+        assert sprintf_no_args(reason) == reason, reason
+    assert reasons["a"] == (
+        "no single GPU on a has 6 GiB and 95 percent free: GPU0 (Tesla T4) has 8 GiB/20 "
+        "percent free, GPU1 (Tesla T4) has 4 GiB/90 percent free"
+    )
+    served.post("filter", {"Pod": served_pod_job(), "NodeNames": ["a"]})
+    bound = served.post(
+        "bind", {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "a"}
+    )
+    assert bound["Error"] and sprintf_no_args(bound["Error"]) == bound["Error"], bound
+    assert "40 percent" in bound["Error"]
+
+
+def served_pod_job():
+    return pod("job", ("main", {MEMORY: 6, CORE: 40}), uid="u-job")
