@@ -1,6 +1,7 @@
 """``gpushare-scheduler``: the scheduler extender process.
 
-    gpushare-scheduler [--address 127.0.0.1:32766] [--url-prefix /gpushare-scheduler]
+    gpushare-scheduler --placement-key FILE
+                       [--address 127.0.0.1:32766] [--url-prefix /gpushare-scheduler]
                        [--kubeconfig FILE] [--policy binpack|spread]
                        [--memory-resource NAME] [--memory-unit-mib N] [--core-resource NAME]
                        [--whole-resource NAME] [--label-prefix PREFIX]
@@ -12,11 +13,17 @@ the defaults are the same). Credentials are found as gpushare-node finds
 them: ``--kubeconfig``, $KUBECONFIG, the in-cluster service account,
 ~/.kube/config.
 
+``--placement-key``: the extender's Ed25519 private key (PKCS#8 PEM, made by
+``deploy/render.py placement-keys``); it signs the placement it writes on each
+pod it binds, and the node daemons believe only placements that verify with its
+public key (``kubernetes.placement_public_key``).
+
 Starts the node and pod watches (one LIST+WATCH each), then serves HTTP at
 once: ``/healthz`` says 503 until both are listed, and filter/bind answer
 with an error until then. SIGTERM and SIGINT stop it (exit 0); SIGHUP is
 ignored (there is no file to reload: restart it to change a flag). Exit 2:
-bad arguments; 1: no usable credentials, or the address cannot be bound.
+bad arguments; 1: no usable credentials, an unusable key, or the address cannot
+be bound.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ import sys
 import threading
 from types import FrameType
 
+from nodemgr.common.placementkey import PlacementKeyError, read_private_key
 from nodemgr.config.schema import KubernetesSettings, ResourceSettings
+from nodemgr.domain.extenderchoice import PlacementTrust
 from nodemgr.errors import KubeCredentialsError
 from nodemgr.extender.cache import ClusterCache
+from nodemgr.extender.events import PLACEMENT_IGNORED_REASON, EventPoster
 from nodemgr.extender.logic import Resources, check_policy
 from nodemgr.extender.server import Extender, ExtenderServer
 
@@ -89,6 +99,12 @@ def parser() -> argparse.ArgumentParser:
         help="path of the scheduler config's urlPrefix (default %(default)s)",
     )
     p.add_argument("--kubeconfig", default="", metavar="FILE", help="API credentials")
+    p.add_argument(
+        "--placement-key",
+        required=True,
+        metavar="FILE",
+        help="Ed25519 private key (PKCS#8 PEM) that signs the placements it writes",
+    )
     p.add_argument("--policy", type=_policy, default=resources.placement, help="binpack or spread")
     p.add_argument("--memory-resource", default=resources.memory)
     p.add_argument("--memory-unit-mib", type=_unit, default=resources.memory_unit_mib)
@@ -124,6 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     from nodemgr.kubernetes.writes import Backoff
 
     try:
+        signer = read_private_key(args.placement_key)
+    except (OSError, PlacementKeyError) as e:
+        print(f"gpushare-scheduler: --placement-key: {e}", file=sys.stderr)
+        return 1
+    try:
         session = scheduling.open_session(args.kubeconfig, args.request_timeout_seconds)
         credentials = scheduling.describe_credentials(args.kubeconfig)
     except KubeCredentialsError as e:
@@ -132,7 +153,24 @@ def main(argv: list[str] | None = None) -> int:
     resources = Resources(
         args.memory_resource, args.core_resource, args.whole_resource, args.memory_unit_mib
     )
-    cache = ClusterCache(resources, args.label_prefix, args.policy, args.assume_ttl_seconds)
+    events = EventPoster(
+        lambda namespace, pod, uid, reason, message, count: scheduling.create_event(
+            session, namespace, pod, uid, reason, message, count
+        )
+    )
+
+    def ignored(namespace: str, pod: str, uid: str, why: str) -> None:
+        log.warning("pod %s/%s: %s", namespace, pod, why)
+        events.record(namespace, pod, uid, PLACEMENT_IGNORED_REASON, why)
+
+    cache = ClusterCache(
+        resources,
+        args.label_prefix,
+        args.policy,
+        args.assume_ttl_seconds,
+        trust=PlacementTrust("signed", args.label_prefix, signer.public_key, ""),
+        on_ignored=ignored,
+    )
 
     class SessionBinder:
         def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
@@ -160,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
             backoff=Backoff(0.5, 30.0),
         ),
     }
-    extender = Extender(cache, SessionBinder())
+    extender = Extender(cache, SessionBinder(), signer)
     try:
         server = ExtenderServer(extender, args.address, args.url_prefix, dict(watches))
     except OSError as e:
@@ -193,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_stop)
     signal.signal(signal.SIGINT, on_stop)
     signal.signal(signal.SIGHUP, lambda s, f: log.info("SIGHUP ignored: no file to reload"))
+    events.start()
     for watch in watches.values():
         watch.start()
     serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
@@ -202,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     server.shutdown()
     for watch in watches.values():
         watch.abort()
+    events.stop()
     session.close()
     log.info("stopped")
     return 0

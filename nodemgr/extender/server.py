@@ -5,11 +5,15 @@
 - ``filter``: the candidate nodes where every GPU container of the pod fits
   on one card (whole cards: enough idle cards), the others with the reason;
 - ``prioritize``: 0 to 10 per node by the placement policy;
-- ``bind``: chooses the cards under the cache lock and *assumes* them there
-  (see nodemgr.extender.cache), then writes the gpushare annotations with one
-  merge patch and creates the Binding. A bind that fails for sure frees its
-  cards; one whose outcome is unknown (no answer) keeps them until the
-  assumption expires.
+- ``bind``: binds only a pod named by its real UID to a node that passed this
+  extender's filter for it (kube-scheduler's own filters ran before: its
+  taints, selectors and affinity), never one already bound; chooses the cards
+  under the cache lock and *assumes* them there (see nodemgr.extender.cache),
+  then writes the gpushare annotations and the placement signed with the
+  extender's key (``<label_prefix>placement``, the only one the nodes believe)
+  with one merge patch, and creates the Binding. A bind that fails for sure
+  frees its cards; one whose outcome is unknown (no answer) keeps them until
+  the assumption expires.
 
 While the cache has not listed nodes and pods yet, filter and bind answer
 with ``Error`` (kube-scheduler retries the pod), never with a blind decision.
@@ -40,6 +44,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
 from nodemgr.errors import KubeApiError, KubeUnavailable
 from nodemgr.extender import logic
 from nodemgr.extender.cache import ClusterCache
@@ -64,6 +69,12 @@ NOT_SYNCED = (
     "server does not answer); kube-scheduler retries the pod"
 )
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Signer(Protocol):
+    """The extender's Ed25519 private key (nodemgr.common.placementkey.PrivateKey)."""
+
+    def sign(self, message: bytes) -> bytes: ...
 
 
 class Binder(Protocol):
@@ -199,18 +210,18 @@ class Extender:
         self,
         cache: ClusterCache,
         binder: Binder,
+        signer: Signer,
         clock_ns: Callable[[], int] = time.time_ns,
     ):
         self.cache = cache
         self.binder = binder
+        self.signer = signer
         self._clock_ns = clock_ns
         self.decision_seconds: list[float] = []  # bind's time under the lock (bench reads it)
         self.keep_decision_times = False
 
     def _demand(self, args: ExtenderArgs) -> logic.PodDemand:
-        demand = logic.pod_demand(pod_info(args.pod), self.cache.resources)
-        self.cache.remember(demand)
-        return demand
+        return logic.pod_demand(pod_info(args.pod), self.cache.resources)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         cache = self.cache
@@ -240,6 +251,7 @@ class Extender:
                     len(names),
                     "; ".join(f"{n}: {r}" for n, r in reasons.items())[:2000],
                 )
+        cache.remember(demand, passed)
         result = ExtenderFilterResult(
             failed_nodes=outcome.failed, failed_and_unresolvable_nodes=outcome.unresolvable
         )
@@ -270,33 +282,21 @@ class Extender:
         who = f"{args.pod_namespace}/{args.pod_name}"
         if not cache.synced:
             return NOT_SYNCED
+        if not args.pod_uid:
+            return f"gpushare-scheduler binds a pod by its UID only: the bind of {who} names none"
         cache.expire()
         began = time.perf_counter()
         with cache.lock:
-            demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
-            if demand is None:
-                return (
-                    f"gpushare-scheduler does not know pod {who} (UID {args.pod_uid or '?'}): "
-                    "neither its pod watch nor a filter call has shown it"
-                )
-            annotations: dict[str, str] = {}
-            if demand.wants_gpu:
-                view = cache.view(args.node)
-                try:
-                    placement = logic.place(
-                        demand, view, cache.policy, cache.resources.memory_unit_mib
-                    )
-                except logic.Unfit as e:
-                    return f"{who} no longer fits {args.node}: {e.reason}"
-                annotations = logic.bind_annotations(demand, placement, view, self._clock_ns())
-                cache.assume(placement, demand)
+            decided = self._decide(args, who)
+        if isinstance(decided, str):
+            return decided
         if self.keep_decision_times:
             self.decision_seconds.append(time.perf_counter() - began)
-        uid = args.pod_uid or demand.uid
+        demand, annotations = decided
         try:
             if annotations:
                 self.binder.annotate(args.pod_namespace, args.pod_name, annotations)
-            self.binder.bind(args.pod_namespace, args.pod_name, uid, args.node)
+            self.binder.bind(args.pod_namespace, args.pod_name, demand.uid, args.node)
         except KubeApiError as e:
             if isinstance(e, KubeUnavailable):
                 cache.bound(demand.uid)  # it may have happened: keep the cards until expiry
@@ -313,6 +313,45 @@ class Extender:
                 ", ".join(_describe_choice(demand, annotations)) or "whole cards only",
             )
         return ""
+
+    def _decide(
+        self, args: ExtenderBindingArgs, who: str
+    ) -> str | tuple[logic.PodDemand, dict[str, str]]:
+        """Under the cache lock: the refusal, or the pod's demand and the annotations to
+        write (its cards then counted as assumed)."""
+        cache = self.cache
+        demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
+        if demand is None:
+            return (
+                f"gpushare-scheduler does not know pod {who} with UID {args.pod_uid}: "
+                "neither its pod watch nor a filter call has shown it"
+            )
+        record = cache.pod(args.pod_namespace, args.pod_name)
+        if record is not None and record.node:
+            return f"{who} is already bound to {record.node}"
+        if not cache.passed_filter(demand.uid, args.node):
+            return (
+                f"{args.node} did not pass gpushare-scheduler's filter for {who} (UID "
+                f"{demand.uid}): kube-scheduler filters the pod again"
+            )
+        if not demand.wants_gpu:
+            return demand, {}
+        view = cache.view(args.node)
+        try:
+            placement = logic.place(demand, view, cache.policy, cache.resources.memory_unit_mib)
+        except logic.Unfit as e:
+            return f"{who} no longer fits {args.node}: {e.reason}"
+        now_ns = self._clock_ns()
+        annotations = logic.bind_annotations(demand, placement, view, now_ns)
+        if annotations:
+            try:
+                text = signed_text(demand.uid, args.node, now_ns, placement.cards)
+            except ValueError as e:
+                return f"gpushare-scheduler cannot bind {who}: {e}"
+            signature = self.signer.sign(signed_message(text))
+            annotations[cache.trust.signed_key] = with_signature(text, signature)
+        cache.assume(placement, demand)
+        return demand, annotations
 
 
 def _describe_choice(demand: logic.PodDemand, annotations: dict[str, str]) -> list[str]:

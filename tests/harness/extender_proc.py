@@ -25,6 +25,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from tests.harness import placementkeys
+
 
 def _script(name: str) -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), name)
@@ -34,17 +36,34 @@ def _script(name: str) -> list[str]:
 
 
 class ExtenderProc:
-    """gpushare-scheduler on 127.0.0.1:<free port>, its log in a file."""
+    """gpushare-scheduler on 127.0.0.1:<free port>, its log in a file.
 
-    def __init__(self, kubeconfig: str, *args: str, url_prefix: str = "/gpushare-scheduler"):
+    ``keys``: a directory holding placement.key and placement.pub (one is made when not
+    given): the nodes of a test read ``public_key`` as their placement_public_key."""
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        *args: str,
+        url_prefix: str = "/gpushare-scheduler",
+        keys: str | None = None,
+    ):
         self.log_path = tempfile.mktemp(prefix="gpushare-scheduler-", suffix=".log", dir="/tmp")
         self.url_prefix = url_prefix
+        if keys is None:
+            keys = tempfile.mkdtemp(prefix="gpushare-keys-", dir="/tmp")
+            placementkeys.write_pair(keys)
+        self.keys = keys
+        self.private_key = os.path.join(keys, "placement.key")
+        self.public_key = os.path.join(keys, "placement.pub")
         self._log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             [
                 *_script("gpushare-scheduler"),
                 "--kubeconfig",
                 kubeconfig,
+                "--placement-key",
+                self.private_key,
                 "--address",
                 "127.0.0.1:0",
                 "--url-prefix",

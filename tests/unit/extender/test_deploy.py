@@ -4,7 +4,7 @@ Pins: every object deserializes into the kubernetes client's model with nothing 
 (a typo fails); the ClusterRole grants exactly the requests the extender makes
 (``EXTENDER_API_VERBS``, compared with what it really requests of the test API server
 in test_main/test_kube_edge: nodes list+watch, pods list+watch+patch, pods/binding
-create); the Deployment runs one replica (the assume cache is per process) as the
+create, events create); the Deployment runs one replica (the assume cache is per process) as the
 account, with its Service's NodePort where the scheduler config points; the
 KubeSchedulerConfiguration matches the v1 schema and has filter, prioritize and bind,
 nodeCacheCapable true (names only: the extender has its own node cache), all three
@@ -26,11 +26,13 @@ render = base.render
 # What gpushare-scheduler requests: (API group, resource) -> verbs.
 #   nodes: one LIST+WATCH (nodemgr.kubernetes.listwatch);
 #   pods: one LIST+WATCH, a merge patch of the bound pod's annotations (scheduling);
-#   pods/binding: create (scheduling.create_binding).
+#   pods/binding: create (scheduling.create_binding);
+#   events: create (scheduling.create_event: a placement annotation it ignored).
 EXTENDER_API_VERBS = {
     ("", "nodes"): {"list", "watch"},
     ("", "pods"): {"list", "watch", "patch"},
     ("", "pods/binding"): {"create"},
+    ("", "events"): {"create"},
 }
 MODELS = {**base.MODELS, ("apps/v1", "Deployment"): "V1Deployment"}
 

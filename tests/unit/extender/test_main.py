@@ -17,6 +17,7 @@ import time
 import pytest
 
 from nodemgr.kubernetes.publish import node_annotation
+from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.extender_proc import ExtenderProc
 
@@ -59,13 +60,25 @@ def run(*args, env=None):
     )
 
 
-def test_bad_flags_and_no_credentials(tmp_path):
-    done = run("--policy", "tightest")
+def test_bad_flags_no_key_and_no_credentials(tmp_path):
+    """Exit 2 for bad flags (the signing key is required), 1 for an unusable key or no
+    credentials, each saying why."""
+    key, public = placementkeys.write_pair(str(tmp_path))
+    done = run("--placement-key", key, "--policy", "tightest")
     assert done.returncode == 2 and "unknown placement policy 'tightest'" in done.stderr
-    done = run("--address", "nowhere")
+    done = run("--placement-key", key, "--address", "nowhere")
     assert done.returncode == 2 and "'nowhere' is not HOST:PORT" in done.stderr
+    done = run()
+    assert done.returncode == 2 and "the following arguments are required: --placement-key" in (
+        done.stderr
+    )
+    done = run("--placement-key", public)
+    assert done.returncode == 1
+    assert done.stderr == (
+        f"gpushare-scheduler: --placement-key: {public} holds a PUBLIC KEY, not a PRIVATE KEY\n"
+    )
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    done = run(env=env)
+    done = run("--placement-key", key, env=env)
     assert done.returncode == 1
     assert done.stderr.startswith("gpushare-scheduler: no Kubernetes credentials (tried ")
 
@@ -78,6 +91,7 @@ def test_serves_lists_once_and_rebuilds_after_a_restart(api, tmp_path):
         extender.wait_ready()
         lists = [p for m, p, q in api.requests if q.get("watch") != "true" and m == "GET"]
         assert sorted(lists) == ["/api/v1/nodes", "/api/v1/pods"]
+        assert extender.post("filter", {"Pod": pod, "NodeNames": ["node-a"]})[0] == 200
         binding = {"PodName": "job", "PodNamespace": "default", "Node": "node-a"}
         binding["PodUID"] = pod["metadata"]["uid"]
         assert extender.post("bind", binding) == (200, {"Error": ""})
@@ -87,9 +101,10 @@ def test_serves_lists_once_and_rebuilds_after_a_restart(api, tmp_path):
         assert extender.process.poll() is None
         assert extender.stop() == 0
         assert "SIGTERM: stopping" in extender.log()
-        restarted = ExtenderProc(kubeconfig)
+        restarted = ExtenderProc(kubeconfig, keys=extender.keys)
         try:
             restarted.wait_ready()
+            assert "placement annotation" not in restarted.log()  # its own signature verifies
             other = api.add_pod(
                 "default", "next", containers=[{"name": "main", "requests": {MEMORY: "8"}}]
             )

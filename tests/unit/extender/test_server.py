@@ -28,10 +28,12 @@ from tests.unit.extender.support import (
     CORE,
     MEMORY,
     RESOURCES,
+    SIGNING_KEY,
     WHOLE,
     annotation,
     cache_with,
     node,
+    placed,
     pod,
 )
 
@@ -59,7 +61,7 @@ NODES = [node("a", annotation((7, 80), (11, 10))), node("b", annotation((0, 0), 
 class Served:
     def __init__(self, cache):
         self.binder = FakeBinder()
-        self.extender = Extender(cache, self.binder, clock_ns=lambda: 42)
+        self.extender = Extender(cache, self.binder, SIGNING_KEY, clock_ns=lambda: 42)
         self.server = ExtenderServer(self.extender, ("127.0.0.1", 0), "/gpushare-scheduler")
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -116,10 +118,15 @@ def test_prioritize_scores_each_node(served):
     assert by_host["a"] > by_host["b"]  # binpack: the fuller node
 
 
+def bind_args(name, uid, node_name):
+    return {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": node_name}
+
+
 def test_bind_annotates_binds_and_counts_at_once(served):
-    result = served.post(
-        "bind", {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "b"}
-    )
+    """After a filter that passed b: the gpushare annotations, the placement signed with
+    the extender's key (the one the nodes believe), then the Binding."""
+    served.post("filter", {"Pod": served_pod_job(), "NodeNames": ["a", "b"]})
+    result = served.post("bind", bind_args("job", "u-job", "b"))
     assert result == {"Error": ""}
     assert served.binder.calls == [
         (
@@ -133,6 +140,7 @@ def test_bind_annotates_binds_and_counts_at_once(served):
                 "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
                 "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "42",
                 "scheduler.framework.gpushare.allocation": '{"0":{"0":6}}',
+                **placed("u-job", "b", {0: 0}, t=42),
             },
         ),
         ("bind", "default", "job", "u-job", "b"),
@@ -143,11 +151,15 @@ def test_bind_annotates_binds_and_counts_at_once(served):
     unknown = served.post(
         "bind", {"PodName": "ghost", "PodNamespace": "default", "PodUID": "u-x", "Node": "b"}
     )
-    assert unknown["Error"].startswith("gpushare-scheduler does not know pod default/ghost")
+    assert unknown["Error"] == (
+        "gpushare-scheduler does not know pod default/ghost with UID u-x: neither its pod "
+        "watch nor a filter call has shown it"
+    )
 
 
 def test_a_failed_bind_frees_the_cards_and_one_without_answer_keeps_them(served):
     cache = served.extender.cache
+    served.post("filter", {"Pod": served_pod_job(), "NodeNames": ["b"]})
     args = {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "b"}
     served.binder.fail_bind = KubeConflict("create pods/default/job/binding: HTTP 409", 409)
     assert "could not bind default/job to b: create" in served.post("bind", args)["Error"]
@@ -162,6 +174,8 @@ def test_concurrent_binds_never_share_a_card():
     s = Served(cache_with([node("b", annotation((0, 0), (0, 0)))], pods))
     try:
         results = {}
+        for p in pods:
+            s.post("filter", {"Pod": p, "NodeNames": ["b"]})
 
         def bind(i):
             results[i] = s.post(
@@ -182,11 +196,12 @@ def test_concurrent_binds_never_share_a_card():
             if c[0] == "annotate"
         ]
         assert sorted(next(iter(c)) for c in cards) == ["0", "1"]
+        refusals = [e for e in results.values() if e]
         assert all(
             "no longer fits b: no single GPU on b has 8 GiB and 10 percent free" in e
-            for e in results.values()
-            if e
+            for e in refusals
         )
+        assert all(sprintf_no_args(e) == e for e in refusals)  # as the event shows it
     finally:
         s.close()
 
@@ -240,13 +255,42 @@ def test_reasons_read_right_after_go_fmt_and_in_the_condition(served):
         "no single GPU on a has 6 GiB and 95 percent free: GPU0 (Tesla T4) has 8 GiB/20 "
         "percent free, GPU1 (Tesla T4) has 4 GiB/90 percent free"
     )
-    served.post("filter", {"Pod": served_pod_job(), "NodeNames": ["a"]})
-    bound = served.post(
-        "bind", {"PodName": "job", "PodNamespace": "default", "PodUID": "u-job", "Node": "a"}
-    )
-    assert bound["Error"] and sprintf_no_args(bound["Error"]) == bound["Error"], bound
-    assert "40 percent" in bound["Error"]
 
 
 def served_pod_job():
     return pod("job", ("main", {MEMORY: 6, CORE: 40}), uid="u-job")
+
+
+def test_bind_only_by_the_pods_uid_to_a_node_that_passed_its_filter(served):
+    """kube-scheduler ran its own filters (taints, selectors, affinity) before it sent the
+    nodes to this extender's filter: a bind that names no UID, another UID, a pod no
+    filter has shown, a node that did not pass, or a pod already bound, is refused and
+    writes nothing."""
+    job = served_pod_job()
+    refused = {
+        "no UID": bind_args("job", "", "b"),
+        "another UID": bind_args("job", "u-other", "b"),
+        "never filtered": bind_args("job", "u-job", "b"),
+    }
+    answers = {why: served.post("bind", args)["Error"] for why, args in refused.items()}
+    assert answers["no UID"] == (
+        "gpushare-scheduler binds a pod by its UID only: the bind of default/job names none"
+    )
+    assert answers["another UID"].startswith("gpushare-scheduler does not know pod default/job")
+    assert answers["never filtered"] == (
+        "b did not pass gpushare-scheduler's filter for default/job (UID u-job): "
+        "kube-scheduler filters the pod again"
+    )
+    served.post("filter", {"Pod": job, "NodeNames": ["a", "b", "quarantine"]})
+    assert served.post("bind", bind_args("job", "u-job", "quarantine"))["Error"].startswith(
+        "quarantine did not pass gpushare-scheduler's filter for default/job"
+    )
+    assert served.post("bind", bind_args("job", "u-job", "a"))["Error"].startswith("a did not pass")
+    assert served.binder.calls == []
+    cache = served.extender.cache
+    bound = dict(job, spec={**job["spec"], "nodeName": "b"})
+    cache.pod_handler.apply("MODIFIED", bound)
+    assert served.post("bind", bind_args("job", "u-job", "b"))["Error"] == (
+        "default/job is already bound to b"
+    )
+    assert served.binder.calls == []
