@@ -1,17 +1,31 @@
 """``gpushare-scheduler``: the scheduler extender process.
 
     gpushare-scheduler --placement-key FILE
+                       (--tls-dir DIR | --tls-cert-file F --tls-key-file F --tls-client-ca-file F)
+                       [--tls-client-name NAME ...] [--health-address 127.0.0.1:9446|off]
                        [--address 127.0.0.1:32766] [--url-prefix /gpushare-scheduler]
                        [--kubeconfig FILE] [--policy binpack|spread]
                        [--memory-resource NAME] [--memory-unit-mib N] [--core-resource NAME]
                        [--whole-resource NAME] [--label-prefix PREFIX]
-                       [--assume-ttl-seconds S] [--request-timeout-seconds S] [--log-level L]
+                       [--assume-ttl-seconds S] [--request-timeout-seconds S]
+                       [--max-nodes N] [--log-level L]
 
 The resource names, memory unit, label prefix and policy must be those of the
 node daemons (their config's ``resources`` and ``kubernetes.label_prefix``;
 the defaults are the same). Credentials are found as gpushare-node finds
 them: ``--kubeconfig``, $KUBECONFIG, the in-cluster service account,
 ~/.kube/config.
+
+TLS, always mutual: the verbs are served only over HTTPS to a client whose
+certificate the client CA signed (kube-scheduler's tlsConfig; ``nodemgr.extender.tls``);
+``--tls-dir`` names a directory of ``tls.crt``, ``tls.key`` and ``ca.crt`` (a
+Secret volume, cert-manager's keys), the three ``--tls-*-file`` flags name
+them one by one; new files are used without a restart. ``--tls-client-name``:
+the client certificate must also name one of these (CN or DNS name).
+``--health-address``: a plain HTTP port serving only ``GET /healthz`` and
+``/metrics``, for kubelet's probes (``off``: none). ``--max-nodes``: the most
+nodes one request may name (it sizes every request's budget; default 5,000,
+the largest cluster Kubernetes supports).
 
 ``--placement-key``: the extender's Ed25519 private key (PKCS#8 PEM, made by
 ``deploy/render.py placement-keys``); it signs the placement it writes on each
@@ -22,14 +36,15 @@ Starts the node and pod watches (one LIST+WATCH each), then serves HTTP at
 once: ``/healthz`` says 503 until both are listed, and filter/bind answer
 with an error until then. SIGTERM and SIGINT stop it (exit 0); SIGHUP is
 ignored (there is no file to reload: restart it to change a flag). Exit 2:
-bad arguments; 1: no usable credentials, an unusable key, or the address cannot
-be bound.
+bad arguments; 1: no usable credentials, an unusable key or TLS file, or an
+address that cannot be bound.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import resource
 import signal
 import sys
 import threading
@@ -43,10 +58,13 @@ from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.events import PLACEMENT_IGNORED_REASON, EventPoster
 from nodemgr.extender.logic import Resources, check_policy
 from nodemgr.extender.server import Extender, ExtenderServer
+from nodemgr.extender.tls import ServerTls, TlsError, TlsFiles
+from nodemgr.extender.wire import MAX_NODES, Limits
 
 log = logging.getLogger("nodemgr.extender")
 
 DEFAULT_ADDRESS = "127.0.0.1:32766"
+DEFAULT_HEALTH_ADDRESS = "127.0.0.1:9446"
 DEFAULT_URL_PREFIX = "/gpushare-scheduler"
 
 
@@ -55,6 +73,16 @@ def parse_address(text: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT")
     return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def _health_address(text: str) -> tuple[str, int] | None:
+    return None if text == "off" else parse_address(text)
+
+
+def _max_nodes(text: str) -> int:
+    if not text.isdigit() or not 1 <= int(text) <= 100_000:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node count in [1, 100000]")
+    return int(text)
 
 
 def _policy(text: str) -> str:
@@ -94,6 +122,35 @@ def parser() -> argparse.ArgumentParser:
         help="listen address (default %(default)s, where the scheduler config points)",
     )
     p.add_argument(
+        "--health-address",
+        type=_health_address,
+        default=DEFAULT_HEALTH_ADDRESS,
+        metavar="HOST:PORT",
+        help="plain HTTP for kubelet's probes, GET /healthz and /metrics only; off: none "
+        "(default %(default)s)",
+    )
+    p.add_argument("--tls-dir", metavar="DIR", help="tls.crt, tls.key and ca.crt (a Secret)")
+    p.add_argument("--tls-cert-file", metavar="FILE", help="the server certificate (PEM)")
+    p.add_argument("--tls-key-file", metavar="FILE", help="its private key (PEM)")
+    p.add_argument(
+        "--tls-client-ca-file",
+        metavar="FILE",
+        help="the CA that must have signed the client's certificate (PEM)",
+    )
+    p.add_argument(
+        "--tls-client-name",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="the client certificate must name this (CN or DNS name); repeat for several",
+    )
+    p.add_argument(
+        "--max-nodes",
+        type=_max_nodes,
+        default=MAX_NODES,
+        help="the most nodes one request may name (default %(default)s)",
+    )
+    p.add_argument(
         "--url-prefix",
         default=DEFAULT_URL_PREFIX,
         help="path of the scheduler config's urlPrefix (default %(default)s)",
@@ -127,8 +184,33 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def tls_files(p: argparse.ArgumentParser, args: argparse.Namespace) -> TlsFiles:
+    """The TLS files from the flags; exits 2 (argparse) when they are not all given."""
+    files = (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
+    if args.tls_dir and any(files):
+        p.error("give --tls-dir or the three --tls-*-file flags, not both")
+    if args.tls_dir:
+        return TlsFiles.in_directory(args.tls_dir)
+    if not all(files):
+        p.error(
+            "TLS is required: --tls-dir DIR, or --tls-cert-file, --tls-key-file and "
+            "--tls-client-ca-file (python deploy/render.py tls makes them)"
+        )
+    return TlsFiles(*files)
+
+
+def _raise_open_files_limit() -> None:
+    """Room for the connection budgets (and what a flood opens before it is closed)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    files = tls_files(p, args)
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -144,6 +226,12 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, PlacementKeyError) as e:
         print(f"gpushare-scheduler: --placement-key: {e}", file=sys.stderr)
         return 1
+    try:
+        tls = ServerTls(files, tuple(args.tls_client_name))
+    except TlsError as e:
+        print(f"gpushare-scheduler: {e}", file=sys.stderr)
+        return 1
+    _raise_open_files_limit()
     try:
         session = scheduling.open_session(args.kubeconfig, args.request_timeout_seconds)
         credentials = scheduling.describe_credentials(args.kubeconfig)
@@ -200,21 +288,30 @@ def main(argv: list[str] | None = None) -> int:
     }
     extender = Extender(cache, SessionBinder(), signer)
     try:
-        server = ExtenderServer(extender, args.address, args.url_prefix, dict(watches))
-    except OSError as e:
-        print(
-            f"gpushare-scheduler: cannot listen on {args.address[0]}:{args.address[1]}: "
-            f"{e.strerror or e}",
-            file=sys.stderr,
+        server = ExtenderServer(
+            extender,
+            args.address,
+            args.url_prefix,
+            dict(watches),
+            tls=tls,
+            health_address=args.health_address,
+            limits=Limits(args.max_nodes),
         )
+    except OSError as e:
+        print(f"gpushare-scheduler: cannot listen: {e.strerror or e}", file=sys.stderr)
         return 1
     host, port = server.address
+    health = server.health_address
     log.info(
-        "gpushare-scheduler on http://%s:%d%s (policy %s; %s %d MiB units, %s, %s); API server "
-        "%s, credentials from %s",
+        "gpushare-scheduler on https://%s:%d%s, mutual TLS (%s); probes on %s",
         host,
         port,
         server.url_prefix,
+        ", ".join(files.paths),
+        f"http://{health[0]}:{health[1]}/healthz" if health else "no plain port",
+    )
+    log.info(
+        "policy %s; %s %d MiB units, %s, %s; API server %s, credentials from %s",
         args.policy,
         resources.memory,
         resources.memory_unit_mib,
@@ -234,8 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     events.start()
     for watch in watches.values():
         watch.start()
-    serving = threading.Thread(target=server.serve_forever, name="http", daemon=True)
-    serving.start()
+    server.start()
     while not stop.wait(1.0):
         cache.expire()
     server.shutdown()

@@ -1,6 +1,7 @@
 """``gpushare-scheduler``, the console script, against the test API server.
 
-Pins: bad flags exit 2 and no credentials exit 1, each saying why; it serves at once,
+Pins: bad flags (no signing key, no TLS) exit 2 and an unusable key, unusable TLS files
+or no credentials exit 1, each saying why; it serves at once,
 /healthz turns 200 once nodes and pods are listed (one LIST each, then watches);
 SIGTERM stops it with exit 0; what it bound is rebuilt from the API after a restart
 (the pod's annotations and nodeName), so the card stays taken; SIGHUP does not stop it.
@@ -20,6 +21,7 @@ from nodemgr.kubernetes.publish import node_annotation
 from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.extender_proc import ExtenderProc
+from tests.harness.extender_tls import TlsMaterial
 
 MEMORY = "aliyun.com/gpu-mem"
 
@@ -60,25 +62,40 @@ def run(*args, env=None):
     )
 
 
-def test_bad_flags_no_key_and_no_credentials(tmp_path):
-    """Exit 2 for bad flags (the signing key is required), 1 for an unusable key or no
-    credentials, each saying why."""
+def test_bad_flags_no_key_no_tls_and_no_credentials(tmp_path):
+    """Exit 2 for bad flags (the signing key and TLS are required), 1 for an unusable key,
+    unusable TLS files or no credentials, each saying why."""
     key, public = placementkeys.write_pair(str(tmp_path))
-    done = run("--placement-key", key, "--policy", "tightest")
+    tls = TlsMaterial(str(tmp_path / "tls"))
+    both = ("--placement-key", key, "--tls-dir", tls.dir)
+    done = run(*both, "--policy", "tightest")
     assert done.returncode == 2 and "unknown placement policy 'tightest'" in done.stderr
-    done = run("--placement-key", key, "--address", "nowhere")
+    done = run(*both, "--address", "nowhere")
     assert done.returncode == 2 and "'nowhere' is not HOST:PORT" in done.stderr
-    done = run()
+    done = run("--tls-dir", tls.dir)
     assert done.returncode == 2 and "the following arguments are required: --placement-key" in (
         done.stderr
     )
-    done = run("--placement-key", public)
+    done = run("--placement-key", key)
+    assert done.returncode == 2 and "TLS is required: --tls-dir DIR, or --tls-cert-file" in (
+        done.stderr
+    )
+    done = run("--placement-key", key, "--tls-dir", tls.dir, "--tls-key-file", "x")
+    assert done.returncode == 2 and "not both" in done.stderr
+    done = run("--placement-key", public, "--tls-dir", tls.dir)
     assert done.returncode == 1
     assert done.stderr == (
         f"gpushare-scheduler: --placement-key: {public} holds a PUBLIC KEY, not a PRIVATE KEY\n"
     )
+    wrong = ("--tls-cert-file", f"{tls.dir}/tls.crt", "--tls-key-file", f"{tls.dir}/client.key")
+    done = run("--placement-key", key, *wrong, "--tls-client-ca-file", f"{tls.dir}/ca.crt")
+    assert done.returncode == 1
+    assert done.stderr.startswith(
+        f"gpushare-scheduler: the certificate {tls.dir}/tls.crt and key {tls.dir}/client.key "
+        "do not load: "
+    )
     env = {"HOME": str(tmp_path), "PATH": "/usr/bin:/bin"}
-    done = run("--placement-key", key, env=env)
+    done = run(*both, env=env)
     assert done.returncode == 1
     assert done.stderr.startswith("gpushare-scheduler: no Kubernetes credentials (tried ")
 

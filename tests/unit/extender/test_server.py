@@ -6,9 +6,11 @@ handlers directly and its binder a fake. Pins: filter answers in the form asked
 prioritize scores every node; bind writes the gpushare annotations, then the Binding,
 and counts the cards at once; a failed bind frees them, one without an answer keeps
 them; concurrent binds to one node never give the same card space twice; until the
-cache is listed, filter and bind answer with an Error and /healthz with 503;
-/metrics is Prometheus text; bad bodies get 400 naming the field, unknown paths 404,
-wrong methods 405; the URL prefix is optional.
+cache is listed, filter and bind answer with an Error and /healthz with 503 (on the
+TLS port and on the plain probe port, which serves nothing else); /metrics is
+Prometheus text; bad bodies get 400 naming the field, unknown paths 404, wrong methods
+405; the URL prefix is optional. Every call here is made as kube-scheduler makes it:
+over mutual TLS with the client of the rendered KubeSchedulerConfiguration.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import pytest
 from nodemgr.errors import KubeConflict, KubeUnavailable
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.server import Extender, ExtenderServer
+from nodemgr.extender.tls import ServerTls, TlsFiles
+from tests.harness.extender_tls import TlsMaterial, https_request
 from tests.harness.gofmt import sprintf_no_args
 from tests.unit.extender.support import (
     CORE,
@@ -58,18 +62,46 @@ class FakeBinder:
 NODES = [node("a", annotation((7, 80), (11, 10))), node("b", annotation((0, 0), (0, 0)))]
 
 
+_MATERIAL: list[TlsMaterial] = []
+
+
+def material() -> TlsMaterial:
+    """One CA, server and client certificate (render.py tls) for the module's servers."""
+    if not _MATERIAL:
+        _MATERIAL.append(TlsMaterial())
+    return _MATERIAL[0]
+
+
 class Served:
-    def __init__(self, cache):
+    """The server in this process: its verbs over mutual TLS, as kube-scheduler calls them
+    (the client from the rendered KubeSchedulerConfiguration), its probes on plain HTTP."""
+
+    def __init__(self, cache, tls_files=None, tls_check_seconds=1.0, client_names=(), **options):
         self.binder = FakeBinder()
         self.extender = Extender(cache, self.binder, SIGNING_KEY, clock_ns=lambda: 42)
-        self.server = ExtenderServer(self.extender, ("127.0.0.1", 0), "/gpushare-scheduler")
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-        self.url = f"http://127.0.0.1:{self.server.address[1]}"
+        self.tls = material()
+        files = tls_files or TlsFiles.in_directory(self.tls.dir)
+        self.server_tls = ServerTls(files, client_names, check_seconds=tls_check_seconds)
+        self.server = ExtenderServer(
+            self.extender,
+            ("127.0.0.1", 0),
+            "/gpushare-scheduler",
+            tls=self.server_tls,
+            health_address=("127.0.0.1", 0),
+            **options,
+        )
+        self.server.start()
+        self.url = f"https://127.0.0.1:{self.server.address[1]}"
+        self.client = self.tls.client(self.url + "/gpushare-scheduler")
+        self.health_url = f"http://127.0.0.1:{self.server.health_address[1]}"
 
     def request(self, method, path, body=None):
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data, method=method)
+        status, answer = https_request(self.client, method, path, data)
+        return status, answer.decode()
+
+    def health(self, method, path, body=None):
+        request = urllib.request.Request(self.health_url + path, data=body, method=method)
         try:
             with urllib.request.urlopen(request, timeout=10) as answer:
                 return answer.status, answer.read().decode()
@@ -211,6 +243,7 @@ def test_nothing_is_decided_before_the_cache_is_listed():
     s = Served(cache)
     try:
         assert s.request("GET", "/healthz") == (503, "not ready: nodes and pods not listed yet\n")
+        assert s.health("GET", "/healthz") == (503, "not ready: nodes and pods not listed yet\n")
         job = pod("job", ("main", {MEMORY: 1}))
         result = s.post("filter", {"Pod": job, "NodeNames": ["a"]})
         assert result["Error"].startswith("gpushare-scheduler has not listed the cluster's nodes")
@@ -220,6 +253,7 @@ def test_nothing_is_decided_before_the_cache_is_listed():
         assert s.request("GET", "/healthz")[0] == 503
         cache.pod_handler.replace(iter([job]))
         assert s.request("GET", "/gpushare-scheduler/healthz") == (200, "ok\n")
+        assert s.health("GET", "/healthz") == (200, "ok\n")
     finally:
         s.close()
 
@@ -239,6 +273,20 @@ def test_metrics_and_http_errors(served):
     assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 2' in text
     assert "gpushare_extender_nodes 2" in text and "gpushare_extender_gpu_nodes 2" in text
     assert "gpushare_extender_assumed_pods 0" in text
+    assert served.health("GET", "/metrics")[0] == 200
+
+
+def test_the_plain_port_serves_the_probes_only(served):
+    """kubelet's probes present no client certificate: the plain port answers GET /healthz
+    and /metrics, and nothing else (no verb, no body)."""
+    job = json.dumps({"Pod": served_pod_job(), "NodeNames": ["b"]}).encode()
+    for path in ("/gpushare-scheduler/filter", "/filter", "/bind"):
+        assert served.health("POST", path, job)[0] == 413  # no body is read there
+        status, text = served.health("POST", path, b"")
+        assert status == 404 and "the verbs are on the HTTPS port" in text
+    assert served.health("GET", "/gpushare-scheduler/filter")[0] == 405
+    assert served.health("GET", "/nothing")[0] == 404
+    assert served.binder.calls == []
 
 
 def test_reasons_read_right_after_go_fmt_and_in_the_condition(served):
