@@ -244,6 +244,9 @@ def decide(
         return None, note
     if trust.mode == "annotations":
         return choice_from_annotations(annotations)
+    _, unreadable = choice_from_annotations(annotations)
+    if unreadable:  # neither the extender nor a node writes such a thing: say so
+        return None, f"{unreadable}: ignored (kubernetes.placement_trust: signed)"
     written = [
         key
         for key in (IDX_ANNOTATION, ALLOCATION_ANNOTATION, ASSUME_TIME_ANNOTATION)

@@ -325,9 +325,12 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
-            self.buffer += data  # TLS hands it over before connection_made: kept for it
-            if len(self.buffer) > self.budget.max_header_bytes:
-                self.lost = True  # refused when connection_made comes
+            # TLS hands over what came with the end of the handshake before we are told
+            # (a loop iteration or two of reads): kept for connection_made, within what one
+            # request may hold.
+            self.buffer += data
+            if len(self.buffer) > self.budget.max_header_bytes + self.budget.max_body_bytes:
+                self.lost = True  # closed when the handshake's end is handled
             return
         if self.state in ("busy", "closing"):
             self.buffer += data  # pipelined: read when this request is answered

@@ -23,9 +23,11 @@ import http.client
 import importlib.util
 import json
 import os
+import shutil
 import socket
 import ssl
 import tempfile
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -210,3 +212,19 @@ def client_with(material: TlsMaterial, url: str, cert: str | None, key: str | No
     if cert is not None:
         context.load_cert_chain(cert, key)
     return ClientTls(context, good.server_name, url)
+
+
+def secret_volume(directory: str, source: str) -> None:
+    """``source``'s files as kubelet puts a Secret in a volume: ``name -> ..data/name``,
+    ``..data`` -> a timestamped directory; called again, the link is swapped atomically
+    (what an updated Secret does to a running pod)."""
+    os.makedirs(directory, exist_ok=True)
+    stamp = f"..{time.time_ns()}"
+    shutil.copytree(source, os.path.join(directory, stamp))
+    link = os.path.join(directory, "..data_tmp")
+    os.symlink(stamp, link)
+    os.replace(link, os.path.join(directory, "..data"))
+    for name in os.listdir(source):
+        path = os.path.join(directory, name)
+        if not os.path.islink(path):
+            os.symlink(os.path.join("..data", name), path)

@@ -107,6 +107,17 @@ def test_unsigned_gpushare_annotations_are_ignored_under_signed_trust():
     assert decide({}, UID, "node-a", True, SIGNED) == (None, "")
 
 
+def test_an_unreadable_gpushare_annotation_is_noted_whatever_the_phase():
+    """Neither the extender nor a node writes an allocation map nested 3,000 deep: noted
+    (for the Event) also on a running pod, under signed trust."""
+    choice, note = decide({ALLOCATION_ANNOTATION: NESTED}, UID, "node-a", False, SIGNED)
+    assert choice is None
+    assert note == (
+        "its scheduler.framework.gpushare.allocation annotation is unreadable (it is nested too "
+        "deep): ignored (kubernetes.placement_trust: signed)"
+    )
+
+
 def test_annotations_trust_believes_the_old_extender():
     trust = PlacementTrust("annotations", "gpushare.aliyun.com/", None)
     annotations = {

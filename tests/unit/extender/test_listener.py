@@ -244,3 +244,12 @@ def test_parse_head(head, status):
     with pytest.raises(RequestError) as refused:
         parse_head(head, 4)
     assert refused.value.status == status
+
+
+def test_a_body_sent_with_the_end_of_the_handshake_is_read(running):
+    """A client writes its request at once after its side of the handshake: what TLS hands
+    over before the connection is admitted is kept, not taken for an overflow."""
+    body = b"x" * (2 * 1024 * 1024)
+    for _ in range(5):
+        status, answer = https_request(running.client, "POST", "/big", body)
+        assert (status, answer) == (200, b"POST /big %d" % len(body))

@@ -4,13 +4,16 @@ Pins: bad flags (no signing key, no TLS) exit 2 and an unusable key, unusable TL
 or no credentials exit 1, each saying why; it serves at once,
 /healthz turns 200 once nodes and pods are listed (one LIST each, then watches);
 SIGTERM stops it with exit 0; what it bound is rebuilt from the API after a restart
-(the pod's annotations and nodeName), so the card stays taken; SIGHUP does not stop it.
+(the pod's annotations and nodeName), so the card stays taken; SIGHUP does not stop it;
+TLS files rotated in its Secret volume are used by the same process from the next
+connection.
 """
 
 from __future__ import annotations
 
 import json
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -21,7 +24,7 @@ from nodemgr.kubernetes.publish import node_annotation
 from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.extender_proc import ExtenderProc
-from tests.harness.extender_tls import TlsMaterial
+from tests.harness.extender_tls import TlsMaterial, https_request, secret_volume
 
 MEMORY = "aliyun.com/gpu-mem"
 
@@ -138,3 +141,34 @@ def test_serves_lists_once_and_rebuilds_after_a_restart(api, tmp_path):
             assert restarted.stop() == 0
     finally:
         extender.stop()
+
+
+def test_rotated_tls_files_are_used_without_a_restart(api, tmp_path):
+    """The process's --tls-dir is a Secret volume; a new CA and certificates swapped in:
+    the next connection uses them (the old client refused), the same process answers."""
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    old = TlsMaterial(str(tmp_path / "old"))
+    new = TlsMaterial(str(tmp_path / "new"))
+    volume = str(tmp_path / "volume")
+    secret_volume(volume, old.dir)
+    extender = ExtenderProc(kubeconfig, tls=TlsMaterial(volume))
+    try:
+        extender.wait_ready()
+        url = extender.url + "/gpushare-scheduler"
+        pid = extender.process.pid
+        assert https_request(old.client(url), "GET", "/healthz")[0] == 200
+        secret_volume(volume, new.dir)
+        deadline = time.monotonic() + 10
+        while True:  # the files are looked at once a second at most
+            try:
+                status = https_request(new.client(url), "GET", "/healthz")[0]
+                break
+            except (ssl.SSLError, OSError):
+                assert time.monotonic() < deadline, extender.log()
+                time.sleep(0.2)
+        assert status == 200 and extender.process.pid == pid
+        with pytest.raises((ssl.SSLError, OSError)):
+            https_request(old.client(url), "GET", "/healthz")
+        assert "TLS files changed: new connections use" in extender.log()
+    finally:
+        assert extender.stop() == 0

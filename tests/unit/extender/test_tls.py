@@ -18,7 +18,6 @@ import os
 import shutil
 import socket
 import ssl
-import time
 
 import pytest
 
@@ -28,6 +27,7 @@ from tests.harness.extender_tls import (
     client_with,
     https_request,
     other_certificate,
+    secret_volume,
 )
 from tests.unit.extender.support import MEMORY, annotation, cache_with, node, pod
 from tests.unit.extender.test_server import Served
@@ -134,21 +134,6 @@ def test_client_names_narrow_the_accepted_certificates(tmp_path):
     assert peer_names(
         {"subject": ((("commonName", "a"),),), "subjectAltName": (("DNS", "b"), ("IP", "c"))}
     ) == {"a", "b"}
-
-
-def secret_volume(directory, source):
-    """A Secret volume as kubelet writes it: tls.crt -> ..data/tls.crt, ..data -> a
-    timestamped directory, swapped atomically on update."""
-    os.makedirs(directory, exist_ok=True)
-    stamp = f"..{time.time_ns()}"
-    shutil.copytree(source, os.path.join(directory, stamp))
-    link = os.path.join(directory, "..data_tmp")
-    os.symlink(stamp, link)
-    os.replace(link, os.path.join(directory, "..data"))
-    for name in ("tls.crt", "tls.key", "ca.crt"):
-        path = os.path.join(directory, name)
-        if not os.path.islink(path):
-            os.symlink(os.path.join("..data", name), path)
 
 
 def test_rotated_files_are_used_without_a_restart(tmp_path):
