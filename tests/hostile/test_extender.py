@@ -77,7 +77,9 @@ ASSUME_TIME = (
     "a pending pod with `ALIYUN_COM_GPU_MEM_ASSUME_TIME=1` and `IDX=0` asking 4 GiB + 90 % "
     "(GPU0 has 20 % left), another namespace's pod asking the same"
 )
-NESTED_NODE = "the nested annotation on a pending pod of the node, a victim asking the same"
+NESTED_NODE = (
+    "the nested annotation on an older pending pod of the node, a victim asking the same size"
+)
 COPIED = "the extender's signed placement of another pod copied onto the owner's own pod"
 
 TABLE = OutcomeTable(
@@ -627,16 +629,17 @@ def test_an_owners_assume_time_does_not_jump_the_queue(node_site):
 
 
 def test_a_nested_annotation_on_the_node(node_site):
-    """A pending pod with the allocation annotation 3,000 deep (the node refused a victim
-    with "internal error: RecursionError" before): the victim is admitted."""
-    node_site.create("team", "victim2", {MEMORY: 3})
-    time.sleep(1.1)
+    """The owner's pending pod, older, with the allocation annotation 3,000 deep; a victim
+    asking the same size (matched to the older pod, its annotation raised RecursionError
+    and the victim was refused "internal error" before): the victim is admitted."""
     hostile = {"scheduler.framework.gpushare.allocation": NESTED, "ALIYUN_COM_GPU_MEM_IDX": "x"}
     node_site.create("tenant", "nested", {MEMORY: 3}, hostile)
     (event,) = node_site.ignored_events("nested")
+    time.sleep(1.1)  # creation times have second precision: the owner's pod is older
+    node_site.create("team", "victim2", {MEMORY: 3})
     result = node_site.admit("team", "victim2", {MEMORY: 3})
     assert result.ok, result.error
-    assert "Traceback" not in node_site.node.log()
+    assert "Traceback" not in node_site.node.log() and "RecursionError" not in node_site.node.log()
     node_site.release(("team", "victim2"), ("tenant", "nested"))
     TABLE.record(
         NESTED_NODE,
