@@ -32,9 +32,11 @@ the largest cluster Kubernetes supports).
 pod it binds, and the node daemons believe only placements that verify with its
 public key (``kubernetes.placement_public_key``).
 
-Starts the node and pod watches (one LIST+WATCH each), then serves HTTP at
+Starts the node and pod watches (one LIST+WATCH each), then serves at
 once: ``/healthz`` says 503 until both are listed, and filter/bind answer
-with an error until then. SIGTERM and SIGINT stop it (exit 0); SIGHUP is
+with an error until then. SIGTERM and SIGINT stop it (exit 0) as soon as Python
+runs the handler (within the parse of the largest request), closing every
+connection and leaving without waiting for a verb in flight; SIGHUP is
 ignored (there is no file to reload: restart it to change a flag). Exit 2:
 bad arguments; 1: no usable credentials, an unusable key or TLS file, or an
 address that cannot be bound.
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import resource
 import signal
 import sys
@@ -343,5 +346,19 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def entry() -> None:
+    """The console script: ``main``, then out at once.
+
+    A verb's worker thread may be inside one long C call (json.loads of the largest
+    request holds Python's lock for a second or two): the interpreter's own exit would
+    wait for it and collect its objects; the extender keeps nothing to flush but its log.
+    """
+    code = main()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -68,6 +68,14 @@ HUGE_BODY = "a 196 MiB body announced by Content-Length"
 SILENT_1500 = "1,500 connections that never finish the TLS handshake"
 SLOW_HANDSHAKE = "a TLS handshake sent a byte every 0.5 s"
 HALF_SENT = "200 connections with kube-scheduler's certificate, each half a request"
+MALFORMED = (
+    "malformed requests with kube-scheduler's certificate: a body nested 100,000 deep, bytes "
+    "that are not JSON, a garbage request line, a chunked body"
+)
+SIGTERM_BUSY = (
+    "SIGTERM while the largest request it takes (5,000 full Node objects, ~70 MiB) is read "
+    "and parsed"
+)
 NESTED_CACHE = (
     "a tenant's own pod with `scheduler.framework.gpushare.allocation` nested 3,000 `[` "
     "deep, then the extender restarted"
@@ -88,8 +96,8 @@ TABLE = OutcomeTable(
     ("attack", "result", "what the attacker got"),
     (
         ESCAPE_PLAIN, ESCAPE_NO_CERT, ESCAPE_OTHER_CA, ESCAPE_EXPIRED, ESCAPE_SERVER_CERT,
-        ESCAPE_WITH_CERT, NAMES_2M, HUGE_BODY, SILENT_1500, SLOW_HANDSHAKE, HALF_SENT,
-        NESTED_CACHE, OWNER_IDX, ASSUME_TIME, NESTED_NODE, COPIED,
+        ESCAPE_WITH_CERT, NAMES_2M, HUGE_BODY, MALFORMED, SIGTERM_BUSY, SILENT_1500,
+        SLOW_HANDSHAKE, HALF_SENT, NESTED_CACHE, OWNER_IDX, ASSUME_TIME, NESTED_NODE, COPIED,
     ),
 )  # fmt: skip
 
@@ -355,6 +363,86 @@ def test_a_huge_body(extender_site, extender):
         "413 before a byte of it is read; kube-scheduler's filter and bind answered; "
         f"SIGTERM: exited within {PROMPT_SECONDS:.0f} s",
         "nothing",
+    )
+
+
+def raw_exchange(extender, data: bytes) -> bytes:
+    """``data`` over kube-scheduler's TLS connection; the answer's status line and body."""
+    client = extender.client
+    raw = socket.create_connection(("127.0.0.1", extender.port), timeout=30)
+    sock = client.context.wrap_socket(raw, server_hostname=client.server_name)
+    sock.sendall(data)
+    answer = b""
+    while b"\r\n\r\n" not in answer or len(answer.split(b"\r\n\r\n", 1)[1]) < int(
+        re.search(rb"Content-Length: (\d+)", answer).group(1) if b"Content-Length" in answer else 0
+    ):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        answer += chunk
+    sock.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n", 1)[0] + b" " + body.strip()
+
+
+def test_malformed_requests(extender_site, extender):
+    """Each is answered with what is wrong, nothing raises, the next caller is served."""
+
+    def post(body):
+        return (
+            b"POST /gpushare-scheduler/filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body)
+            + body
+        )
+
+    nested = raw_exchange(extender, post(b'{"Pod":' + b"[" * 100_000 + b"]" * 100_000 + b"}"))
+    garbage = raw_exchange(extender, post(b"\xff\xfe not json"))
+    line = raw_exchange(extender, b"\x16\x03\x01 nonsense\r\n\r\n")
+    chunked = raw_exchange(
+        extender, b"POST /gpushare-scheduler/bind HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    assert nested.startswith(b"HTTP/1.1 400") and b"nested too deep" in nested, nested
+    assert garbage.startswith(b"HTTP/1.1 400") and b"the body is not JSON" in garbage, garbage
+    assert line.startswith(b"HTTP/1.1 400"), line
+    assert chunked.startswith(b"HTTP/1.1 501"), chunked
+    extender_site.legit(extender)
+    assert "Traceback" not in extender.log()
+    seconds = stop_seconds(extender)
+    assert seconds < PROMPT_SECONDS, seconds
+    TABLE.record(
+        MALFORMED,
+        "400 “ExtenderArgs: the body is nested too deep”, 400 “ExtenderArgs: the body is not "
+        "JSON (…)”, 400 for the request line, 501 for chunked; kube-scheduler's filter and bind "
+        f"answered; SIGTERM: exited within {PROMPT_SECONDS:.0f} s",
+        "nothing",
+    )
+
+
+def test_sigterm_while_the_largest_request_is_parsed(extender_site, extender):
+    """196 MiB held SIGTERM off for 15 s before (the parse holds Python's lock): the largest
+    request now taken, sent whole, then SIGTERM while it is read and parsed."""
+    from tests.unit.extender.test_wire import realistic_node
+
+    one = json.dumps(realistic_node(0))
+    nodes = ",".join(one.replace('"gpu-node-0"', f'"gpu-node-{i}"') for i in range(5000))
+    body = (
+        b'{"Pod":' + json.dumps(extender_site.victim).encode() + b',"Nodes":{"items":['
+        + nodes.encode() + b"]}}"
+    )  # fmt: skip
+    assert len(body) > 64 * 1024 * 1024
+    client = extender.client
+    raw = socket.create_connection(("127.0.0.1", extender.port), timeout=30)
+    sock = client.context.wrap_socket(raw, server_hostname=client.server_name)
+    sock.sendall(
+        b"POST /gpushare-scheduler/filter HTTP/1.1\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    time.sleep(1.0)  # it answers such a request in ~5 s here: now it reads and parses
+    seconds = stop_seconds(extender)
+    sock.close()
+    assert seconds < PROMPT_SECONDS, seconds
+    TABLE.record(
+        SIGTERM_BUSY,
+        f"exited within {PROMPT_SECONDS:.0f} s (every connection closed at once)",
+        "nothing: a rollout or a node drain is not held up",
     )
 
 
