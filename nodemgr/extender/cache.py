@@ -478,16 +478,28 @@ class _NodeHandler:
             return NodeRecord(name, (), frozenset(), f"{name}: gpushare-node there has no GPUs")
         return NodeRecord(name, tuple(cards), frozenset(owners))
 
+    def _safe_record(self, obj: Mapping[str, Any]) -> NodeRecord:
+        """``record``, or a node that takes no GPU pod (and why) when it cannot be read:
+        one node's annotation never stops the LIST."""
+        try:
+            return self.record(obj)
+        except Exception as e:
+            metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+            name = str((metadata or {}).get("name") or "") if isinstance(metadata, Mapping) else ""
+            why = f"{name}: unreadable node ({type(e).__name__}: {show(str(e))})"
+            log.warning("node %s left without GPUs in the cache: %s", show(name), why)
+            return NodeRecord(name, (), frozenset(), why)
+
     def replace(self, items: Iterator[Mapping[str, Any]]) -> None:
         records = {}
         for obj in items:
-            record = self.record(obj)
+            record = self._safe_record(obj)
             records[record.name] = record
         with self._cache.lock:
             self._cache._replace_nodes(records)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        record = self.record(obj)
+        record = self._safe_record(obj)
         with self._cache.lock:
             if kind == "DELETED":
                 self._cache._drop_node(record.name)

@@ -261,3 +261,21 @@ def test_a_pod_the_handler_cannot_read_is_left_out_and_reported():
     assert cache.synced and cache.counts()["pods"] == 1
     assert reported and reported[0][:3] == ("default", "broken", "u-broken")
     assert "gpushare-scheduler cannot read this pod (AttributeError" in reported[0][3]
+
+
+def test_a_node_annotation_nested_too_deep_never_stops_the_list():
+    """Any holder of node patch rights can write a node's gpus annotation: one nested
+    3,000 deep, or with a card the handler cannot read, leaves that node without GPUs
+    (saying why) and the LIST synced."""
+    nested = node("nested", "[" * 3000 + "]" * 3000)
+    text = annotation((0, 0))
+    broken = node(
+        "broken", text.replace('"core_allocated_percent": 0', '"core_allocated_percent": "lots"')
+    )
+    cache = cache_with([nested, broken, node("a", annotation((0, 0)))])
+    assert cache.synced and cache.counts()["gpu_nodes"] == 1
+    with cache.lock:
+        assert "unreadable gpushare.aliyun.com/gpus annotation: nested too deep" in (
+            cache.view("nested").problem
+        )
+        assert cache.view("broken").problem.startswith("broken: unreadable node (ValueError")
