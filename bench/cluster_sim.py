@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from bench.report import Figure, machine_lines, table
 from bench.stats import percentile
 from nodemgr.allocation.admission import place_demand
+from nodemgr.common.placementkey import private_key_from_pem, read_public_key
+from nodemgr.domain.extenderchoice import PlacementTrust
 from nodemgr.domain.placement import CardLoad, NoFitDescriber
 from nodemgr.domain.podmatch import Demand, parse_extender_index
 from nodemgr.errors import NoFitError
@@ -58,6 +60,7 @@ from nodemgr.kubernetes.podwatch import pod_info
 from nodemgr.kubernetes.publish import node_annotation
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.extender_proc import ExtenderProc
+from tests.harness.placementkeys import new_private_key_pem
 
 MEMORY = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
@@ -90,6 +93,8 @@ class SimNode:
         self.policy = policy
         self.describe = NoFitDescriber(name, 1024)
         self.pods: dict[str, list[tuple]] = {}  # pod -> [(card, mib, core, whole)]
+        # As a node daemon with the extender's public key (kubernetes.placement_public_key).
+        self.trust: PlacementTrust | None = None
 
     def loads(self) -> list[CardLoad]:
         return [
@@ -107,7 +112,7 @@ class SimNode:
 
     def admit(self, pod: dict) -> str:
         """'' when every container is admitted, else kubelet's refusal (nothing held)."""
-        info = pod_info(pod)
+        info = pod_info(pod, self.trust)
         name = info.name
         taken: list[tuple] = []
         try:
@@ -304,6 +309,9 @@ def simulate_extender(pods, nodes_count: int, tmp: str) -> Outcome:
     kubeconfig = api.write_kubeconfig(f"{tmp}/kubeconfig")
     session = scheduling.open_session(kubeconfig, 10.0)
     extender = ExtenderProc(kubeconfig)
+    trust = PlacementTrust("signed", "gpushare.aliyun.com/", read_public_key(extender.public_key))
+    for node in nodes.values():
+        node.trust = trust
     out = Outcome()
     try:
         extender.wait_ready(60)
@@ -436,7 +444,7 @@ def filter_and_bind(nodes_count: int, calls: int, seed: int) -> dict[str, float]
         for i in range(calls)
     ]
     cache.pod_handler.replace(iter(pods))
-    extender = Extender(cache, NoopBinder())
+    extender = Extender(cache, NoopBinder(), private_key_from_pem(new_private_key_pem()))
     names = [n["metadata"]["name"] for n in node_objects]
     by_names, by_nodes, bind_times = [], [], []
     nodes_body = json.dumps({"metadata": {}, "items": node_objects})

@@ -27,6 +27,7 @@ import yaml
 from nodemgr.config import values as rules
 from nodemgr.config.schema import (
     NUMBER_RANGES,
+    PLACEMENT_TRUST_MODES,
     EnforcementSettings,
     GpuSettings,
     KubeletSettings,
@@ -333,6 +334,8 @@ def _kubernetes(key: str, data: object) -> KubernetesSettings:
                 "kubeconfig": partial(rules.path_value, empty_ok=True),
                 "label_prefix": rules.label_prefix,
                 "request_timeout_seconds": _number("kubernetes.request_timeout_seconds"),
+                "placement_trust": rules.one_of(*PLACEMENT_TRUST_MODES),
+                "placement_public_key": partial(rules.path_value, empty_ok=True),
             },
         )
     )

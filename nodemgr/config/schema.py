@@ -18,6 +18,7 @@ __all__ = [
     "KubernetesSettings",
     "NUMBER_RANGES",
     "NumberRange",
+    "PLACEMENT_TRUST_MODES",
     "MetricsSettings",
     "MpsSettings",
     "ResourceSettings",
@@ -41,6 +42,9 @@ class NumberRange:
 # Bounded above as well as below: a value that parses but makes the daemon useless
 # (1e300 s never wakes a thread, 1e-300 s spins a core, a huge timeout never
 # starts MPS) is a configuration error and is refused with the range it must be in.
+# kubernetes.placement_trust (nodemgr.domain.extenderchoice.TRUST_MODES, held equal by a test).
+PLACEMENT_TRUST_MODES = ("signed", "annotations")
+
 NUMBER_RANGES: dict[str, NumberRange] = {
     "kubelet.reconcile_interval_seconds": NumberRange(0.1, 3600, "seconds"),
     "kubelet.allocation_grace_seconds": NumberRange(0, 86400, "seconds"),
@@ -179,6 +183,15 @@ class KubernetesSettings:
     # changes or removes), e.g. gpushare.aliyun.com/gpu-model.
     label_prefix: str = "gpushare.aliyun.com/"
     request_timeout_seconds: float = 10.0  # > 0: one API request; a slower one is retried later
+    # Whose card choice for a pod the node honours. "signed": only a placement
+    # gpushare-scheduler signed (its <label_prefix>placement annotation, checked with
+    # placement_public_key); "annotations": also the unsigned gpushare annotations
+    # (ALIYUN_COM_GPU_MEM_IDX, _ASSUME_TIME, scheduler.framework.gpushare.allocation)
+    # the old gpushare extender writes, which a pod owner can write too.
+    placement_trust: str = "signed"
+    # Absolute path of gpushare-scheduler's Ed25519 public key (PEM); "" = none, so
+    # under "signed" every placement is ignored and the node places by its own policy.
+    placement_public_key: str = ""
 
 
 @dataclass(frozen=True)

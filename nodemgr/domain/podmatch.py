@@ -14,27 +14,49 @@ cache and the allocations already made, the container being admitted:
 
 The match gives the container's whole GPU demand (memory units, share) so the
 first Allocate, whichever resource it is for, places both on one card; and
-the card the gpushare scheduler extender chose (``ALIYUN_COM_GPU_MEM_IDX``, or
-per container ``scheduler.framework.gpushare.allocation``), which must be
-honoured. A wrong guess (two identical pending containers) puts the same
+the card the scheduler extender chose, which must be honoured: the pod's
+``choice`` (``nodemgr.domain.extenderchoice``: its signed placement, or, where
+the node is told to trust them, the gpushare annotations
+``ALIYUN_COM_GPU_MEM_IDX`` and per container
+``scheduler.framework.gpushare.allocation``), never an annotation read here.
+A wrong guess (two identical pending containers) puts the same
 demand on another pod's name: kubelet's PodResources record corrects the
 owner at the next reconcile, and the annotations follow the ledger.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
+from nodemgr.domain.extenderchoice import (
+    ALLOCATION_ANNOTATION,
+    ASSIGNED_ANNOTATION,
+    ASSUME_TIME_ANNOTATION,
+    IDX_ANNOTATION,
+    ExtenderChoice,
+)
+
 # Annotations of the gpushare scheduler extender (see docs/gpushare-compat.md).
-IDX_ANNOTATION = "ALIYUN_COM_GPU_MEM_IDX"
 POD_ANNOTATION = "ALIYUN_COM_GPU_MEM_POD"
 DEV_ANNOTATION = "ALIYUN_COM_GPU_MEM_DEV"
-ASSIGNED_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSIGNED"
-ASSUME_TIME_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
-ALLOCATION_ANNOTATION = "scheduler.framework.gpushare.allocation"
+__all__ = [
+    "ALLOCATION_ANNOTATION",
+    "ASSIGNED_ANNOTATION",
+    "ASSUME_TIME_ANNOTATION",
+    "DEV_ANNOTATION",
+    "IDX_ANNOTATION",
+    "POD_ANNOTATION",
+    "ContainerRequest",
+    "Demand",
+    "FINISHED_PHASES",
+    "PodInfo",
+    "asked_sizes",
+    "find_demand",
+    "is_candidate_pod",
+    "parse_extender_index",
+]
 
 FINISHED_PHASES = ("Succeeded", "Failed")
 
@@ -67,17 +89,20 @@ class PodInfo:
     containers: tuple[ContainerRequest, ...]  # spec.containers, in order
     init_containers: tuple[ContainerRequest, ...] = ()  # spec.initContainers, in order
     resource_version: str = ""
+    # The scheduler extender's choice as the node believes it (extenderchoice.decide),
+    # and why a placement written on the pod was not believed ("" when none was).
+    choice: ExtenderChoice | None = None
+    choice_note: str = ""
 
     @cached_property
     def admission_time(self) -> float:
-        """When the pod was scheduled here: the extender's assume time (ns), else creation.
+        """When the pod was scheduled here: the extender's assume time, else creation.
 
         Computed once per PodInfo (an Allocate compares it for every pod asking the same
         size); kept in the instance's __dict__, not a field, so equality is unchanged.
         """
-        assumed = self.annotations.get(ASSUME_TIME_ANNOTATION, "")
-        if assumed.isascii() and assumed.isdigit():
-            return int(assumed) / 1e9
+        if self.choice is not None and self.choice.assumed_at_ns is not None:
+            return self.choice.assumed_at_ns / 1e9
         return self.created_at
 
     @cached_property
@@ -105,24 +130,9 @@ class Demand:
 
 
 def parse_extender_index(pod: PodInfo, container_index: int) -> int | None:
-    """The GPU index the extender chose for this container; None if it did not say.
-
-    Per container ``scheduler.framework.gpushare.allocation`` (``{"<container
-    index>": {"<gpu index>": units}}``) wins over the pod-wide
-    ``ALIYUN_COM_GPU_MEM_IDX``. Unreadable values count as not said.
-    """
-    text = pod.annotations.get(ALLOCATION_ANNOTATION)
-    if text and container_index >= 0:
-        try:
-            per_container = json.loads(text).get(str(container_index))
-            if isinstance(per_container, dict) and len(per_container) == 1:
-                (index,) = per_container
-                if index.isdigit():
-                    return int(index)
-        except (ValueError, AttributeError):
-            pass
-    index = pod.annotations.get(IDX_ANNOTATION, "")
-    return int(index) if index.isascii() and index.isdigit() else None
+    """The GPU index the extender chose for this container; None if it did not say (or
+    the node does not believe what the pod says: ``pod.choice`` is None)."""
+    return pod.choice.card_for(container_index) if pod.choice is not None else None
 
 
 def is_candidate_pod(pod: PodInfo, resources: tuple[str, ...]) -> bool:

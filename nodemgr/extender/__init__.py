@@ -12,7 +12,18 @@ ONE card, with the same arithmetic the node daemon uses
   LIST+WATCH of nodes and one of pods (``nodemgr.kubernetes.listwatch``);
 - ``server``: the verbs over the cache and the HTTP server (filter,
   prioritize, bind, healthz, metrics);
+- ``listener``: HTTP/1.1 on one event loop, with a budget for every peer
+  (connections, handshakes, bytes, deadlines);
+- ``tls``: mutual TLS (kube-scheduler's client certificate), rotated files
+  picked up without a restart;
+- ``events``: pod Events (a placement annotation it does not believe);
 - ``main``: the ``gpushare-scheduler`` console script (argv, signals).
+
+Trust: the verbs answer only a client whose certificate the configured CA
+signed; a bind goes only to a node that passed this extender's filter for
+that pod, named by its UID; what it writes on the pod is signed with its
+Ed25519 key (``nodemgr.domain.extenderchoice``), the only placement the node
+daemons believe.
 
 A top layer of its own, beside ``runtime`` and ``cli`` (pyproject.toml's
 contracts): it runs on control-plane nodes, not next to kubelet.

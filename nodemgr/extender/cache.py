@@ -33,6 +33,14 @@ counted twice or not at all; a DELETED event drops it too. An assumption the
 watch never confirms expires (logged, counted in the metrics), e.g. when the
 API server accepted the Binding but the watch lost the event.
 
+A pod's cards come from its placement as the cache's ``trust`` believes it
+(``nodemgr.domain.extenderchoice``): the placement this extender signed, never
+the unsigned gpushare annotations a pod owner can write; a pod whose placement
+is not believed counts where the policy would put it, and is reported
+(``on_ignored``: a log line and a pod Event). A pod the handlers cannot read at
+all is left out of the cache and reported the same way: one pod never stops
+the LIST (the cache would stay unsynced, and GPU scheduling with it).
+
 What it must not do: I/O (the watch threads and the server do it), or hold
 the lock while iterating a LIST (``replace`` builds first, then swaps).
 
@@ -49,12 +57,13 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from nodemgr.domain.extenderchoice import PlacementTrust, show
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, choose_card
-from nodemgr.domain.podmatch import FINISHED_PHASES, parse_extender_index
+from nodemgr.domain.podmatch import FINISHED_PHASES, PodInfo, parse_extender_index
 from nodemgr.errors import NoFitError
 from nodemgr.extender.logic import (
     RESERVED_FOR_WHOLE,
@@ -72,6 +81,9 @@ log = logging.getLogger("nodemgr.extender")
 PodKey = tuple[str, str]  # (namespace, name)
 Owner = tuple[str, str, str]  # (namespace, pod, container)
 SEEN_PODS = 4096  # pods remembered from filter calls, for a bind that comes before the watch
+# Node names kept, over all pods remembered, of the nodes that passed their filter: a bind
+# goes only to one of them (250,000: 50 pods in flight at once on 5,000 nodes).
+PASSED_NAMES = 250_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,8 +140,13 @@ class ClusterCache:
         policy: str,
         assume_ttl_seconds: float = 60.0,
         clock: Callable[[], float] = time.monotonic,
+        trust: PlacementTrust | None = None,
+        on_ignored: Callable[[str, str, str, str], None] | None = None,
     ):
         self.resources = resources
+        self.trust = trust or PlacementTrust(label_prefix=label_prefix)
+        # (namespace, pod, uid, why): a pod's placement or the pod itself left out
+        self.on_ignored = on_ignored or (lambda namespace, pod, uid, why: None)
         self.annotation_key = label_prefix + NODE_ANNOTATION
         self.policy = policy
         self.assume_ttl_seconds = assume_ttl_seconds
@@ -143,6 +160,8 @@ class ClusterCache:
         self._assumed_on: dict[str, set[str]] = {}  # node -> UIDs assumed there
         self._views: dict[str, NodeView] = {}
         self._seen: OrderedDict[str, PodDemand] = OrderedDict()
+        self._passed: OrderedDict[str, frozenset[str]] = OrderedDict()  # pod UID -> nodes
+        self._passed_names = 0
         self.nodes_synced = False
         self.pods_synced = False
         self.expired_total = 0
@@ -168,21 +187,43 @@ class ClusterCache:
     def pod(self, namespace: str, name: str) -> PodRecord | None:
         return self._pods.get((namespace, name))
 
-    def remember(self, demand: PodDemand) -> None:
-        """A pod seen in a filter call: bind may come before the watch shows it."""
+    def remember(self, demand: PodDemand, passed: Iterable[str] = ()) -> None:
+        """A pod seen in a filter call, and the nodes that passed it: bind may come before
+        the watch shows the pod, and binds it only to one of those nodes."""
+        if not demand.uid:
+            return
         with self.lock:
-            if demand.uid:
-                self._seen[demand.uid] = demand
-                self._seen.move_to_end(demand.uid)
-                while len(self._seen) > SEEN_PODS:
-                    self._seen.popitem(last=False)
+            self._seen[demand.uid] = demand
+            self._seen.move_to_end(demand.uid)
+            while len(self._seen) > SEEN_PODS:
+                self._seen.popitem(last=False)
+            old = self._passed.pop(demand.uid, None)
+            self._passed_names -= len(old) if old is not None else 0
+            nodes = self._nodes
+            # The names of cached nodes are kept as the cache's own strings: one copy each.
+            names = frozenset(n.name if (n := nodes.get(name)) else name for name in passed)
+            self._passed[demand.uid] = names
+            self._passed_names += len(names)
+            while self._passed and (
+                self._passed_names > PASSED_NAMES or len(self._passed) > SEEN_PODS
+            ):
+                _, dropped = self._passed.popitem(last=False)
+                self._passed_names -= len(dropped)
+
+    def passed_filter(self, uid: str, node: str) -> bool:
+        """Whether ``node`` passed this extender's last filter of the pod ``uid``."""
+        names = self._passed.get(uid)
+        return names is not None and node in names
 
     def demand_for_bind(self, namespace: str, name: str, uid: str) -> PodDemand | None:
-        """The pod's demand from the watch, else from a filter call (matched by UID)."""
+        """The pod's demand from the watch, else from a filter call (matched by UID, which
+        the bind must name)."""
+        if not uid:
+            return None
         record = self._pods.get((namespace, name))
-        if record is not None and (not uid or record.demand.uid == uid):
+        if record is not None and record.demand.uid == uid:
             return record.demand
-        seen = self._seen.get(uid) if uid else None
+        seen = self._seen.get(uid)
         if seen is not None and (seen.namespace, seen.name) == (namespace, name):
             return seen
         return None
@@ -437,16 +478,28 @@ class _NodeHandler:
             return NodeRecord(name, (), frozenset(), f"{name}: gpushare-node there has no GPUs")
         return NodeRecord(name, tuple(cards), frozenset(owners))
 
+    def _safe_record(self, obj: Mapping[str, Any]) -> NodeRecord:
+        """``record``, or a node that takes no GPU pod (and why) when it cannot be read:
+        one node's annotation never stops the LIST."""
+        try:
+            return self.record(obj)
+        except Exception as e:
+            metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+            name = str((metadata or {}).get("name") or "") if isinstance(metadata, Mapping) else ""
+            why = f"{name}: unreadable node ({type(e).__name__}: {show(str(e))})"
+            log.warning("node %s left without GPUs in the cache: %s", show(name), why)
+            return NodeRecord(name, (), frozenset(), why)
+
     def replace(self, items: Iterator[Mapping[str, Any]]) -> None:
         records = {}
         for obj in items:
-            record = self.record(obj)
+            record = self._safe_record(obj)
             records[record.name] = record
         with self._cache.lock:
             self._cache._replace_nodes(records)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        record = self.record(obj)
+        record = self._safe_record(obj)
         with self._cache.lock:
             if kind == "DELETED":
                 self._cache._drop_node(record.name)
@@ -459,10 +512,12 @@ class _PodHandler:
 
     def __init__(self, cache: ClusterCache):
         self._cache = cache
+        self._notes: dict[str, str] = {}  # pod UID -> the reason last reported
 
     def record(self, obj: Mapping[str, Any]) -> tuple[PodKey, PodRecord | None, str, str]:
-        info = pod_info(obj)
+        info = pod_info(obj, self._cache.trust)
         key = (info.namespace, info.name)
+        self._report(info)
         demand = pod_demand(info, self._cache.resources)
         if not demand.wants_gpu:
             return key, None, info.uid, info.node_name
@@ -476,19 +531,51 @@ class _PodHandler:
         record = PodRecord(demand, info.node_name, active, cards, info.created_at)
         return key, record, info.uid, info.node_name
 
+    def _report(self, info: PodInfo) -> None:
+        """Say once (per reason) that a pod's placement annotation is not believed."""
+        if not info.choice_note:
+            self._notes.pop(info.uid, None)
+            return
+        if self._notes.get(info.uid) != info.choice_note:
+            if len(self._notes) >= SEEN_PODS:
+                self._notes.pop(next(iter(self._notes)))
+            self._notes[info.uid] = info.choice_note
+            self._cache.on_ignored(info.namespace, info.name, info.uid, info.choice_note)
+
+    def _safe_record(
+        self, obj: Mapping[str, Any]
+    ) -> tuple[PodKey, PodRecord | None, str, str] | None:
+        """``record``, or None (logged and reported) for a pod it cannot read."""
+        try:
+            return self.record(obj)
+        except Exception as e:  # one pod must never stop the LIST or the watch
+            metadata = obj.get("metadata") if isinstance(obj, Mapping) else None
+            metadata = metadata if isinstance(metadata, Mapping) else {}
+            namespace, name, uid = (
+                str(metadata.get(k) or "") for k in ("namespace", "name", "uid")
+            )
+            why = f"gpushare-scheduler cannot read this pod ({type(e).__name__}: {show(str(e))})"
+            log.warning("pod %s/%s left out of the cache: %s", show(namespace), show(name), why)
+            self._cache.on_ignored(namespace, name, uid, why + ": left out of its GPU accounting")
+            return None
+
     def replace(self, items: Iterator[Mapping[str, Any]]) -> None:
         records = {}
         for obj in items:
-            key, record, _, _ = self.record(obj)
-            if record is not None:
-                records[key] = record
+            read = self._safe_record(obj)
+            if read is not None and read[1] is not None:
+                records[read[0]] = read[1]
         with self._cache.lock:
             self._cache._replace_pods(records)
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        key, record, uid, node = self.record(obj)
+        read = self._safe_record(obj)
+        if read is None:
+            return
+        key, record, uid, node = read
         with self._cache.lock:
             if kind == "DELETED":
+                self._notes.pop(uid, None)
                 self._cache._put_pod(key, None, uid, node)
             else:
                 self._cache._put_pod(key, record, uid, node)

@@ -21,7 +21,8 @@ assumed binds), ``place`` puts:
 
 ``Unfit`` carries the reason a person reads in the pod's FailedScheduling
 event (``no single GPU on node-a has 6 GiB and 40% free: GPU0 (Tesla T4)
-has 8 GiB/20% free, GPU1 (Tesla T4) has 4 GiB/90% free``) and whether it is
+has 8 GiB/20% free, GPU1 (Tesla T4) has 4 GiB/90% free``; the wire writes
+each ``%`` as ``percent``) and whether it is
 unresolvable: no card of the node could hold the container even when empty,
 or the node has no gpushare-node, so preemption cannot help.
 

@@ -5,22 +5,30 @@
 - ``filter``: the candidate nodes where every GPU container of the pod fits
   on one card (whole cards: enough idle cards), the others with the reason;
 - ``prioritize``: 0 to 10 per node by the placement policy;
-- ``bind``: chooses the cards under the cache lock and *assumes* them there
-  (see nodemgr.extender.cache), then writes the gpushare annotations with one
-  merge patch and creates the Binding. A bind that fails for sure frees its
-  cards; one whose outcome is unknown (no answer) keeps them until the
-  assumption expires.
+- ``bind``: binds only a pod named by its real UID to a node that passed this
+  extender's filter for it (kube-scheduler's own filters ran before: its
+  taints, selectors and affinity), never one already bound; chooses the cards
+  under the cache lock and *assumes* them there (see nodemgr.extender.cache),
+  then writes the gpushare annotations and the placement signed with the
+  extender's key (``<label_prefix>placement``, the only one the nodes believe)
+  with one merge patch, and creates the Binding. A bind that fails for sure
+  frees its cards; one whose outcome is unknown (no answer) keeps them until
+  the assumption expires.
 
 While the cache has not listed nodes and pods yet, filter and bind answer
 with ``Error`` (kube-scheduler retries the pod), never with a blind decision.
 
-``ExtenderServer`` (stdlib HTTP/1.1, keep-alive, one thread per connection):
+``ExtenderServer`` (HTTP/1.1 on ``nodemgr.extender.listener``: budgets and
+deadlines for every peer): over mutual TLS only (``nodemgr.extender.tls``),
 ``POST <prefix>/filter``, ``<prefix>/prioritize``, ``<prefix>/bind`` (the
 prefix is the path of the scheduler config's urlPrefix; the bare ``/filter``
 ... work too), ``GET /healthz`` (200 once both caches are synced, else 503
 saying which is not) and ``GET /metrics`` (Prometheus text format, written
-here: prometheus_client is the node daemon's metrics module's only). A body
-that is not the verb's type gets HTTP 400 with the reason.
+here: prometheus_client is the node daemon's metrics module's only); on a
+plain port of its own, for kubelet's probes (which present no client
+certificate), ``GET /healthz`` and ``/metrics`` only. A body that is not the
+verb's type, or larger than the largest real request (``wire.Limits``), gets
+HTTP 400 (413 unread when its length says so) with the reason.
 
 What it must not do: make an API request while holding the cache lock.
 
@@ -37,17 +45,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
+from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
 from nodemgr.errors import KubeApiError, KubeUnavailable
 from nodemgr.extender import logic
 from nodemgr.extender.cache import ClusterCache
+from nodemgr.extender.listener import Budget, Listener, Request, Response, Serving, Stats
+from nodemgr.extender.tls import ServerTls
 from nodemgr.extender.wire import (
     ExtenderArgs,
     ExtenderBindingArgs,
     ExtenderFilterResult,
     HostPriority,
+    Limits,
     WireError,
     binding_result,
     host_priority_list,
@@ -58,12 +69,29 @@ from nodemgr.kubernetes.podwatch import pod_info
 
 log = logging.getLogger("nodemgr.extender")
 
-MAX_BODY_BYTES = 256 * 1024 * 1024  # 5,000 full Node objects fit; anything larger is refused
+# kubelet's probes and a scraper: small GETs, one per connection.
+HEALTH_BUDGET = Budget(
+    max_connections=32,
+    idle_seconds=5.0,
+    header_seconds=5.0,
+    body_seconds=5.0,
+    write_seconds=5.0,
+    max_header_bytes=4096,
+    max_body_bytes=0,
+    keep_alive=False,
+    workers=1,
+)
 NOT_SYNCED = (
     "gpushare-scheduler has not listed the cluster's nodes and pods yet (starting, or the API "
     "server does not answer); kube-scheduler retries the pod"
 )
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class Signer(Protocol):
+    """The extender's Ed25519 private key (nodemgr.common.placementkey.PrivateKey)."""
+
+    def sign(self, message: bytes) -> bytes: ...
 
 
 class Binder(Protocol):
@@ -199,18 +227,18 @@ class Extender:
         self,
         cache: ClusterCache,
         binder: Binder,
+        signer: Signer,
         clock_ns: Callable[[], int] = time.time_ns,
     ):
         self.cache = cache
         self.binder = binder
+        self.signer = signer
         self._clock_ns = clock_ns
         self.decision_seconds: list[float] = []  # bind's time under the lock (bench reads it)
         self.keep_decision_times = False
 
     def _demand(self, args: ExtenderArgs) -> logic.PodDemand:
-        demand = logic.pod_demand(pod_info(args.pod), self.cache.resources)
-        self.cache.remember(demand)
-        return demand
+        return logic.pod_demand(pod_info(args.pod), self.cache.resources)
 
     def filter(self, args: ExtenderArgs) -> ExtenderFilterResult:
         cache = self.cache
@@ -240,6 +268,7 @@ class Extender:
                     len(names),
                     "; ".join(f"{n}: {r}" for n, r in reasons.items())[:2000],
                 )
+        cache.remember(demand, passed)
         result = ExtenderFilterResult(
             failed_nodes=outcome.failed, failed_and_unresolvable_nodes=outcome.unresolvable
         )
@@ -270,33 +299,21 @@ class Extender:
         who = f"{args.pod_namespace}/{args.pod_name}"
         if not cache.synced:
             return NOT_SYNCED
+        if not args.pod_uid:
+            return f"gpushare-scheduler binds a pod by its UID only: the bind of {who} names none"
         cache.expire()
         began = time.perf_counter()
         with cache.lock:
-            demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
-            if demand is None:
-                return (
-                    f"gpushare-scheduler does not know pod {who} (UID {args.pod_uid or '?'}): "
-                    "neither its pod watch nor a filter call has shown it"
-                )
-            annotations: dict[str, str] = {}
-            if demand.wants_gpu:
-                view = cache.view(args.node)
-                try:
-                    placement = logic.place(
-                        demand, view, cache.policy, cache.resources.memory_unit_mib
-                    )
-                except logic.Unfit as e:
-                    return f"{who} no longer fits {args.node}: {e.reason}"
-                annotations = logic.bind_annotations(demand, placement, view, self._clock_ns())
-                cache.assume(placement, demand)
+            decided = self._decide(args, who)
+        if isinstance(decided, str):
+            return decided
         if self.keep_decision_times:
             self.decision_seconds.append(time.perf_counter() - began)
-        uid = args.pod_uid or demand.uid
+        demand, annotations = decided
         try:
             if annotations:
                 self.binder.annotate(args.pod_namespace, args.pod_name, annotations)
-            self.binder.bind(args.pod_namespace, args.pod_name, uid, args.node)
+            self.binder.bind(args.pod_namespace, args.pod_name, demand.uid, args.node)
         except KubeApiError as e:
             if isinstance(e, KubeUnavailable):
                 cache.bound(demand.uid)  # it may have happened: keep the cards until expiry
@@ -313,6 +330,45 @@ class Extender:
                 ", ".join(_describe_choice(demand, annotations)) or "whole cards only",
             )
         return ""
+
+    def _decide(
+        self, args: ExtenderBindingArgs, who: str
+    ) -> str | tuple[logic.PodDemand, dict[str, str]]:
+        """Under the cache lock: the refusal, or the pod's demand and the annotations to
+        write (its cards then counted as assumed)."""
+        cache = self.cache
+        demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
+        if demand is None:
+            return (
+                f"gpushare-scheduler does not know pod {who} with UID {args.pod_uid}: "
+                "neither its pod watch nor a filter call has shown it"
+            )
+        record = cache.pod(args.pod_namespace, args.pod_name)
+        if record is not None and record.node:
+            return f"{who} is already bound to {record.node}"
+        if not cache.passed_filter(demand.uid, args.node):
+            return (
+                f"{args.node} did not pass gpushare-scheduler's filter for {who} (UID "
+                f"{demand.uid}): kube-scheduler filters the pod again"
+            )
+        if not demand.wants_gpu:
+            return demand, {}
+        view = cache.view(args.node)
+        try:
+            placement = logic.place(demand, view, cache.policy, cache.resources.memory_unit_mib)
+        except logic.Unfit as e:
+            return f"{who} no longer fits {args.node}: {e.reason}"
+        now_ns = self._clock_ns()
+        annotations = logic.bind_annotations(demand, placement, view, now_ns)
+        if annotations:
+            try:
+                text = signed_text(demand.uid, args.node, now_ns, placement.cards)
+            except ValueError as e:
+                return f"gpushare-scheduler cannot bind {who}: {e}"
+            signature = self.signer.sign(signed_message(text))
+            annotations[cache.trust.signed_key] = with_signature(text, signature)
+        cache.assume(placement, demand)
+        return demand, annotations
 
 
 def _describe_choice(demand: logic.PodDemand, annotations: dict[str, str]) -> list[str]:
@@ -333,7 +389,13 @@ def _describe_choice(demand: logic.PodDemand, annotations: dict[str, str]) -> li
 
 
 class ExtenderServer:
-    """The HTTP server; ``serve_forever`` in a thread of its own; ``shutdown`` to end it."""
+    """The extender's two listeners: the verbs over mutual TLS, and the probes' plain port.
+
+    ``address``: HTTPS, every verb, for a client whose certificate ``tls`` accepts;
+    ``health_address`` (optional): plain HTTP, ``GET /healthz`` and ``/metrics`` only,
+    for kubelet's probes and a scraper (read-only, no pod names). ``start`` serves in a
+    thread of its own; ``shutdown`` closes every connection at once.
+    """
 
     def __init__(
         self,
@@ -341,26 +403,44 @@ class ExtenderServer:
         address: tuple[str, int],
         url_prefix: str = "",
         watches: dict[str, WatchState] | None = None,
+        *,
+        tls: ServerTls,
+        health_address: tuple[str, int] | None = None,
+        limits: Limits | None = None,
+        budget: Budget | None = None,
+        health_budget: Budget | None = None,
     ):
         self.extender = extender
         self.metrics = Metrics()
         self.watches = watches or {}
+        self.limits = limits or Limits()
         self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
-        self.httpd = ThreadingHTTPServer(address, _Handler)
-        self.httpd.daemon_threads = True
-        self.httpd.extender_server = self  # type: ignore[attr-defined]
+        self.stats = Stats()
+        budget = budget or Budget(max_body_bytes=self.limits.max_body_bytes)
+        self.serving = Serving()
+        self.serving.listeners.append(
+            Listener("https", address, self._handle, budget, tls, self.stats)
+        )
+        if health_address is not None:
+            health = health_budget or HEALTH_BUDGET
+            self.serving.listeners.append(
+                Listener("health", health_address, self._handle_health, health, None, self.stats)
+            )
 
     @property
     def address(self) -> tuple[str, int]:
-        host, port = self.httpd.server_address[:2]
-        return str(host), int(port)
+        return self.serving.listeners[0].address
 
-    def serve_forever(self) -> None:
-        self.httpd.serve_forever(poll_interval=0.2)
+    @property
+    def health_address(self) -> tuple[str, int] | None:
+        listeners = self.serving.listeners
+        return listeners[1].address if len(listeners) > 1 else None
+
+    def start(self) -> None:
+        self.serving.start()
 
     def shutdown(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.serving.stop()
 
     def route(self, method: str, path: str) -> str | None:
         """The verb of a path ("filter", "healthz", ...), or None."""
@@ -392,73 +472,67 @@ class ExtenderServer:
         extender = self.extender
         try:
             if verb == "filter":
-                result = extender.filter(parse_extender_args(body))
+                result = extender.filter(parse_extender_args(body, self.limits))
                 passed = result.node_names or result.nodes
                 label = "error" if result.error else "ok" if passed else "none"
                 return 200, result.to_json(), label
             if verb == "prioritize":
-                return 200, host_priority_list(extender.prioritize(parse_extender_args(body))), "ok"
-            error = extender.bind(parse_binding_args(body))
+                args = parse_extender_args(body, self.limits)
+                return 200, host_priority_list(extender.prioritize(args)), "ok"
+            error = extender.bind(parse_binding_args(body, self.limits))
             return 200, binding_result(error), "error" if error else "ok"
         except WireError as e:
             return 400, {"error": str(e)}, "bad_request"
 
+    def render_metrics(self) -> str:
+        text = self.metrics.render(self.extender.cache, self.watches)
+        counts = sorted(self.serving.call(lambda: dict(self.stats.counts)).items())
+        lines = [
+            "# HELP gpushare_extender_connections_closed_total Connections refused or cut, "
+            "by listener and reason (handshake_failed, not_authorized, over_capacity, "
+            "evicted, *_timeout, too_large, busy, bad_request, ...).",
+            "# TYPE gpushare_extender_connections_closed_total counter",
+        ]
+        lines += [
+            f'gpushare_extender_connections_closed_total{{listener="{listener}",'
+            f'reason="{reason}"}} {n}'
+            for (listener, reason), n in counts
+        ]
+        return text + "\n".join(lines) + "\n"
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "gpushare-scheduler"
+    # --- the handlers (worker threads) ---------------------------------------------------
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
-        log.debug("%s %s", self.address_string(), format % args)
-
-    def _server(self) -> ExtenderServer:
-        return self.server.extender_server  # type: ignore[attr-defined]
-
-    def do_GET(self) -> None:  # noqa: N802 (http.server's name)
-        self._dispatch("GET")
-
-    def do_POST(self) -> None:  # noqa: N802
-        self._dispatch("POST")
-
-    def do_PUT(self) -> None:  # noqa: N802
-        self._dispatch("PUT")
-
-    def _dispatch(self, method: str) -> None:
-        server = self._server()
-        verb = server.route(method, self.path)
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > MAX_BODY_BYTES:
-            self._send(413, "text/plain", f"body over {MAX_BODY_BYTES} bytes\n".encode())
-            self.close_connection = True
-            return
-        body = self.rfile.read(length) if length else b""
+    def _handle(self, request: Request) -> Response:
+        verb = self.route(request.method, request.target)
         if verb is None:
-            self._send(404, "text/plain", f"no such path: {self.path}\n".encode())
-            return
+            return _text(404, f"no such path: {request.target[:200]}\n")
         if verb == "method":
-            self._send(405, "text/plain", f"{method} not allowed on {self.path}\n".encode())
-            return
+            return _text(405, f"{request.method} not allowed on {request.target[:200]}\n")
         if verb == "healthz":
-            status, text = server.healthz()
-            self._send(status, "text/plain", text.encode())
-            return
+            status, text = self.healthz()
+            return _text(status, text)
         if verb == "metrics":
-            text = server.metrics.render(server.extender.cache, server.watches)
-            self._send(200, "text/plain; version=0.0.4", text.encode())
-            return
+            return Response(200, "text/plain; version=0.0.4", self.render_metrics().encode())
         began = time.perf_counter()
         try:
-            status, document, label = server.answer(verb, body)
+            status, document, label = self.answer(verb, request.body)
         except Exception:
             log.exception("%s failed", verb)
             status, document, label = 500, {"error": f"{verb}: internal error"}, "internal"
         data = json.dumps(document, separators=(",", ":")).encode()
-        self._send(status, "application/json", data)
-        server.metrics.observe(verb, label, time.perf_counter() - began)
+        self.metrics.observe(verb, label, time.perf_counter() - began)
+        return Response(status, "application/json", data)
 
-    def _send(self, status: int, content_type: str, data: bytes) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", content_type)
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    def _handle_health(self, request: Request) -> Response:
+        verb = self.route(request.method, request.target)
+        if verb not in ("healthz", "metrics"):
+            return _text(
+                404 if verb is None or verb != "method" else 405,
+                "this port serves GET /healthz and /metrics only; the verbs are on the "
+                "HTTPS port\n",
+            )
+        return self._handle(request)
+
+
+def _text(status: int, text: str) -> Response:
+    return Response(status, "text/plain", text.encode())

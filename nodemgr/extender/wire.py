@@ -20,8 +20,27 @@ expects, field by field:
   ``PodNamespace``, ``PodUID``, ``Node``; ``ExtenderBindingResult``: ``Error``.
 
 Every result is serialised with all its keys, as Go's encoder writes a struct
-without omitempty. Input that does not decode into these types raises
-``WireError`` (answered with HTTP 400 and the message), naming the field.
+without omitempty. Every text kube-scheduler gets back (a failed node's reason,
+``Error``) goes through ``scheduler_text``: kube-scheduler posts it as the
+*format* of the pod's FailedScheduling event (Go's ``Eventf`` with no
+arguments), where each ``%`` starts a verb (``10% free`` reads ``10%!f(MISSING)ree``),
+and puts it unformatted in the pod's PodScheduled condition, where ``%%``
+would show doubled. So no ``%`` goes out: it is written ``percent``.
+
+Input that does not decode into these types raises ``WireError`` (answered with
+HTTP 400 and the message), naming the field.
+
+What one request may cost is sized from the largest real one: 5,000 nodes
+(the largest cluster Kubernetes supports; ``max_nodes``), as names or, with
+``nodeCacheCapable: false``, as full Node objects (~17 KiB and ~600 JSON
+values each as kubelet reports them with 50 images; ``NODE_BYTES`` and
+``NODE_VALUES`` leave room above that). The HTTP layer refuses a longer body
+unread (``max_body_bytes``); ``decode`` counts the JSON values a body can hold
+(its commas and brackets, a cheap bound) and refuses one that would parse into
+more objects than the largest real request, before parsing; the node lists
+are held to ``max_nodes``. So no request, whatever its shape (two million
+node names, a million-element array), costs more memory or CPU than a
+5,000-node one.
 
 What it must not do: any I/O; decide anything about GPUs (that is logic's).
 """
@@ -29,12 +48,34 @@ What it must not do: any I/O; decide anything about GPUs (that is logic's).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 MIN_PRIORITY = 0
 MAX_PRIORITY = 10
+
+MAX_NODES = 5000  # the largest cluster Kubernetes supports
+NODE_BYTES = 24 * 1024  # a Node object as kube-scheduler sends it, with room to spare
+NODE_VALUES = 1000  # JSON values (objects, arrays, scalars) in one such Node
+POD_BYTES = 1024 * 1024  # the pod and the envelope
+POD_VALUES = 20_000
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may hold, from the largest real one (``max_nodes`` nodes)."""
+
+    max_nodes: int = MAX_NODES
+
+    @property
+    def max_body_bytes(self) -> int:
+        return self.max_nodes * NODE_BYTES + POD_BYTES
+
+    @property
+    def max_values(self) -> int:
+        return self.max_nodes * NODE_VALUES + POD_VALUES
 
 
 class WireError(ValueError):
@@ -82,9 +123,11 @@ class ExtenderFilterResult:
         return {
             "Nodes": None if self.nodes is None else {"metadata": {}, "items": self.nodes},
             "NodeNames": self.node_names,
-            "FailedNodes": self.failed_nodes,
-            "FailedAndUnresolvableNodes": self.failed_and_unresolvable_nodes,
-            "Error": self.error,
+            "FailedNodes": {n: scheduler_text(r) for n, r in self.failed_nodes.items()},
+            "FailedAndUnresolvableNodes": {
+                n: scheduler_text(r) for n, r in self.failed_and_unresolvable_nodes.items()
+            },
+            "Error": scheduler_text(self.error),
         }
 
 
@@ -103,16 +146,39 @@ def host_priority_list(priorities: Sequence[HostPriority]) -> list[dict[str, Any
 
 def binding_result(error: str = "") -> dict[str, str]:
     """ExtenderBindingResult."""
-    return {"Error": error}
+    return {"Error": scheduler_text(error)}
+
+
+_PERCENT = re.compile(r" ?%")
+
+
+def scheduler_text(text: str) -> str:
+    """``text`` as it must go to kube-scheduler: no ``%`` (``40%`` becomes ``40 percent``),
+    so it reads the same in the event Go's fmt formats and in the pod's condition."""
+    return _PERCENT.sub(" percent", text) if "%" in text else text
 
 
 # --- decoding ----------------------------------------------------------------------
 
 
-def decode(body: bytes, type_name: str) -> dict[str, Any]:
-    """The body as a JSON object; WireError otherwise."""
+def decode(body: bytes, type_name: str, limits: Limits | None = None) -> dict[str, Any]:
+    """The body as a JSON object; WireError otherwise (also one that would parse into more
+    values than the largest real request holds)."""
+    limits = limits or Limits()
+    if len(body) > limits.max_body_bytes:
+        raise WireError(f"{type_name}: the body is over {limits.max_body_bytes} bytes")
+    # Every JSON value but the first follows a comma or opens an array or object (commas
+    # and brackets inside strings only raise the bound): counted at memchr speed.
+    values = body.count(b",") + body.count(b"[") + body.count(b"{")
+    if values > limits.max_values:
+        raise WireError(
+            f"{type_name}: the body holds up to {values} JSON values, more than the "
+            f"{limits.max_values} of a request for {limits.max_nodes} nodes"
+        )
     try:
         value = json.loads(body)
+    except RecursionError:
+        raise WireError(f"{type_name}: the body is nested too deep") from None
     except (ValueError, UnicodeDecodeError) as e:
         raise WireError(f"{type_name}: the body is not JSON ({e})") from None
     if not isinstance(value, dict):
@@ -120,9 +186,10 @@ def decode(body: bytes, type_name: str) -> dict[str, Any]:
     return value
 
 
-def parse_extender_args(body: bytes) -> ExtenderArgs:
+def parse_extender_args(body: bytes, limits: Limits | None = None) -> ExtenderArgs:
     """ExtenderArgs from a request body (filter, prioritize)."""
-    document = decode(body, "ExtenderArgs")
+    limits = limits or Limits()
+    document = decode(body, "ExtenderArgs", limits)
     fields = _go_fields(document, ("Pod", "Nodes", "NodeNames"))
     pod = fields.get("Pod")
     if pod is None:
@@ -141,13 +208,20 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
         if raw is not None and not isinstance(raw, list):
             raise WireError(f"ExtenderArgs.Nodes.items: a list expected, got {_kind(raw)}")
         items = list(raw or [])
+        _check_count("ExtenderArgs.Nodes.items", len(items), limits)
         for i, node in enumerate(items):
             _node_name(node, i)
     names = fields.get("NodeNames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        if not isinstance(names, list):
             raise WireError(
                 f"ExtenderArgs.NodeNames: a list of strings expected, got {_short(names)}"
+            )
+        _check_count("ExtenderArgs.NodeNames", len(names), limits)
+        if not all(isinstance(n, str) and 0 < len(n) <= 253 for n in names):
+            raise WireError(
+                "ExtenderArgs.NodeNames: a list of node names expected (strings of 1 to 253 "
+                "characters)"
             )
     if items is None and names is None:
         raise WireError(
@@ -157,9 +231,9 @@ def parse_extender_args(body: bytes) -> ExtenderArgs:
     return ExtenderArgs(pod=pod, nodes=items, node_names=names)
 
 
-def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
+def parse_binding_args(body: bytes, limits: Limits | None = None) -> ExtenderBindingArgs:
     """ExtenderBindingArgs from a request body (bind)."""
-    document = decode(body, "ExtenderBindingArgs")
+    document = decode(body, "ExtenderBindingArgs", limits)
     fields = _go_fields(document, ("PodName", "PodNamespace", "PodUID", "Node"))
     values = {}
     for name in ("PodName", "PodNamespace", "PodUID", "Node"):
@@ -172,9 +246,20 @@ def parse_binding_args(body: bytes) -> ExtenderBindingArgs:
     for name in ("PodName", "Node"):
         if not values[name]:
             raise WireError(f"ExtenderBindingArgs.{name}: required")
+    for name, value in values.items():
+        if len(value) > 253:
+            raise WireError(f"ExtenderBindingArgs.{name}: over 253 characters")
     return ExtenderBindingArgs(
         values["PodName"], values["PodNamespace"], values["PodUID"], values["Node"]
     )
+
+
+def _check_count(field_name: str, count: int, limits: Limits) -> None:
+    if count > limits.max_nodes:
+        raise WireError(
+            f"{field_name}: {count} nodes, more than the {limits.max_nodes} this extender "
+            "takes (--max-nodes)"
+        )
 
 
 def _go_fields(document: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:

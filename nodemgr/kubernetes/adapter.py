@@ -58,7 +58,7 @@ from nodemgr.kubernetes.client import (
     new_api_client,
     rfc3339,
 )
-from nodemgr.kubernetes.podwatch import PodWatch
+from nodemgr.kubernetes.podwatch import PodWatch, placement_trust
 from nodemgr.kubernetes.writes import Backoff, EventLimiter, WriteQueue, merge_keys, replace
 
 log = logging.getLogger(__name__)
@@ -73,6 +73,7 @@ API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 )
 
 EVENT_COMPONENT = "gpushare-node"
+PLACEMENT_IGNORED_REASON = "GPUSharePlacementIgnored"
 MERGE_PATCH = "application/merge-patch+json"
 # Repeats of an event patch the Event already posted (count, lastTimestamp),
 # as kubelet's recorder does, while it is younger than this: the API server
@@ -186,6 +187,8 @@ class KubeAdapter:
             self._watch_timeout_seconds,
             Backoff(*self._backoff_seconds),
             self._candidate_filter,
+            trust=placement_trust(self.settings),
+            on_ignored=self._placement_ignored,
         )
         self._writer = threading.Thread(target=self._write_loop, name="kube-writer", daemon=True)
         log.info(
@@ -235,6 +238,11 @@ class KubeAdapter:
         return (
             self._watch.thread.is_alive() and self._writer is not None and self._writer.is_alive()
         )
+
+    def _placement_ignored(self, pod: PodInfo) -> None:
+        """A placement annotation on one of this node's pods is not believed: say so."""
+        log.warning("pod %s/%s: %s", pod.namespace, pod.name, pod.choice_note)
+        self.record_event(pod.namespace, pod.name, PLACEMENT_IGNORED_REASON, pod.choice_note)
 
     def _go_off(self) -> None:
         with self._lock:

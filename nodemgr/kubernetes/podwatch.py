@@ -15,7 +15,11 @@ entries): the candidates (pods the allocator may match) and, by what they
 ask, ``(resource, size) -> candidates`` some container of which requests
 exactly that, so an Allocate reads only the pods that can match it.
 ``pod_info`` turns a pod of the API into the ``PodInfo`` the admission
-match reads.
+match reads, with the scheduler extender's choice as the placement trust
+(``kubernetes.placement_trust``, ``placement_public_key``) believes it; a pod
+whose placement annotation is not believed is reported once per change of the
+reason (``on_ignored``: a log line and a pod Event), never raises, and stays
+in the cache without it.
 
 What it must not do: list pods more than once per (re)start or expiry,
 hold a lock over I/O, or let an error end the thread before ``stop``.
@@ -31,6 +35,9 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from nodemgr.common.changes import ChangeCounter
+from nodemgr.common.placementkey import PlacementKeyError, read_public_key
+from nodemgr.config.schema import KubernetesSettings
+from nodemgr.domain.extenderchoice import PlacementTrust, decide
 from nodemgr.domain.podmatch import ContainerRequest, PodInfo, asked_sizes
 from nodemgr.kubernetes.client import ApiSession
 from nodemgr.kubernetes.kubeclient import parse_quantity
@@ -56,7 +63,11 @@ class PodWatch:
         watch_timeout_seconds: int = 300,
         backoff: Backoff | None = None,
         candidate: Callable[[PodInfo], bool] | None = None,
+        trust: PlacementTrust | None = None,
+        on_ignored: Callable[[PodInfo], None] | None = None,
     ):
+        self._trust = trust or PlacementTrust()
+        self._on_ignored = on_ignored or (lambda pod: None)
         # Which pods the allocator may match (pending, asking for a shared GPU), kept as
         # an index updated per event: Allocate reads it without walking the whole cache.
         self._candidate = candidate or (lambda pod: True)
@@ -127,16 +138,20 @@ class PodWatch:
     def replace(self, items: Iterator[Mapping[str, Any]]) -> None:
         """A LIST: the cache becomes exactly these pods, and synced."""
         pods = {}
+        old = self._cache[0]
         for item in items:
-            info = pod_info(item)
-            pods[(info.namespace, info.name)] = info
+            info = pod_info(item, self._trust)
+            key = (info.namespace, info.name)
+            pods[key] = info
+            self._report(old.get(key), info)
         candidates = {key: pod for key, pod in pods.items() if self._candidate(pod)}
         self._publish(pods, synced=True, index=(candidates, _ask_index(candidates.values())))
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
         """One ADDED, MODIFIED or DELETED pod (one moved to another node is gone)."""
-        info = pod_info(obj)
+        info = pod_info(obj, self._trust)
         key = (info.namespace, info.name)
+        self._report(self._cache[0].get(key), info)
         pods = dict(self._cache[0])  # copy on write: readers keep their snapshot
         gone = kind == "DELETED" or (info.node_name and info.node_name != self._node_name)
         if gone:
@@ -154,6 +169,11 @@ class PodWatch:
         else:
             candidates[key] = new
         self._publish(pods, index=(candidates, _reindexed(self._asking, key, old, new)))
+
+    def _report(self, old: PodInfo | None, new: PodInfo) -> None:
+        """A placement annotation newly not believed: said once, until its reason changes."""
+        if new.choice_note and (old is None or old.choice_note != new.choice_note):
+            self._on_ignored(new)
 
     def _unsync(self) -> None:
         """The watch's version expired: the cache may miss changes until the next LIST."""
@@ -215,24 +235,53 @@ def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo |
 # --- pods from the API -------------------------------------------------------
 
 
-def pod_info(pod: Any) -> PodInfo:
-    """A pod from the API as PodInfo: a raw JSON dict (camelCase) or a ``V1Pod``."""
+def placement_trust(settings: KubernetesSettings) -> PlacementTrust:
+    """The node's trust in placement annotations (kubernetes.placement_trust and
+    placement_public_key); an unreadable key is logged and trusts no signature."""
+    path = settings.placement_public_key
+    verifier, problem = None, "no kubernetes.placement_public_key is configured"
+    if path:
+        try:
+            verifier, problem = read_public_key(path), ""
+        except (OSError, PlacementKeyError) as e:
+            problem = f"kubernetes.placement_public_key {path} is unusable: {e}"
+            log.error("%s; no placement signature can be checked", problem)
+    return PlacementTrust(settings.placement_trust, settings.label_prefix, verifier, problem)
+
+
+def pod_info(pod: Any, trust: PlacementTrust | None = None) -> PodInfo:
+    """A pod from the API as PodInfo: a raw JSON dict (camelCase) or a ``V1Pod``.
+
+    ``trust``: how to read the scheduler extender's choice (None: not read at all)."""
     data = pod if isinstance(pod, Mapping) else pod.to_dict(serialize=True)
     metadata = data.get("metadata") or {}
     spec = data.get("spec") or {}
     status = data.get("status") or {}
+    annotations = {
+        str(k): v for k, v in (metadata.get("annotations") or {}).items() if isinstance(v, str)
+    }
+    uid = metadata.get("uid") or ""
+    node_name = spec.get("nodeName") or ""
+    phase = status.get("phase") or "Pending"  # no status yet: just created
+    choice, note = (
+        decide(annotations, uid, node_name, phase == "Pending", trust)
+        if trust is not None
+        else (None, "")
+    )
     return PodInfo(
         namespace=metadata.get("namespace") or "",
         name=metadata.get("name") or "",
-        uid=metadata.get("uid") or "",
-        node_name=spec.get("nodeName") or "",
-        phase=status.get("phase") or "Pending",  # no status yet: just created
+        uid=uid,
+        node_name=node_name,
+        phase=phase,
         created_at=_unix_seconds(metadata.get("creationTimestamp")),
         deleting=metadata.get("deletionTimestamp") is not None,
-        annotations=dict(metadata.get("annotations") or {}),
+        annotations=annotations,
         containers=tuple(_container(c) for c in spec.get("containers") or ()),
         init_containers=tuple(_container(c) for c in spec.get("initContainers") or ()),
         resource_version=metadata.get("resourceVersion") or "",
+        choice=choice,
+        choice_note=note,
     )
 
 

@@ -227,6 +227,8 @@ def parse_node_annotation(text: str) -> list[dict[str, Any]]:
     """
     try:
         document = json.loads(text)
+    except RecursionError:
+        raise ValueError("nested too deep") from None
     except ValueError as e:
         raise ValueError(f"not JSON ({e})") from e
     if not isinstance(document, dict):

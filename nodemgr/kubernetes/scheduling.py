@@ -8,10 +8,11 @@ For nodemgr.extender (which may not import the kubernetes client itself):
   (only the keys given change);
 - ``create_binding``: ``POST .../pods/<name>/binding``, with the pod's UID as
   precondition, so a pod deleted and made again under the same name is never
-  bound by a decision made for the old one.
+  bound by a decision made for the old one;
+- ``create_event``: a pod Event (a placement annotation it ignored).
 
 Errors are ``KubeApiError`` (``client.map_error``). RBAC: pods patch,
-pods/binding create (deploy/templates/scheduler-rbac.yaml.j2).
+pods/binding create, events create (deploy/templates/scheduler-rbac.yaml.j2).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping
 
-from nodemgr.kubernetes.client import ApiSession, find_credentials, new_api_client
+from nodemgr.kubernetes.client import ApiSession, find_credentials, new_api_client, rfc3339
 
 MERGE_PATCH = "application/merge-patch+json"
+EVENT_COMPONENT = "gpushare-scheduler"
 
 
 def open_session(kubeconfig: str, timeout_seconds: float, pool_size: int = 8) -> ApiSession:
@@ -63,6 +65,44 @@ def create_binding(session: ApiSession, namespace: str, name: str, uid: str, nod
         f"pods/{namespace}/{name}/binding",
         session.core.create_namespaced_pod_binding,
         name,
+        namespace,
+        body,
+    )
+
+
+def create_event(
+    session: ApiSession,
+    namespace: str,
+    pod: str,
+    uid: str,
+    reason: str,
+    message: str,
+    count: int = 1,
+) -> None:
+    """A Warning Event on the pod (a new one per call: the caller rate-limits)."""
+    now = rfc3339(time.time())
+    involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod}
+    if uid:
+        involved["uid"] = uid
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": f"{pod[:230]}.{time.time_ns():x}", "namespace": namespace},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning",
+        "count": count,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "source": {"component": EVENT_COMPONENT},
+        "reportingComponent": EVENT_COMPONENT,
+        "reportingInstance": EVENT_COMPONENT,
+    }
+    session.call(
+        "create",
+        f"events/{namespace}",
+        session.core.create_namespaced_event,
         namespace,
         body,
     )

@@ -9,8 +9,8 @@ admits the pod.
 
 Pins: a pod asking 6 GiB + 40 % skips the node whose totals fit but where no single
 card fits both, with the issue's reason; every container the extender placed is
-admitted by its node on exactly the card the extender chose, for memory and for share
-(multi-container pods, share-only, whole cards); the node's own annotations then agree;
+admitted by its node on exactly the card the extender chose (and signed), for memory and
+for share (multi-container pods, share-only, whole cards); the node's own annotations then agree;
 pods placed back to back, before any node has published, never share a card's space;
 a pod that fits nowhere stays Pending with the reasons per node; ``kubectl inspect
 gpushare`` through Debian's real kubectl shows the placement with the share.
@@ -23,9 +23,11 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
+from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
 from tests.harness.extender_proc import ExtenderProc, Scheduler
@@ -43,12 +45,16 @@ class TwoNodeCluster:
         self.api.start()
         self.nodes: dict[str, Node] = {}
         self.kubelets: dict[str, TestKubelet] = {}
+        # The extender's key pair: the private key for it, the public one for every node.
+        self.keys = tempfile.mkdtemp(prefix="gpushare-keys-", dir="/tmp")
+        _, public = placementkeys.write_pair(self.keys)
         try:
             for name in ("node-a", "node-b"):
                 self.api.add_node(name)
                 node = Node(node_name=name)
                 kubeconfig = self.api.write_kubeconfig(os.path.join(node.root, "kubeconfig"))
-                node.rewrite_config(lambda c, k=kubeconfig: c.update(kubernetes={"kubeconfig": k}))
+                kubernetes = {"kubeconfig": kubeconfig, "placement_public_key": public}
+                node.rewrite_config(lambda c, k=kubernetes: c.update(kubernetes=k))
                 kubelet = TestKubelet(node.device_plugin_dir, node.pod_resources_socket)
                 kubelet.start()
                 node.start()
@@ -61,7 +67,7 @@ class TwoNodeCluster:
             self.kubeconfig = self.api.write_kubeconfig(
                 os.path.join(self.nodes["node-a"].root, "admin.kubeconfig")
             )
-            self.extender = ExtenderProc(self.kubeconfig)
+            self.extender = ExtenderProc(self.kubeconfig, keys=self.keys)
             self.extender.wait_ready()
         except BaseException:
             self.close()
@@ -108,6 +114,7 @@ class TwoNodeCluster:
         for kubelet in self.kubelets.values():
             kubelet.stop()
         self.api.stop()
+        shutil.rmtree(self.keys, ignore_errors=True)
 
 
 @pytest.fixture
@@ -187,11 +194,18 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
         else:
             check_admitted_on_the_chosen_cards(cluster, name, containers, result)
 
+    # Every choice came with the extender's signature, and the nodes believed each one.
+    for name, _ in PODS:
+        if name != "whole":
+            assert cluster.annotations(name)["gpushare.aliyun.com/placement"].startswith("v1;")
+    ignored = [e for e in cluster.api.events() if e["reason"] == "GPUSharePlacementIgnored"]
+    assert not ignored, [(e["involvedObject"]["name"], e["message"], e["source"]) for e in ignored]
+
     # The example: node-a skipped with the reason, node-b chosen.
     assert placed["job"].node == "node-b"
     assert placed["job"].failed["node-a"] == (
-        "no single GPU on node-a has 6 GiB and 40% free: GPU0 (Tesla T4) has 8 GiB/20% free, "
-        "GPU1 (Tesla T4) has 4 GiB/90% free"
+        "no single GPU on node-a has 6 GiB and 40 percent free: GPU0 (Tesla T4) has "
+        "8 GiB/20 percent free, GPU1 (Tesla T4) has 4 GiB/90 percent free"
     )
     assert placed["whole"].node == "node-b"
 
@@ -235,7 +249,7 @@ def test_the_extender_places_and_both_nodes_admit_on_exactly_the_chosen_cards(cl
     cluster.create("too-much-share", [("main", {MEMORY: 1, CORE: 95})])
     decision = cluster.scheduler.schedule("default", "too-much-share")
     assert decision.node is None
-    assert "has 1 GiB and 95% free" in decision.failed["node-a"]
+    assert "has 1 GiB and 95 percent free" in decision.failed["node-a"]
 
     check_kubectl_inspect(cluster, memory_a, core_a)
 

@@ -4,7 +4,9 @@ official client inside the daemon).
 
 Pins: each container of a multi-container pod lands on a card that fits it, and the pod's
 annotations say so the way `kubectl inspect gpushare` reads them; the scheduler
-extender's card is honoured; a container asking 4 GiB + 40 % while one card has only
+extender's card is honoured when it signed it (its key's public half in
+kubernetes.placement_public_key), and the old extender's unsigned annotations only under
+``placement_trust: annotations``; a container asking 4 GiB + 40 % while one card has only
 30 % share left lands wholly on the other card, whichever resource kubelet allocates
 first; a pod gets no annotation while its container holds only the first of its two
 resources (either order); a pod admitted right after another was deleted gets the room
@@ -23,6 +25,9 @@ import time
 
 import pytest
 
+from nodemgr.common.placementkey import read_private_key
+from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
+from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
@@ -30,28 +35,36 @@ from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 pytestmark = pytest.mark.e2e
 
 PREFIX = "gpushare.aliyun.com/"
+PLACEMENT = PREFIX + "placement"
 
 
 class Cluster:
-    def __init__(self):
+    def __init__(self, trust="signed"):
         self.api = TestApiServer()
         self.api.start()
         self.api.add_node("node-a", labels={"team": "ml", PREFIX + "stale-label": "x"})
         self.node = Node()
         kubeconfig = self.api.write_kubeconfig(os.path.join(self.node.root, "kubeconfig"))
-        self.node.rewrite_config(lambda c: c.update(kubernetes={"kubeconfig": kubeconfig}))
+        private, public = placementkeys.write_pair(self.node.root)
+        self.signing_key = read_private_key(private)  # the extender's
+        kubernetes = {
+            "kubeconfig": kubeconfig,
+            "placement_public_key": public,
+            "placement_trust": trust,
+        }
+        self.node.rewrite_config(lambda c: c.update(kubernetes=kubernetes))
         self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
         self.kubelet.start()
         self.node.start()
         for resource in (MEMORY, CORE, WHOLE):
             self.kubelet.wait_for_resource(resource, timeout=20)
 
-    def create(self, name, containers, annotations=None):
+    def create(self, name, containers, annotations=None, node="node-a"):
         """The scheduler binds a pod to node-a (it is in the API before kubelet admits it)."""
         self.api.add_pod(
             "default",
             name,
-            "node-a",
+            node,
             containers=[
                 {"name": n, "requests": {r: str(q) for r, q in requests.items()}}
                 for n, requests in containers
@@ -75,6 +88,19 @@ class Cluster:
             for container, _ in containers:
                 self.kubelet.start_container("default", name, container)
         return result
+
+    def bind_signed(self, name, node, cards, t):
+        """What the extender does at bind: its signed placement on the pod, then the
+        Binding (the node's watch sees the pod bound with its annotations)."""
+        uid = self.api.pod("default", name)["metadata"]["uid"]
+        text = signed_text(uid, node, t, cards)
+        value = with_signature(text, self.signing_key.sign(signed_message(text)))
+
+        def bind(pod):
+            pod["metadata"].setdefault("annotations", {}).update({PLACEMENT: value})
+            pod["spec"]["nodeName"] = node
+
+        self.api.update_pod("default", name, bind)
 
     def annotations(self, pod):
         return self.api.pod("default", pod)["metadata"].get("annotations", {})
@@ -153,17 +179,40 @@ def test_two_container_pod_each_container_on_a_fitting_card_with_inspect_annotat
     assert len(pod_lists) == 1, pod_lists  # one LIST at start; admissions read the cache
 
 
-def test_extender_choice_is_honoured_and_marked_assigned(cluster):
+def test_extender_choice_is_honoured_when_signed_and_marked_assigned(cluster):
+    """The gpushare annotations as the extender writes them at bind, and its signed
+    placement of the same card: the node honours GPU1 where binpack alone takes GPU0."""
+    now = time.time_ns()
     chosen = {
         "ALIYUN_COM_GPU_MEM_IDX": "1",
         "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
-        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(time.time_ns()),
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(now),
     }
-    result = cluster.admit("pinned", [("main", {MEMORY: 2})], annotations=chosen)
+    cluster.create("pinned", [("main", {MEMORY: 2})], annotations=chosen, node=None)
+    cluster.bind_signed("pinned", "node-a", {0: 1}, now)
+    result = cluster.admit("pinned", [("main", {MEMORY: 2})], create=False)
     assert result.ok, result.error
     assert card_of(result, "main") == GPU1  # binpack alone would take GPU0
     annotations = cluster.wait_annotations("pinned")
     assert annotations["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+    assert not [e for e in cluster.api.events() if e["reason"] == "GPUSharePlacementIgnored"]
+
+
+def test_annotations_trust_honours_the_old_extenders_unsigned_choice():
+    """``kubernetes.placement_trust: annotations``: the old gpushare extender's unsigned
+    ALIYUN_COM_GPU_MEM_IDX is honoured (and so is a pod owner's: the documented risk)."""
+    cluster = Cluster(trust="annotations")
+    try:
+        chosen = {
+            "ALIYUN_COM_GPU_MEM_IDX": "1",
+            "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+            "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(time.time_ns()),
+        }
+        result = cluster.admit("old", [("main", {MEMORY: 2})], annotations=chosen)
+        assert result.ok, result.error
+        assert card_of(result, "main") == GPU1
+    finally:
+        cluster.close()
 
 
 @pytest.mark.parametrize("order", [[MEMORY, CORE], [CORE, MEMORY]])

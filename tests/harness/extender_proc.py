@@ -1,7 +1,11 @@
 """Runs the real ``gpushare-scheduler`` process, and a driver that does what kube-scheduler does.
 
 ``ExtenderProc`` starts the console script against a kubeconfig (the test API
-server's), on a free loopback port, and waits for ``/healthz``. ``Scheduler``
+server's), on a free loopback port, with the mutual TLS material ``deploy/render.py
+tls`` makes, and waits for ``/healthz`` (its plain probe port). Its verbs are called
+as kube-scheduler calls them: over TLS with the client built from exactly the
+``tlsConfig`` of the KubeSchedulerConfiguration render.py writes
+(``tests.harness.extender_tls``). ``Scheduler``
 is the part of kube-scheduler an extender sees: for a pending pod it POSTs
 ``filter`` (ExtenderArgs with the full Nodes, as with ``nodeCacheCapable:
 false``, or NodeNames), then ``prioritize`` on the nodes that passed, picks
@@ -25,6 +29,9 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 
+from tests.harness import placementkeys
+from tests.harness.extender_tls import TlsMaterial, client_from_config, https_request
+
 
 def _script(name: str) -> list[str]:
     script = os.path.join(os.path.dirname(sys.executable), name)
@@ -34,18 +41,42 @@ def _script(name: str) -> list[str]:
 
 
 class ExtenderProc:
-    """gpushare-scheduler on 127.0.0.1:<free port>, its log in a file."""
+    """gpushare-scheduler on 127.0.0.1:<free port>, its log in a file.
 
-    def __init__(self, kubeconfig: str, *args: str, url_prefix: str = "/gpushare-scheduler"):
+    ``keys``: a directory holding placement.key and placement.pub (one is made when not
+    given): the nodes of a test read ``public_key`` as their placement_public_key."""
+
+    def __init__(
+        self,
+        kubeconfig: str,
+        *args: str,
+        url_prefix: str = "/gpushare-scheduler",
+        keys: str | None = None,
+        tls: TlsMaterial | None = None,
+        embed: bool = False,
+    ):
         self.log_path = tempfile.mktemp(prefix="gpushare-scheduler-", suffix=".log", dir="/tmp")
         self.url_prefix = url_prefix
+        if keys is None:
+            keys = tempfile.mkdtemp(prefix="gpushare-keys-", dir="/tmp")
+            placementkeys.write_pair(keys)
+        self.keys = keys
+        self.private_key = os.path.join(keys, "placement.key")
+        self.public_key = os.path.join(keys, "placement.pub")
+        self.tls = tls or TlsMaterial()
         self._log = open(self.log_path, "w+")
         self.process = subprocess.Popen(
             [
                 *_script("gpushare-scheduler"),
                 "--kubeconfig",
                 kubeconfig,
+                "--placement-key",
+                self.private_key,
+                "--tls-dir",
+                self.tls.dir,
                 "--address",
+                "127.0.0.1:0",
+                "--health-address",
                 "127.0.0.1:0",
                 "--url-prefix",
                 url_prefix,
@@ -54,15 +85,21 @@ class ExtenderProc:
             stdout=self._log,
             stderr=subprocess.STDOUT,
         )
-        self.port = self._wait_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.port, self.health_port = self._wait_ports()
+        self.url = f"https://127.0.0.1:{self.port}"
+        self.health_url = f"http://127.0.0.1:{self.health_port}"
+        # kube-scheduler's configuration for this extender, and its client from it.
+        self.scheduler_config = self.tls.scheduler_config(self.url + url_prefix, embed)
+        self.client = client_from_config(self.scheduler_config, self.tls.dir)
 
-    def _wait_port(self, timeout: float = 30.0) -> int:
+    def _wait_ports(self, timeout: float = 30.0) -> tuple[int, int]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            match = re.search(r"on http://127\.0\.0\.1:(\d+)", self.log())
+            match = re.search(
+                r"on https://127\.0\.0\.1:(\d+).*probes on http://127\.0\.0\.1:(\d+)/", self.log()
+            )
             if match:
-                return int(match.group(1))
+                return int(match.group(1)), int(match.group(2))
             if self.process.poll() is not None:
                 break
             time.sleep(0.05)
@@ -73,25 +110,21 @@ class ExtenderProc:
             return f.read()
 
     def get(self, path: str) -> tuple[int, str]:
+        """GET on the plain probe port (/healthz, /metrics), as kubelet probes it."""
         try:
-            with urllib.request.urlopen(self.url + path, timeout=10) as answer:
+            with urllib.request.urlopen(self.health_url + path, timeout=10) as answer:
                 return answer.status, answer.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
 
+    def request(self, method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        """One request over mutual TLS, as kube-scheduler makes it."""
+        return https_request(self.client, method, path, body)
+
     def post(self, verb: str, document) -> tuple[int, object]:
         data = document if isinstance(document, bytes) else json.dumps(document).encode()
-        request = urllib.request.Request(
-            f"{self.url}{self.url_prefix}/{verb}",
-            data=data,
-            method="POST",
-            headers={"Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=30) as answer:
-                return answer.status, json.loads(answer.read())
-        except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"null")
+        status, body = self.request("POST", f"{self.url_prefix}/{verb}", data)
+        return status, json.loads(body or b"null")
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         deadline = time.monotonic() + timeout

@@ -14,7 +14,8 @@ found into a ``report.Result``; the verdicts are what the unit tests pin. The
 checks live in one module per family: ``config_checks``, ``system``
 (privileges, cgroups), ``gpu`` (driver, NVML, cards, MPS binary), ``kubelet``
 (its two sockets), ``runtime_hook`` (CRI-O/podman hooks.d, containerd),
-``daemon`` (gpushare-node and its ledger) and ``kubernetes_api``.
+``daemon`` (gpushare-node and its ledger), ``kubernetes_api`` and
+``placement`` (the scheduler extender's public key).
 
 What it must not do: change anything. It reads files, connects to sockets,
 initialises NVML to list the cards, opens the ledger read-only, asks the
@@ -40,6 +41,7 @@ from nodemgr.cli.doctor.gpu import check_gpus, check_mps_binary
 from nodemgr.cli.doctor.host import Host
 from nodemgr.cli.doctor.kubelet import check_kubelet_sockets
 from nodemgr.cli.doctor.kubernetes_api import check_kubernetes
+from nodemgr.cli.doctor.placement import check_placement_key
 from nodemgr.cli.doctor.report import FAIL, Result, render
 from nodemgr.cli.doctor.runtime_hook import check_runtime_hook
 from nodemgr.cli.doctor.system import check_cgroups, check_privileges
@@ -89,4 +91,5 @@ def run_checks(settings: Settings, config_path: str | None, host: Host) -> list[
     results.append(check_daemon(settings, host))
     results.append(check_ledger(settings))
     results.append(check_kubernetes(settings, host))
+    results.append(check_placement_key(settings, host))
     return results

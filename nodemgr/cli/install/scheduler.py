@@ -2,10 +2,12 @@
 
 Writes ``/etc/systemd/system/gpushare-scheduler.service`` (under ``--root``),
 running the ``gpushare-scheduler`` installed next to this Python on
-127.0.0.1:32766 (where kube-scheduler on the same host expects it, the
-default urlPrefix of ``deploy/render.py gpushare-scheduler-config``) with the
-kubeconfig ``--scheduler-kubeconfig`` (default
-``/etc/gpushare/scheduler-kubeconfig``), and records the file in install's
+127.0.0.1:32766 over mutual TLS (where kube-scheduler on the same host expects
+it, the default urlPrefix of ``deploy/render.py gpushare-scheduler-config``;
+its probe port plain on 127.0.0.1:9446) with the kubeconfig
+``--scheduler-kubeconfig`` (default ``/etc/gpushare/scheduler-kubeconfig``),
+the TLS files of ``/etc/gpushare/scheduler-tls`` and the signing key
+``/etc/gpushare/placement.key`` as systemd credentials, and records the file in install's
 manifest, so ``nodemgr uninstall`` removes it unless edited. Nothing of the
 node daemon is written: a control-plane node without GPUs needs only this.
 Plans and writes as ``apply.install`` does (create, replace, unchanged, keep;
@@ -35,6 +37,9 @@ from nodemgr.cli.install.render import UNIT_DIR, FileSpec, InstallError, _enviro
 
 SCHEDULER_KUBECONFIG = "/etc/gpushare/scheduler-kubeconfig"
 SCHEDULER_ADDRESS = "127.0.0.1:32766"
+SCHEDULER_HEALTH_ADDRESS = "127.0.0.1:9446"
+SCHEDULER_TLS_DIR = "/etc/gpushare/scheduler-tls"  # tls.crt, tls.key, ca.crt (render.py tls)
+SCHEDULER_PLACEMENT_KEY = "/etc/gpushare/placement.key"  # render.py placement-keys
 
 
 def scheduler_command() -> str:
@@ -58,7 +63,14 @@ def render_unit(command: str, kubeconfig: str, address: str = SCHEDULER_ADDRESS)
     text = (
         _environment()
         .get_template("gpushare-scheduler.service.j2")
-        .render(scheduler_command=command, kubeconfig=kubeconfig, address=address)
+        .render(
+            scheduler_command=command,
+            kubeconfig=kubeconfig,
+            address=address,
+            health_address=SCHEDULER_HEALTH_ADDRESS,
+            tls_dir=SCHEDULER_TLS_DIR,
+            placement_key=SCHEDULER_PLACEMENT_KEY,
+        )
     )
     return FileSpec(f"{UNIT_DIR}/{SCHEDULER_UNIT}", text, 0o644)
 
@@ -78,8 +90,11 @@ def install_scheduler(root: str, kubeconfig: str | None, dry_run: bool, out=None
     )
     print(f"  root:                {root}", file=out)
     print(f"  gpushare-scheduler:  {command}", file=out)
-    print(f"  listens on:          {SCHEDULER_ADDRESS}", file=out)
+    print(f"  listens on:          {SCHEDULER_ADDRESS} (mutual TLS)", file=out)
+    print(f"  probes on:           {SCHEDULER_HEALTH_ADDRESS} (GET /healthz)", file=out)
     print(f"  kubeconfig:          {kubeconfig}", file=out)
+    print(f"  TLS files:           {SCHEDULER_TLS_DIR}/{{tls.crt,tls.key,ca.crt}}", file=out)
+    print(f"  signing key:         {SCHEDULER_PLACEMENT_KEY}", file=out)
     print("", file=out)
     verb = (
         f"would {action.verb}" if dry_run and action.verb in ("create", "replace") else action.verb
@@ -131,12 +146,16 @@ def _print_next_steps(root: str, kubeconfig: str, out) -> None:
   python deploy/render.py scheduler-rbac | kubectl apply -f -
   python deploy/render.py kubeconfig --service-account gpushare-scheduler \\
       --server https://<API server>:6443 --ca-file ca.crt --token-file token -o scheduler-kubeconfig
+  python deploy/render.py tls --dir tls && python deploy/render.py placement-keys --dir keys
 then, as root {where}:
   install -m 0600 scheduler-kubeconfig {kubeconfig}
+  install -d -m 0700 {SCHEDULER_TLS_DIR}
+  install -m 0600 tls/tls.crt tls/tls.key tls/ca.crt {SCHEDULER_TLS_DIR}/
+  install -m 0600 keys/placement.key {SCHEDULER_PLACEMENT_KEY}
   systemctl daemon-reload
   systemctl enable --now gpushare-scheduler
-  curl -s http://{SCHEDULER_ADDRESS}/healthz    # ok once nodes and pods are listed
-and point kube-scheduler at it:
+  curl -s http://{SCHEDULER_HEALTH_ADDRESS}/healthz    # ok once nodes and pods are listed
+and point kube-scheduler at it (its client files: tls/client.crt, client.key, ca.crt):
   python deploy/render.py gpushare-scheduler-config > /etc/kubernetes/gpushare-scheduler-config.yaml
   (kube-scheduler --config=/etc/kubernetes/gpushare-scheduler-config.yaml; see deploy/README.md)""",
         file=out,

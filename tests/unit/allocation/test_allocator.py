@@ -384,6 +384,7 @@ def test_incremental_usage_always_equals_a_full_recount(allocator, clock):
 
 import threading  # noqa: E402 (the section's own imports)
 
+from nodemgr.domain.extenderchoice import choice_from_annotations  # noqa: E402
 from nodemgr.domain.podmatch import ContainerRequest, PodInfo  # noqa: E402
 
 MEM_NAME, CORE_NAME = "aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage"
@@ -428,6 +429,8 @@ class Pods:
 
 
 def gpu_pod(name, *containers, annotations=None, created=100.0):
+    """A pending pod; its gpushare annotations are believed (``placement_trust:
+    annotations``): these tests are about honouring a choice, not about whose it is."""
     return PodInfo(
         namespace="ns",
         name=name,
@@ -438,6 +441,7 @@ def gpu_pod(name, *containers, annotations=None, created=100.0):
         deleting=False,
         annotations=annotations or {},
         containers=tuple(ContainerRequest(n, r) for n, r in containers),
+        choice=choice_from_annotations(annotations or {})[0],
     )
 
 

@@ -22,6 +22,7 @@ from nodemgr.config.schema import (
     SimulatedDevice,
     SimulatedSettings,
 )
+from nodemgr.domain.extenderchoice import TRUST_MODES
 from nodemgr.errors import ConfigError
 
 ENV = {"NODE_NAME": "node-a"}
@@ -154,6 +155,7 @@ def test_public_names():
         "MetricsSettings",
         "NUMBER_RANGES",
         "NumberRange",
+        "PLACEMENT_TRUST_MODES",
         "MpsSettings",
         "ResourceSettings",
         "Settings",
@@ -313,6 +315,27 @@ def test_kubernetes_section_defaults_and_values():
         "gpu.example.com/",
         3.0,
     )
+
+
+def test_placement_trust_and_public_key():
+    """Default: only signed placements, no key (so none is believed); the old extender's
+    annotations are believed only when asked for; the key is an absolute path; the modes
+    are the domain's."""
+    kube = load({}).kubernetes
+    assert (kube.placement_trust, kube.placement_public_key) == ("signed", "")
+    kube = load(
+        {"kubernetes": {"placement_trust": "annotations",
+                        "placement_public_key": "/etc/gpushare/placement.pub"}}
+    ).kubernetes  # fmt: skip
+    assert (kube.placement_trust, kube.placement_public_key) == (
+        "annotations",
+        "/etc/gpushare/placement.pub",
+    )
+    err = refused({"kubernetes": {"placement_trust": "owners"}})
+    assert err.key == "kubernetes.placement_trust" and "signed, annotations" in err.problem
+    err = refused({"kubernetes": {"placement_public_key": "placement.pub"}})
+    assert err.key == "kubernetes.placement_public_key"
+    assert schema.PLACEMENT_TRUST_MODES == TRUST_MODES
 
 
 @pytest.mark.parametrize(

@@ -1,20 +1,24 @@
 """Which container kubelet is admitting (nodemgr.domain.podmatch, pure).
 
-Pins: the match is by one container's request (not the pod total), oldest pod
-first (extender assume time, else creation), containers in order; a container
-already holding part of its demand comes first; finished, deleting and
-non-pending pods are no candidates; the extender's card comes from the
-per-container allocation annotation, else ALIYUN_COM_GPU_MEM_IDX, and garbage
-there counts as not said; what (resource, size) pairs a pod asks (the pod cache's
-index key), the match over only the pods asking that pair equalling the match over all,
-and the admission time computed once per PodInfo without changing its equality.
+Pins: the match is by one container's request (not the pod total), oldest pod first
+(extender assume time, else creation), containers in order; a container already holding
+part of its demand comes first; finished, deleting and non-pending pods are no
+candidates; the extender's card comes from the pod's believed choice (here the
+annotations as ``placement_trust: annotations`` reads them: the per-container allocation
+annotation, else ALIYUN_COM_GPU_MEM_IDX, and garbage there counts as not said), and a
+pod without one has none; what (resource, size) pairs a pod asks (the pod cache's index
+key), the match over only the pods asking that pair equalling the match over all, and
+the admission time computed once per PodInfo without changing its equality.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import hypothesis
 from hypothesis import strategies as st
 
+from nodemgr.domain.extenderchoice import choice_from_annotations
 from nodemgr.domain.podmatch import (
     ASSUME_TIME_ANNOTATION,
     ContainerRequest,
@@ -40,6 +44,7 @@ def pod(
         created_at=created,
         deleting=deleting,
         annotations=annotations or {},
+        choice=choice_from_annotations(annotations or {})[0],
         containers=tuple(ContainerRequest(n, r) for n, r in containers),
         init_containers=tuple(ContainerRequest(n, r) for n, r in init),
     )
@@ -102,6 +107,14 @@ def test_extender_index_per_container_then_pod_wide():
     assert parse_extender_index(p, 1) == 1
     assert parse_extender_index(p, 5) == 1  # not in the per-container map: pod-wide index
     assert demand([p], MEM, 4).extender_card_index == 0
+
+
+def test_a_pod_without_a_believed_choice_has_no_extender_card():
+    """The annotations alone (no ``choice``: the node does not believe them) choose nothing."""
+    p = pod("p", ("a", {MEM: 4}), annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    unbelieved = dataclasses.replace(p, choice=None)
+    assert parse_extender_index(unbelieved, 0) is None
+    assert demand([unbelieved], MEM, 4).extender_card_index is None
 
 
 def test_garbage_extender_annotations_count_as_not_said():

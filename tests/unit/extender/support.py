@@ -5,15 +5,32 @@ from __future__ import annotations
 import itertools
 import json
 
+from nodemgr.common.placementkey import private_key_from_pem
+from nodemgr.domain.extenderchoice import (
+    PlacementTrust,
+    signed_message,
+    signed_text,
+    with_signature,
+)
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.logic import Resources
+from tests.harness.placementkeys import new_private_key_pem
 
 MEMORY = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"
 WHOLE = "nvidia.com/gpu"
 KEY = "gpushare.aliyun.com/gpus"
 RESOURCES = Resources(MEMORY, CORE, WHOLE, 1024)
+SIGNING_KEY = private_key_from_pem(new_private_key_pem())  # the extender's, in these tests
+TRUST = PlacementTrust("signed", "gpushare.aliyun.com/", SIGNING_KEY.public_key)
+PLACEMENT = "gpushare.aliyun.com/placement"
 _uids = itertools.count(1)
+
+
+def placed(uid, node_name, cards, t=1, key=SIGNING_KEY):
+    """The annotation the extender signs at bind: {container index: card} on node_name."""
+    text = signed_text(uid, node_name, t, cards)
+    return {PLACEMENT: with_signature(text, key.sign(signed_message(text)))}
 
 
 def annotation(*cards, allocations=None, whole=(), unhealthy=()):
@@ -85,9 +102,19 @@ class Clock:
         return self.now
 
 
-def cache_with(nodes, pods=(), policy="binpack", clock=None, ttl=60.0) -> ClusterCache:
-    """A synced cache holding these Node and Pod objects."""
-    cache = ClusterCache(RESOURCES, "gpushare.aliyun.com/", policy, ttl, clock or Clock())
+def cache_with(
+    nodes, pods=(), policy="binpack", clock=None, ttl=60.0, on_ignored=None
+) -> ClusterCache:
+    """A synced cache holding these Node and Pod objects, trusting SIGNING_KEY's placements."""
+    cache = ClusterCache(
+        RESOURCES,
+        "gpushare.aliyun.com/",
+        policy,
+        ttl,
+        clock or Clock(),
+        trust=TRUST,
+        on_ignored=on_ignored,
+    )
     cache.node_handler.replace(iter(nodes))
     cache.pod_handler.replace(iter(pods))
     return cache

@@ -1,8 +1,9 @@
 """``nodemgr install --scheduler``: the gpushare-scheduler unit on a control-plane node.
 
 Pins: it writes only gpushare-scheduler.service, running the gpushare-scheduler next to
-this Python on 127.0.0.1:32766 (where the scheduler config points) with the kubeconfig
-as a systemd credential, records it so ``nodemgr uninstall`` removes it, refuses while
+this Python on 127.0.0.1:32766 over mutual TLS (where the scheduler config points, its
+probes plain on 127.0.0.1:9446) with the kubeconfig, the TLS files and the signing key
+as systemd credentials, records it so ``nodemgr uninstall`` removes it, refuses while
 it is enabled, keeps an edited unit (exit 1); a second run changes nothing; the unit is
 one systemd-analyze verify accepts; --scheduler-kubeconfig alone is refused.
 """
@@ -29,8 +30,15 @@ def test_writes_records_and_uninstall_removes_the_unit(tmp_path, capsys):
     assert code == 0, out
     unit = read(root, UNIT)
     script = os.path.join(BIN, "gpushare-scheduler")
-    assert f"ExecStart={script} --address 127.0.0.1:32766 --kubeconfig %d/kubeconfig" in unit
+    assert (
+        f"ExecStart={script} --address 127.0.0.1:32766 --health-address 127.0.0.1:9446 "
+        "--kubeconfig %d/kubeconfig --tls-cert-file %d/tls.crt --tls-key-file %d/tls.key "
+        "--tls-client-ca-file %d/ca.crt --placement-key %d/placement.key\n"
+    ) in unit
     assert "LoadCredential=kubeconfig:/etc/gpushare/scheduler-kubeconfig" in unit
+    for name in ("tls.crt", "tls.key", "ca.crt"):
+        assert f"LoadCredential={name}:/etc/gpushare/scheduler-tls/{name}" in unit
+    assert "LoadCredential=placement.key:/etc/gpushare/placement.key" in unit
     assert not os.path.exists(os.path.join(root, "etc/systemd/system/gpushare-node.service"))
     manifest = json.loads(read(root, "etc/gpushare/installed-files.json"))
     assert list(manifest["files"]) == ["/etc/systemd/system/gpushare-scheduler.service"]

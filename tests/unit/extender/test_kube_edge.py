@@ -132,6 +132,23 @@ def test_binding_and_annotations(api, session):
         scheduling.patch_pod_annotations(session, "default", "ghost", {"a": "b"})
 
 
+def test_an_event_on_a_pod(api, session):
+    """create_event posts a core/v1 Warning Event on the pod (its UID for kubectl describe)."""
+    pod = api.add_pod("team", "job")
+    scheduling.create_event(
+        session, "team", "job", pod["metadata"]["uid"], "GPUSharePlacementIgnored", "why", 3
+    )
+    (event,) = api.events()
+    assert (event["reason"], event["message"], event["type"], event["count"]) == (
+        "GPUSharePlacementIgnored",
+        "why",
+        "Warning",
+        3,
+    )
+    assert event["involvedObject"]["uid"] == pod["metadata"]["uid"]
+    assert event["source"] == {"component": "gpushare-scheduler"}
+
+
 def test_the_simulator_checks_bindings_as_the_api_server_does(api, session):
     api.add_pod("default", "job")
     core = session.core

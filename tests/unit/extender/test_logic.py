@@ -18,11 +18,12 @@ import json
 import pytest
 
 from nodemgr.allocation.admission import place_demand
+from nodemgr.domain.extenderchoice import decide
 from nodemgr.domain.placement import CardLoad, NoFitDescriber
 from nodemgr.domain.podmatch import ContainerRequest, PodInfo, find_demand, parse_extender_index
 from nodemgr.extender import logic
 from nodemgr.extender.logic import ContainerDemand, NodeView, PodDemand, Unfit
-from tests.unit.extender.support import CORE, MEMORY, RESOURCES, WHOLE
+from tests.unit.extender.support import CORE, MEMORY, RESOURCES, TRUST, WHOLE, placed
 
 
 def card(index, free_gib, free_core, total_gib=15, reason=""):
@@ -165,8 +166,11 @@ def test_bind_annotations_are_what_the_node_daemon_reads_back():
     assert annotations["ALIYUN_COM_GPU_MEM_ASSUME_TIME"] == "1700000000000000000"
     per_container = json.loads(annotations["scheduler.framework.gpushare.allocation"])
     assert per_container == {"0": {"1": 4}, "2": {"0": 8}, "3": {"1": 0}}
-    info = PodInfo("ml", "job", "uid-1", "n", "Pending", 0.0, False, annotations, ())
-    assert [parse_extender_index(info, i) for i in (0, 2, 3)] == [1, 0, 1]
+    # What the node honours is the signed placement of the same cards (server.bind signs).
+    annotations |= placed("uid-1", "n", placement.cards)
+    choice, note = decide(annotations, "uid-1", "n", True, TRUST)
+    info = PodInfo("ml", "job", "uid-1", "n", "Pending", 0.0, False, annotations, (), choice=choice)
+    assert note == "" and [parse_extender_index(info, i) for i in (0, 2, 3)] == [1, 0, 1]
     whole_only = demand(("gpu", 0, 0, 1))
     assert (
         logic.bind_annotations(whole_only, logic.place(whole_only, node, "binpack", 1024), node, 1)
@@ -227,12 +231,15 @@ def test_the_node_honours_the_chosen_card_for_share_as_for_memory():
     node = view("n", (15, 100), (6, 100))  # binpack alone would take GPU1
     pod = demand(("both", 4, 30), ("share", 0, 20))
     chosen = logic.place(pod, node, "spread", 1024)  # the extender ran spread: GPU0
-    annotations = logic.bind_annotations(pod, chosen, node, 1)
+    annotations = logic.bind_annotations(pod, chosen, node, 1) | placed("uid-1", "n", chosen.cards)
     spec = (
         ContainerRequest("both", {MEMORY: 4, CORE: 30}),
         ContainerRequest("share", {CORE: 20}),
     )
-    info = PodInfo("ml", "job", "uid-1", "n", "Pending", 0.0, False, annotations, spec)
+    choice, _ = decide(annotations, "uid-1", "n", True, TRUST)
+    info = PodInfo(
+        "ml", "job", "uid-1", "n", "Pending", 0.0, False, annotations, spec, choice=choice
+    )
     describe = NoFitDescriber("n", 1024)
     for resource, size, container in ((CORE, 30, "both"), (MEMORY, 4, "both"), (CORE, 20, "share")):
         found = find_demand([info], resource, size, MEMORY, CORE, {})

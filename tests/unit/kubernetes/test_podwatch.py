@@ -6,7 +6,11 @@ a WATCH of ADDED/MODIFIED/DELETED; the candidate index per event, and the index 
 candidates by what they ask ((resource, size) -> pods), always the candidates filtered by
 podmatch.asked_sizes, over random event sequences and re-LISTs; a clean watch end
 resumes without a LIST, an expired one (410) or a server whose versions went back lists
-again; ``abort`` ends a blocked read at once and nothing changes after a stop."""
+again; ``abort`` ends a blocked read at once and nothing changes after a stop. The
+extender's choice as the trust reads it: a pod owner's unsigned annotations choose
+nothing and are reported once (per reason), a signed placement is believed, and no
+annotation content (deep nesting, huge numbers) raises in the LIST, an event or the
+match."""
 
 import threading
 import time
@@ -16,10 +20,31 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kubernetes.client import V1Pod
 
-from nodemgr.domain.podmatch import ContainerRequest, asked_sizes, is_candidate_pod
+from nodemgr.common.placementkey import read_private_key
+from nodemgr.config.schema import KubernetesSettings
+from nodemgr.domain.extenderchoice import (
+    PlacementTrust,
+    signed_message,
+    signed_text,
+    with_signature,
+)
+from nodemgr.domain.podmatch import (
+    ContainerRequest,
+    asked_sizes,
+    find_demand,
+    is_candidate_pod,
+    parse_extender_index,
+)
 from nodemgr.kubernetes.client import ApiSession, find_credentials, new_api_client
-from nodemgr.kubernetes.podwatch import PodWatch, extended_requests, is_extended_resource, pod_info
+from nodemgr.kubernetes.podwatch import (
+    PodWatch,
+    extended_requests,
+    is_extended_resource,
+    placement_trust,
+    pod_info,
+)
 from nodemgr.kubernetes.writes import Backoff
+from tests.harness import placementkeys
 from tests.harness.apiserver_sim import TestApiServer
 from tests.unit.kubernetes.support import (
     CORE,
@@ -148,11 +173,19 @@ def make_watch(api, tmp_path):
     made = []
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
 
-    def make(candidate=None, start=True):
+    def make(candidate=None, start=True, trust=None, on_ignored=None):
         client = new_api_client(find_credentials(kubeconfig, environ={}))
         session = ApiSession(client, TIMEOUT_SECONDS, time.time)
         stop = threading.Event()
-        watch = PodWatch(session, NODE, stop, backoff=Backoff(0.05, 0.4), candidate=candidate)
+        watch = PodWatch(
+            session,
+            NODE,
+            stop,
+            backoff=Backoff(0.05, 0.4),
+            candidate=candidate,
+            trust=trust,
+            on_ignored=on_ignored,
+        )
         watch.stop = stop
         made.append((watch, session))
         if start:
@@ -453,3 +486,108 @@ def test_a_failing_server_is_retried_with_backoff_not_spun(api, make_watch):
     wait_until(lambda: watch.synced, what="LIST after the failures")
     assert names(watch) == ["ml/p"]
     assert len(requests_of(api, "GET", r"^/api/v1/pods$", watch=False)) == 3
+
+
+# --- the extender's choice -------------------------------------------------------------
+
+
+def test_owner_annotations_choose_nothing_and_are_reported_once(api, make_watch):
+    """Under the default trust (signed, no key) a pending pod's own IDX/ASSUME_TIME choose
+    no card and do not reorder the queue; the note is reported once for the LIST and not
+    again for an event that leaves the reason unchanged, again when the reason changes."""
+    owner = {
+        "ALIYUN_COM_GPU_MEM_IDX": "1",
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1",
+        "ALIYUN_COM_GPU_MEM_ASSIGNED": "false",
+    }
+    api.add_pod("ml", "owner", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}],
+                annotations=owner)  # fmt: skip
+    reported = []
+    watch = make_watch(on_ignored=reported.append)
+    info = watch.pod("ml", "owner")
+    assert info.choice is None and parse_extender_index(info, 0) is None
+    assert info.admission_time == info.created_at  # ASSUME_TIME=1 does not make it oldest
+    assert [p.name for p in reported] == ["owner"]
+    assert "ALIYUN_COM_GPU_MEM_IDX, ALIYUN_COM_GPU_MEM_ASSUME_TIME on it are not signed" in (
+        reported[0].choice_note
+    )
+    api.update_pod("ml", "owner", lambda p: p["metadata"]["annotations"].update(x="1") or p)
+    wait_until(lambda: watch.pod("ml", "owner").annotations.get("x") == "1", what="MODIFIED")
+    assert len(reported) == 1
+    api.update_pod(
+        "ml",
+        "owner",
+        lambda p: p["metadata"]["annotations"].update({"gpushare.aliyun.com/placement": "x"}) or p,
+    )
+    wait_until(lambda: len(reported) == 2, what="the new reason reported")
+    assert "gpushare.aliyun.com/placement annotation is unreadable" in reported[1].choice_note
+
+
+def test_a_signed_placement_is_believed(api, make_watch, tmp_path):
+    """The extender's signature over this pod's UID and node: its card and assume time."""
+    private, public = placementkeys.write_pair(str(tmp_path))
+    key = read_private_key(private)
+    stored = api.add_pod("ml", "signed", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}])
+    text = signed_text(stored["metadata"]["uid"], NODE, 7 * 10**9, {0: 1})
+    api.update_pod(
+        "ml",
+        "signed",
+        lambda p: (
+            p["metadata"]
+            .setdefault("annotations", {})
+            .update(
+                {
+                    "gpushare.aliyun.com/placement": with_signature(
+                        text, key.sign(signed_message(text))
+                    )
+                }
+            )
+            or p
+        ),
+    )
+    trust = placement_trust(KubernetesSettings(placement_public_key=public))
+    reported = []
+    watch = make_watch(trust=trust, on_ignored=reported.append)
+    wait_until(lambda: watch.pod("ml", "signed").choice is not None, what="the signed choice")
+    info = watch.pod("ml", "signed")
+    assert parse_extender_index(info, 0) == 1 and info.admission_time == 7.0
+    assert reported == []
+
+
+def test_unreadable_key_trusts_no_signature(tmp_path):
+    """A key file that is no Ed25519 public key, or none at all: no verifier, and why."""
+    (tmp_path / "placement.pub").write_text("not a key")
+    trust = placement_trust(
+        KubernetesSettings(placement_public_key=str(tmp_path / "placement.pub"))
+    )
+    assert trust.verifier is None
+    assert "placement.pub is unusable" in trust.verifier_problem
+    assert "exactly one PEM block" in trust.verifier_problem
+    missing = placement_trust(KubernetesSettings(placement_public_key="/nonexistent/key.pub"))
+    assert (
+        missing.verifier is None and "/nonexistent/key.pub is unusable" in missing.verifier_problem
+    )
+
+
+@pytest.mark.parametrize("mode", ["signed", "annotations"])
+def test_no_annotation_content_raises_in_the_list_the_watch_or_the_match(api, make_watch, mode):
+    """A tenant's own pod with the allocation annotation nested 3,000 deep, a 5,000-digit
+    assume time and a 100,000-digit index: the LIST and the events fill the cache, and the
+    match for a victim asking the same size finds the victim's container."""
+    hostile = {
+        "scheduler.framework.gpushare.allocation": "[" * 3000 + "]" * 3000,
+        "ALIYUN_COM_GPU_MEM_ASSUME_TIME": "1" * 5000,
+        "ALIYUN_COM_GPU_MEM_IDX": "9" * 100_000,
+    }
+    api.add_pod("evil", "nested", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}],
+                annotations=hostile)  # fmt: skip
+    watch = make_watch(trust=PlacementTrust(mode))
+    assert names(watch) == ["evil/nested"]
+    api.add_pod("evil", "nested-2", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}],
+                annotations=hostile)  # fmt: skip
+    api.add_pod("team", "victim", NODE, containers=[{"name": "m", "requests": {MEM: "4"}}])
+    wait_until(lambda: len(names(watch)) == 3, what="the events")
+    pods = watch.pods()
+    assert all(parse_extender_index(p, 0) is None for p in pods)
+    found = find_demand(pods, MEM, 4, MEM, CORE, {})
+    assert found is not None and found.extender_card_index is None
