@@ -5,15 +5,19 @@ it directly. Every decision happens under one lock and touches nothing slower
 than the local SQLite ledger, so Allocate's latency does not depend on the
 cluster (no API server, no kubelet call, no subprocess on that path).
 
-Which container is asking, and how its second shared resource follows its
-first onto the same card, is :mod:`nodemgr.allocation.admission`; per-card
-totals are :mod:`nodemgr.allocation.usage`. The device plugin servers see this
-object only through :class:`~nodemgr.allocation.resources.ResourceManager`.
+The allocations are held once, in the ledger's committed image: every change is a
+ledger commit made under this object's lock (``_apply``), after which its indexes
+follow: per-card totals (:mod:`nodemgr.allocation.usage`) and what the next
+reconcile must judge (:mod:`nodemgr.allocation.backlog`). Which container is
+asking, and how its second shared resource follows its first onto the same card,
+is :mod:`nodemgr.allocation.admission`. The device plugin servers see this object
+only through :class:`~nodemgr.allocation.resources.ResourceManager`, the
+enforcement through narrow Protocols of its own.
 
-Why this module is longer than 400 lines: every method here reads or changes
-the state under the one lock, and keeping them together keeps the locking
-rules in one place to read; whatever needs no lock (admission's choices,
-usage totals, placement, reconcile plans, envs) already lives elsewhere.
+What it must not do: decide what needs no lock (placement, reconcile plans, envs
+live in nodemgr.domain); wait on anything but the ledger while holding its lock.
+
+Why longer than 400 lines: every method reads or changes the state under the one lock.
 """
 
 from __future__ import annotations
@@ -375,6 +379,10 @@ class Allocator:
         """PreStartContainer: the IDs must be ours; asks for a reconcile to learn the owner."""
         with self._lock:
             self._resolve(kind, device_ids)
+        self.request_reconcile()
+
+    def request_reconcile(self) -> None:
+        """kubelet's record shows something new: the run loop reconciles at once."""
         self.reconcile_requested.set()
 
     def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
@@ -472,7 +480,7 @@ class Allocator:
 
     def keep_id_hints(self, id_hints: Mapping[ContainerRef, str]) -> None:
         """Old allocation IDs for the next reconcile to adopt with (kubelet was not
-        readable when a lost ledger was recovered; see nodemgr.runtime.recovery)."""
+        readable when a lost ledger was recovered; see nodemgr.allocation.recovery)."""
         with self._lock:
             self._id_hints = dict(id_hints)
 
@@ -498,16 +506,14 @@ class Allocator:
                 self._backlog.take(work)
                 return ReconcilePlan()
             generation, now = self.changes.generation, self._clock()
-            everything = list(self._allocations.values()) if work.full else []
-        # Planned outside the lock, so that Allocate does not wait for it. It is applied only
-        # if nothing moved meanwhile; otherwise it is planned again under the lock, against
-        # the state it changes.
-        plan = self._plan(work, everything, now, hints)
+        # Planned outside the lock, so that Allocate does not wait for it (a full walk takes
+        # milliseconds on a full node). It is applied only if nothing moved meanwhile;
+        # otherwise it is planned again under the lock, against the state it changes.
+        plan = self._plan(work, now, hints)
         with self._lock:
             if self.changes.generation != generation:
                 work = self._backlog.work(view, self._allocations, self._usage.holders, bool(hints))
-                everything = list(self._allocations.values()) if work.full else []
-                plan = self._plan(work, everything, self._clock(), hints)
+                plan = self._plan(work, self._clock(), hints)
             self._id_hints = {}  # adopted once; later adoptions are new pods
             judged_against = self._backlog.take(work)
             try:
@@ -521,16 +527,11 @@ class Allocator:
             log.info("reconcile: %s", note)
         return plan
 
-    def _plan(
-        self,
-        work: Work,
-        everything: list[Allocation],
-        now: float,
-        hints: Mapping[ContainerRef, str],
-    ) -> ReconcilePlan:
-        """``work``'s plan: the full walk over ``everything``, or its scope alone."""
+    def _plan(self, work: Work, now: float, hints: Mapping[ContainerRef, str]) -> ReconcilePlan:
+        """``work``'s plan: the full walk over every allocation, or its scope alone."""
         reported, grace, unit = work.view.reported, self._grace_seconds, self._unit_mib
         if work.full:
+            everything = work.everything
             return plan_reconcile(everything, reported, now, grace, unit, new_allocation_id, hints)
         if work.scope is None:
             return ReconcilePlan()
@@ -542,28 +543,11 @@ class Allocator:
         """Each of this node's devices kubelet reports, with its container. The same record
         object as last time gives the same view without a walk (kubelet's answer did not
         change; what this node advertises changes only with a restart)."""
-        last = self._view
-        if last is not None and last.record is kubelet_record:
-            return last
-        reported = {}
-        for ref, resources in kubelet_record.items():
-            for resource_name, device_ids in resources.items():
-                kind = self._kind_of_resource.get(resource_name)
-                if kind is None:
-                    continue
-                for device_id in device_ids:
-                    if self._is_known(kind, device_id):
-                        reported[(kind, device_id)] = ref
-                    else:
-                        log.warning(
-                            "kubelet reports %s device %s for %s, which this node does not "
-                            "advertise (GPU removed or memory unit changed?)",
-                            resource_name,
-                            device_id,
-                            ref,
-                        )
-        self._view = KubeletView(kubelet_record, reported)
-        return self._view
+        view = self._view
+        if view is None or view.record is not kubelet_record:
+            view = KubeletView.read(kubelet_record, self._kind_of_resource, self._is_known)
+            self._view = view
+        return view
 
     # -- views -------------------------------------------------------------------
 
@@ -578,6 +562,11 @@ class Allocator:
     def allocations(self) -> list[Allocation]:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
+
+    def allocations_by_id(self) -> dict[str, Allocation]:
+        """A snapshot of the allocations by ID (the watchdog's, once per scan: no sort)."""
+        with self._lock:
+            return dict(self._allocations)
 
     def allocation_count(self) -> int:
         """How many allocations there are (the run loop's STATUS= twice a second: no sort)."""

@@ -20,7 +20,8 @@ committed change (``changed``), and a reconcile judges only:
 A full walk (every allocation) is judged at start, with ID hints (they need
 every live ID), and after a plan could not be committed.
 
-Pure bookkeeping, no I/O, no lock of its own: the allocator calls it under its lock.
+Bookkeeping, no I/O, no lock of its own: the allocator calls it under its lock
+(``KubeletView.read``, a walk of a new record, it calls without).
 
 What it must not do: decide anything about an allocation (nodemgr.domain.reconcile
 does); hold allocations of its own (it holds IDs and device keys; the
@@ -31,12 +32,16 @@ from __future__ import annotations
 
 import functools
 import heapq
+import logging
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.reconcile import DeviceKey, ReconcileScope
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,34 @@ class KubeletView:
 
     record: object
     reported: Mapping[DeviceKey, ContainerRef]
+
+    @classmethod
+    def read(
+        cls,
+        record: Mapping[ContainerRef, Mapping[str, Sequence[str]]],
+        kind_of_resource: Mapping[str, ResourceKind],
+        is_known: Callable[[ResourceKind, str], bool],
+    ) -> KubeletView:
+        """The devices of this node's resources that ``record`` reports (one walk of it);
+        a device this node does not advertise is logged and left out."""
+        reported = {}
+        for ref, resources in record.items():
+            for resource_name, device_ids in resources.items():
+                kind = kind_of_resource.get(resource_name)
+                if kind is None:
+                    continue
+                for device_id in device_ids:
+                    if is_known(kind, device_id):
+                        reported[(kind, device_id)] = ref
+                    else:
+                        log.warning(
+                            "kubelet reports %s device %s for %s, which this node does not "
+                            "advertise (GPU removed or memory unit changed?)",
+                            resource_name,
+                            device_id,
+                            ref,
+                        )
+        return cls(record, reported)
 
     @functools.cached_property
     def by_container(self) -> Mapping[ContainerRef, tuple[DeviceKey, ...]]:
@@ -61,11 +94,12 @@ class Work:
     """One reconcile's share of the backlog: what it judges, and what it took off the
     backlog (given back if its plan cannot be committed)."""
 
-    full: bool  # every allocation judged
+    full: bool  # every allocation judged: ``everything``
     scope: ReconcileScope | None  # what is judged when not full; None: nothing is
     view: KubeletView
     ids: frozenset[str]  # the changed allocations taken off the backlog
     keys: frozenset[DeviceKey]  # the changed devices taken off the backlog
+    everything: tuple[Allocation, ...] = ()  # every allocation, for a full walk
 
     @property
     def nothing(self) -> bool:
@@ -134,7 +168,7 @@ class Backlog:
         ids, keys = frozenset(self._ids), frozenset(self._keys)
         judged_against = self._judged_against
         if full or self._full or judged_against is None:
-            return Work(True, None, view, ids, keys)
+            return Work(True, None, view, ids, keys, tuple(allocations.values()))
         if judged_against.record is not view.record:
             keys = keys | _differing(judged_against.reported, view.reported)
         if not ids and not keys:

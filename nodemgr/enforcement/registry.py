@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol
 
 from hooks import gpuenv
 from mps.layout import MpsLayout
-from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.containercheck import (
     CgroupError,
@@ -39,6 +39,7 @@ from nodemgr.domain.containercheck import (
     container_cgroup,
     identity_conflict,
 )
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
 from nodemgr.domain.podtie import (
     NO_IDENTITY,
@@ -52,15 +53,30 @@ from nodemgr.domain.speccheck import CardNode, Grant, NodeGpus, SpecFacts, spec_
 from nodemgr.enforcement import procfs
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.errors import GpushareError, LedgerError
+from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
+
+
+class AdmissionState(Protocol):
+    """What the registry asks of the allocation state (the Allocator), and nothing more."""
+
+    @property
+    def cards(self) -> Sequence[Card]: ...
+    @property
+    def resource_names(self) -> Mapping[ResourceKind, str]: ...
+    def allocation(self, allocation_id: str) -> Allocation | None: ...
+    def allocations(self) -> list[Allocation]: ...
+    def request_reconcile(self) -> None:
+        """kubelet's record disagrees with an allocation: reconcile now, not at the period."""
+        ...
 
 
 class ContainerRegistry:
     def __init__(
         self,
         ledger: Ledger,
-        allocator: Allocator,
+        allocator: AdmissionState,
         mps_pipe_directory: str | None,
         clock: Callable[[], float] = time.time,
         kubelet_record: Callable[[], KubeletRecord] | None = None,
@@ -80,7 +96,7 @@ class ContainerRegistry:
         # from the running containers (nodemgr.enforcement.cgroupmarks). None: no marks.
         self._marks = marks
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
-        self._gpus = node_gpus(allocator, mps_layout)
+        self._gpus = node_gpus(allocator.cards, mps_layout)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
 
@@ -287,7 +303,7 @@ class ContainerRegistry:
             return None  # asks for no GPU (handled before): nothing to tie
         holding = holders(allocation, record, self._allocator.resource_names)
         if not holding or len({pod_of(ref) for ref in holding}) > 1:
-            self._allocator.reconcile_requested.set()  # the run loop releases or splits it now
+            self._allocator.request_reconcile()  # the run loop releases or splits it now
         if not holding:
             return (
                 f"kubelet no longer reports allocation {allocation.id} "
@@ -330,13 +346,13 @@ class ContainerRegistry:
                 )
 
 
-def node_gpus(allocator: Allocator, mps_layout: MpsLayout | None) -> NodeGpus:
+def node_gpus(cards: Sequence[Card], mps_layout: MpsLayout | None) -> NodeGpus:
     """The cards' device minors and MPS directories a container spec is checked against."""
-    cards = tuple(
+    nodes = tuple(
         CardNode(c.uuid, c.index, c.index if c.minor_number is None else c.minor_number)
-        for c in allocator.cards
+        for c in cards
     )
     if mps_layout is None:
-        return NodeGpus(cards)
-    client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in cards}
-    return NodeGpus(cards, mps_layout.root, client_dirs, mps_layout.shm_dir)
+        return NodeGpus(nodes)
+    client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in nodes}
+    return NodeGpus(nodes, mps_layout.root, client_dirs, mps_layout.shm_dir)

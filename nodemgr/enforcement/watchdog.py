@@ -39,14 +39,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
-from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import EnforcementSettings
 from nodemgr.domain.containercheck import CgroupError, parse_cgroups
+from nodemgr.domain.model import Allocation
 from nodemgr.domain.statusdoc import UsageView
 from nodemgr.domain.violations import (
     ENV,
@@ -63,7 +63,7 @@ from nodemgr.domain.violations import (
 from nodemgr.enforcement import procfs
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import GpushareError
-from nodemgr.inventory import Inventory
+from nodemgr.inventory import Card, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -102,12 +102,28 @@ class ProcessEventSource(Protocol):
     def close(self) -> None: ...
 
 
+class PolicedState(Protocol):
+    """What the watchdog asks of the allocation state (the Allocator), and nothing more."""
+
+    @property
+    def cards(self) -> Sequence[Card]: ...
+    def allocations_by_id(self) -> dict[str, Allocation]:
+        """The live allocations by ID, as one snapshot."""
+        ...
+
+    def whole_cards(self) -> set[str]:
+        """UUIDs of the cards given out whole (not the watchdog's to police)."""
+        ...
+
+    def card_label(self, card_uuid: str) -> str: ...
+
+
 class Watchdog(ThreadWorker):
     def __init__(
         self,
         settings: EnforcementSettings,
         registry: ContainerRegistry,
-        allocator: Allocator,
+        allocator: PolicedState,
         inventory: Inventory,
         ledger: Ledger,
         mps_servers: Callable[[], Collection[tuple[int, int]]] = frozenset,
@@ -277,7 +293,7 @@ class Watchdog(ThreadWorker):
             self._set_last_usage(self._usage_view(processes))
             self._active = set()
             return []
-        allocations = {a.id: a for a in self._allocator.allocations()}
+        allocations = self._allocator.allocations_by_id()
         shared_cards = {c.uuid for c in self._allocator.cards} - self._allocator.whole_cards()
         violations = find_violations(
             self._registry.registrations(),
@@ -322,7 +338,7 @@ class Watchdog(ThreadWorker):
         # Exactly the sum the memory check judges (its own cards, live allocations only).
         allocation_used = allocation_used_mib(
             self._registry.registrations(),
-            {a.id: a for a in self._allocator.allocations()},
+            self._allocator.allocations_by_id(),
             processes,
         )
         return UsageView(dict(card_used), allocation_used)
