@@ -123,7 +123,8 @@ class Allocator:
         self._card_problems: dict[str, str] = {}
         # Old allocation IDs for the next reconcile (a lost ledger recovered; see keep_id_hints).
         self._id_hints: dict[ContainerRef, str] = {}
-        # Set by PreStartContainer: kubelet's record now shows a new container.
+        # Set by request_reconcile (PreStartContainer, the registry): the run loop
+        # reconciles at once rather than at its period.
         self.reconcile_requested = threading.Event()
         # The allocations: the ledger's committed image, read-only here, the one copy.
         # Every commit of them is made under this object's lock, so under it they hold still.

@@ -42,9 +42,7 @@ enforcement say; call back into the allocator or the registry.
 The schema, the rows as SQL and the facts about the file (its header, the causes
 of SQLite's errors) are in nodemgr.allocation.ledgerfile.
 
-Why this module is longer than 400 lines: every way the file can be lost or
-damaged under the running daemon is handled under the one lock every write
-takes, next to the writes it protects.
+Why longer than 400 lines: every loss or damage of the file is handled under the writes' lock.
 """
 
 from __future__ import annotations

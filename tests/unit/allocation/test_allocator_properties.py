@@ -61,6 +61,7 @@ class AllocationMachine(RuleBasedStateMachine):
         self.allocator = self._start()
         # kubelet's checkpoint: container -> kind -> device IDs it handed out
         self.kubelet: dict[ContainerRef, dict[ResourceKind, list[str]]] = {}
+        self.last_record: dict[ContainerRef, dict[str, list[str]]] = {}
         self.serial = 0
 
     def _start(self) -> Allocator:
@@ -87,11 +88,16 @@ class AllocationMachine(RuleBasedStateMachine):
         return [d.id for d in self.allocator.devices(kind) if d.healthy and d.id not in taken]
 
     def _record(self) -> dict[ContainerRef, dict[str, list[str]]]:
+        """kubelet's PodResources record; the same object while it is unchanged, as the
+        daemon's PodResources client hands it back."""
         names = self.allocator.resource_names
-        return {
+        record = {
             ref: {names[kind]: list(ids) for kind, ids in held.items()}
             for ref, held in self.kubelet.items()
         }
+        if record != self.last_record:
+            self.last_record = record
+        return self.last_record
 
     @rule(request=REQUESTS, crash_at=st.sampled_from([None, 0, 1]))
     def admit(self, request, crash_at):
