@@ -22,6 +22,7 @@ Run: ``.venv/bin/python -m bench.listandwatch_size``
 from __future__ import annotations
 
 import argparse
+import asyncio
 import shutil
 import statistics
 import subprocess
@@ -47,13 +48,6 @@ from nodemgr.kubelet.servicer import HEALTHY, UNHEALTHY, DevicePluginServicer
 
 UNITS_MIB = (1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1)
 KUBELET_LIMIT_BYTES = 4 * 1024 * 1024  # gRPC's default max receive message size
-
-
-class _Watching:
-    """The gRPC context of a ListAndWatch stream that kubelet keeps open."""
-
-    def is_active(self) -> bool:
-        return True
 
 
 @dataclass(frozen=True)
@@ -99,17 +93,25 @@ def build(
             for card in cards:
                 allocator.set_card_problem(card.uuid, "MPS down (bench)")
         servicer = DevicePluginServicer(allocator, ResourceKind.MEMORY, threading.Event())
-        started = time.perf_counter()
-        stream = servicer.ListAndWatch(dp.Empty(), _Watching())
-        message = next(stream)
-        message.SerializeToString()  # gRPC serialises what the servicer yields
-        seconds = time.perf_counter() - started
-        stream.close()
-        return message, seconds
+        return asyncio.run(_first_message(servicer))
     finally:
         if ledger is not None:
             ledger.close()
         shutil.rmtree(root, ignore_errors=True)
+
+
+async def _first_message(
+    servicer: DevicePluginServicer,
+) -> tuple[dp.ListAndWatchResponse, float]:
+    """The stream's first message, as the plugin loop serves it, and seconds to build it."""
+    started = time.perf_counter()
+    stream = servicer.ListAndWatch(dp.Empty(), None)
+    try:
+        message = await anext(stream)
+        message.SerializeToString()  # gRPC serialises what the servicer yields
+        return message, time.perf_counter() - started
+    finally:
+        await stream.aclose()
 
 
 def measure(units: tuple[int, ...] = UNITS_MIB, repeats: int = 3) -> list[Row]:

@@ -7,15 +7,19 @@ cluster (no API server, no kubelet call, no subprocess on that path). The one
 exception is ``while_idle``: the MPS supervisor empties an idle card's /dev/shm
 under the lock, so that no container of a new allocation meets the emptying.
 
-Which container is asking, and how its second shared resource follows its
-first onto the same card, is :mod:`nodemgr.allocation.admission`; per-card
-totals are :mod:`nodemgr.allocation.usage`. The device plugin servers see this
-object only through :class:`~nodemgr.allocation.resources.ResourceManager`.
+The allocations are held once, in the ledger's committed image: every change is a
+ledger commit made under this object's lock (``_apply``), after which its indexes
+follow: per-card totals (:mod:`nodemgr.allocation.usage`) and what the next
+reconcile must judge (:mod:`nodemgr.allocation.backlog`). Which container is
+asking, and how its second shared resource follows its first onto the same card,
+is :mod:`nodemgr.allocation.admission`. The device plugin servers see this object
+only through :class:`~nodemgr.allocation.resources.ResourceManager`, the
+enforcement through narrow Protocols of its own.
 
-Why this module is longer than 400 lines: every method here reads or changes
-the state under the one lock, and keeping them together keeps the locking
-rules in one place to read; whatever needs no lock (admission's choices,
-usage totals, placement, reconcile plans, envs) already lives elsewhere.
+What it must not do: decide what needs no lock (placement, reconcile plans, envs
+live in nodemgr.domain); wait on anything but the ledger while holding its lock.
+
+Why longer than 400 lines: every method reads or changes the state under the one lock.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from mps.layout import CONTAINER_PIPE_DIRECTORY, CONTAINER_SHM_DIRECTORY, MpsLayout
@@ -38,6 +42,7 @@ from nodemgr.allocation.admission import (
     carry_refusal,
     place_demand,
 )
+from nodemgr.allocation.backlog import Backlog, KubeletView, Work
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.allocation.resources import AllocateResult, DeviceInfo
 from nodemgr.allocation.usage import CardUsage, HeldByName, single_request, take_over_devices
@@ -56,7 +61,7 @@ from nodemgr.domain.envs import shared_envs, whole_envs
 from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
 from nodemgr.domain.podmatch import FINISHED_PHASES, Demand
-from nodemgr.domain.reconcile import DeviceKey, ReconcilePlan, plan_reconcile
+from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile, plan_scoped
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import Card
 
@@ -137,22 +142,22 @@ class Allocator:
         self._card_problems: dict[str, str] = {}
         # Old allocation IDs for the next reconcile (a lost ledger recovered; see keep_id_hints).
         self._id_hints: dict[ContainerRef, str] = {}
-        # Set by PreStartContainer: kubelet's record now shows a new container.
+        # Set by request_reconcile (PreStartContainer, the registry): the run loop
+        # reconciles at once rather than at its period.
         self.reconcile_requested = threading.Event()
-        self._allocations = {a.id: a for a in ledger.load()}
+        # The allocations: the ledger's committed image, read-only here, the one copy.
+        # Every commit of them is made under this object's lock, so under it they hold still.
+        self._allocations = ledger.allocations
+        # Indexes of them, kept change by change (_apply): per-card totals, who holds which
+        # device, and what the next reconcile must judge.
         self._usage = CardUsage()
         for allocation in self._allocations.values():
             self._usage.add(allocation)
-        # Per resource: (card_changes generation, what the list shows, the list): every
-        # ListAndWatch stream shares one build.
-        self._device_lists: dict[ResourceKind, tuple[int, tuple, list[DeviceInfo]]] = {}
-        # (changes.generation, the device IDs kubelet reported, the record object) of the
-        # last reconcile that found nothing to change with every allocation confirmed: the
-        # same record against the same state plans nothing again, at any time, so the
-        # periodic reconcile skips the plan (and, given the very same object, the walk).
-        self._settled: tuple[int, dict, object] | None = None
-        # (record object, its reported devices) of the last reconcile: see _reported_devices.
-        self._last_reported: tuple[object, dict[DeviceKey, ContainerRef]] | None = None
+        self._backlog = Backlog()
+        # Per resource, the device list every ListAndWatch stream shares.
+        self._device_lists: dict[ResourceKind, _DeviceList] = {}
+        # kubelet's record as last read (the same object again is not read again).
+        self._view: KubeletView | None = None
         self._check_memory_unit()
 
     def _check_memory_unit(self) -> None:
@@ -179,15 +184,12 @@ class Allocator:
         with self._lock:
             generation = self.card_changes.generation
             cached = self._device_lists.get(kind)
-            if cached is not None and cached[0] == generation:
-                return cached[2]
-            shared_cards, whole_cards = self._usage.shared_cards(), self._usage.whole_cards()
-            problems = set(self._card_problems)
-            shows = self._list_shows(kind, shared_cards, whole_cards, problems)
-            if cached is not None and cached[1] == shows:
-                self._device_lists[kind] = (generation, shows, cached[2])
-                return cached[2]
-        unhealthy = shows[1]
+            if cached is not None and cached.generation == generation:
+                return cached.devices
+            unhealthy = self._unhealthy(kind)
+            if cached is not None and cached.unhealthy == unhealthy:
+                self._device_lists[kind] = replace(cached, generation=generation)
+                return cached.devices
         listing = []
         for card in self.cards:
             healthy = card.uuid not in unhealthy
@@ -195,19 +197,16 @@ class Allocator:
                 listing.append(DeviceInfo(device_id, healthy, card.numa_node))
         with self._lock:
             if self.card_changes.generation == generation:
-                self._device_lists[kind] = (generation, shows, listing)
+                self._device_lists[kind] = _DeviceList(generation, unhealthy, listing)
         return listing
 
-    def _list_shows(
-        self, kind: ResourceKind, shared_cards: set[str], whole_cards: set[str], problems: set[str]
-    ) -> tuple:
-        """What one resource's device list depends on (see ``devices``): (the cards, the
-        cards it shows unhealthy). A whole card is unhealthy while it holds shared work; a
-        card's memory and share IDs while it is given out whole or has a problem."""
-        cards = tuple((card.uuid, self._units[card.uuid], card.numa_node) for card in self.cards)
+    def _unhealthy(self, kind: ResourceKind) -> frozenset[str]:
+        """The cards one resource's list shows unhealthy, all its list depends on (the cards
+        are fixed): a whole card while it holds shared work; a card's memory and share IDs
+        while it is given out whole or has a problem."""
         if kind is ResourceKind.WHOLE:
-            return cards, frozenset(shared_cards)
-        return cards, frozenset(whole_cards | problems)
+            return frozenset(self._usage.shared_cards())
+        return frozenset(self._usage.whole_cards() | set(self._card_problems))
 
     # -- admission -------------------------------------------------------------
 
@@ -483,6 +482,10 @@ class Allocator:
         """PreStartContainer: the IDs must be ours; asks for a reconcile to learn the owner."""
         with self._lock:
             self._resolve(kind, device_ids)
+        self.request_reconcile()
+
+    def request_reconcile(self) -> None:
+        """kubelet's record shows something new: the run loop reconciles at once."""
         self.reconcile_requested.set()
 
     def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
@@ -554,16 +557,19 @@ class Allocator:
         self._apply(puts, deletes)
 
     def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
-        """Commit to the ledger first; only then change what is served."""
-        self._ledger.commit(put=puts, delete=deletes)
+        """Commit to the ledger (which changes the allocations); then the indexes follow."""
+        touched = dict.fromkeys([*deletes, *(a.id for a in puts)])
+        before = {i: self._allocations.get(i) for i in touched}
         card_state = (self._usage.shared_cards(), self._usage.whole_cards())
-        for allocation_id in deletes + [a.id for a in puts]:
-            old = self._allocations.pop(allocation_id, None)
+        self._ledger.commit(put=puts, delete=deletes)
+        after = {i: self._allocations.get(i) for i in touched}
+        for old in before.values():
             if old is not None:
                 self._usage.add(old, -1)
-        for allocation in puts:
-            self._allocations[allocation.id] = allocation
-            self._usage.add(allocation)
+        for allocation_id, new in after.items():
+            if new is not None:
+                self._usage.add(new)
+            self._backlog.changed(before[allocation_id], new)
         if (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
             self.card_changes.bump()
         self.changes.bump()
@@ -577,7 +583,7 @@ class Allocator:
 
     def keep_id_hints(self, id_hints: Mapping[ContainerRef, str]) -> None:
         """Old allocation IDs for the next reconcile to adopt with (kubelet was not
-        readable when a lost ledger was recovered; see nodemgr.runtime.recovery)."""
+        readable when a lost ledger was recovered; see nodemgr.allocation.recovery)."""
         with self._lock:
             self._id_hints = dict(id_hints)
 
@@ -587,88 +593,64 @@ class Allocator:
         id_hints: Mapping[ContainerRef, str] | None = None,
     ) -> ReconcilePlan:
         """Make the ledger say what kubelet's PodResources List says. ``id_hints``: the
-        allocation ID each running container was registered with (after a lost ledger)."""
+        allocation ID each running container was registered with (after a lost ledger).
+
+        Judged: what changed since the last reconcile (nodemgr.allocation.backlog); all of
+        it only at start, with hints, or after a plan could not be committed."""
         hints = id_hints if id_hints is not None else self._id_hints
         with self._lock:
-            # The very record settled last time (PodResourcesClient hands back the same
-            # object while kubelet's answer is unchanged), nothing changed since: done,
-            # without walking its device IDs again.
-            last = self._settled
-            if not hints and last is not None and last[2] is kubelet_record:
-                if last[0] == self.changes.generation:
-                    return ReconcilePlan()
-        reported = self._reported_devices(kubelet_record)
+            self._backlog.expire(self._clock(), self._grace_seconds, self._allocations)
+            if not hints and self._backlog.idle(kubelet_record):
+                return ReconcilePlan()  # the very record, nothing changed: not even read
+        view = self._view_of(kubelet_record)
         with self._lock:
-            if (
-                not hints
-                and self._settled is not None
-                and self._settled[:2] == (self.changes.generation, reported)
-            ):
-                self._settled = (*self._settled[:2], kubelet_record)
+            work = self._backlog.work(view, self._allocations, self._usage.holders, bool(hints))
+            if work.nothing:
+                self._backlog.take(work)
                 return ReconcilePlan()
-            generation, snapshot = self.changes.generation, list(self._allocations.values())
-            now = self._clock()
-        # Planned outside the lock: the plan walks every allocation (milliseconds on a full
-        # node, every reconcile while allocations wait for kubelet's record), and Allocate
-        # must not wait for it. It is applied only if nothing moved meanwhile; otherwise it
-        # is planned again under the lock, against the state it changes.
-        plan = self._plan(snapshot, reported, now, hints)
+            generation, now = self.changes.generation, self._clock()
+        # Planned outside the lock, so that Allocate does not wait for it (a full walk takes
+        # milliseconds on a full node). It is applied only if nothing moved meanwhile;
+        # otherwise it is planned again under the lock, against the state it changes.
+        plan = self._plan(work, now, hints)
         with self._lock:
             if self.changes.generation != generation:
-                plan = self._plan(list(self._allocations.values()), reported, self._clock(), hints)
+                work = self._backlog.work(view, self._allocations, self._usage.holders, bool(hints))
+                plan = self._plan(work, self._clock(), hints)
             self._id_hints = {}  # adopted once; later adoptions are new pods
-            if not plan.empty:
-                self._apply(plan.put, plan.delete)
-            # Only a confirmed allocation's fate is independent of the clock (an unconfirmed
-            # one is released once its grace runs out, with the same record).
-            settled = plan.empty and all(
-                a.confirmed_at is not None for a in self._allocations.values()
-            )
-            self._settled = (self.changes.generation, reported, kubelet_record) if settled else None
+            judged_against = self._backlog.take(work)
+            try:
+                if not plan.empty:
+                    self._apply(plan.put, plan.delete)
+            except BaseException:
+                self._backlog.give_back(work, judged_against)
+                raise
+            self._backlog.settled(work, self._allocations)
         for note in plan.notes:
             log.info("reconcile: %s", note)
         return plan
 
-    def _plan(
-        self,
-        allocations: list[Allocation],
-        reported: dict[DeviceKey, ContainerRef],
-        now: float,
-        hints: Mapping[ContainerRef, str],
-    ) -> ReconcilePlan:
-        return plan_reconcile(
-            allocations, reported, now, self._grace_seconds, self._unit_mib,
-            new_allocation_id, hints,
-        )  # fmt: skip
+    def _plan(self, work: Work, now: float, hints: Mapping[ContainerRef, str]) -> ReconcilePlan:
+        """``work``'s plan: the full walk over every allocation, or its scope alone."""
+        reported, grace, unit = work.view.reported, self._grace_seconds, self._unit_mib
+        if work.full:
+            everything = work.everything
+            return plan_reconcile(everything, reported, now, grace, unit, new_allocation_id, hints)
+        if work.scope is None:
+            return ReconcilePlan()
+        return plan_scoped(work.scope, reported, now, grace, unit, new_allocation_id)
 
-    def _reported_devices(
+    def _view_of(
         self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]
-    ) -> dict[DeviceKey, ContainerRef]:
+    ) -> KubeletView:
         """Each of this node's devices kubelet reports, with its container. The same record
-        object as last time gives the same answer without a walk (kubelet's answer did not
+        object as last time gives the same view without a walk (kubelet's answer did not
         change; what this node advertises changes only with a restart)."""
-        last = self._last_reported
-        if last is not None and last[0] is kubelet_record:
-            return last[1]
-        reported = {}
-        for ref, resources in kubelet_record.items():
-            for resource_name, device_ids in resources.items():
-                kind = self._kind_of_resource.get(resource_name)
-                if kind is None:
-                    continue
-                for device_id in device_ids:
-                    if self._is_known(kind, device_id):
-                        reported[(kind, device_id)] = ref
-                    else:
-                        log.warning(
-                            "kubelet reports %s device %s for %s, which this node does not "
-                            "advertise (GPU removed or memory unit changed?)",
-                            resource_name,
-                            device_id,
-                            ref,
-                        )
-        self._last_reported = (kubelet_record, reported)
-        return reported
+        view = self._view
+        if view is None or view.record is not kubelet_record:
+            view = KubeletView.read(kubelet_record, self._kind_of_resource, self._is_known)
+            self._view = view
+        return view
 
     # -- views -------------------------------------------------------------------
 
@@ -683,6 +665,11 @@ class Allocator:
     def allocations(self) -> list[Allocation]:
         with self._lock:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
+
+    def allocations_by_id(self) -> dict[str, Allocation]:
+        """A snapshot of the allocations by ID (the watchdog's, once per scan: no sort)."""
+        with self._lock:
+            return dict(self._allocations)
 
     def allocation_count(self) -> int:
         """How many allocations there are (the run loop's STATUS= twice a second: no sort)."""
@@ -750,6 +737,16 @@ class Allocator:
 
     def _card_label(self, card_uuid: str) -> str:
         return f"GPU{self._card_index(card_uuid)} ({card_uuid})"
+
+
+@dataclass(frozen=True)
+class _DeviceList:
+    """One resource's device list as built at ``generation`` of ``card_changes``, and the
+    cards it shows unhealthy (all it depends on)."""
+
+    generation: int
+    unhealthy: frozenset[str]
+    devices: list[DeviceInfo]
 
 
 def _describe_ids(device_ids: Sequence[str]) -> str:

@@ -23,23 +23,26 @@ what is done is said at CRITICAL:
 - damaged (truncated, overwritten): found when a write meets a damaged page, or
   when the file is shorter than its own header says (SQLite never shrinks it:
   no VACUUM, no auto_vacuum), confirmed by a fresh reader. The open copy is the
-  damaged file, so the ledger is rebuilt from ``_Held``, this daemon's copy of
-  everything it committed (what the allocator and the registry hold; kept here
-  because Allocate commits under the allocator's lock, which a rebuild asking
-  the allocator would wait on for ever). The damaged file is kept as
+  damaged file, so the ledger is rebuilt from ``_Committed``, its image in
+  memory of everything committed. The image is kept here, not asked of the
+  allocator: Allocate commits under the allocator's lock, so a rebuild that
+  asked the allocator would wait for ever on a lock its own caller holds. The
+  damaged file is kept as
   ``ledger.sqlite.damaged-<time>`` (never deleted); the violation history, which
   only the file held, is lost; the write is tried once more on the new file.
   When the rebuild cannot be written either, the write is refused naming both.
 
+The image's allocations are the allocation state itself, held once: the
+allocator reads them (``allocations``) under its own lock, under which every
+commit of allocations is made, and keeps only indexes of its own.
+
 What it must not do: decide anything; it stores what the allocator and the
-enforcement say.
+enforcement say; call back into the allocator or the registry.
 
 The schema, the rows as SQL and the facts about the file (its header, the causes
 of SQLite's errors) are in nodemgr.allocation.ledgerfile.
 
-Why this module is longer than 400 lines: every way the file can be lost or
-damaged under the running daemon is handled under the one lock every write
-takes, next to the writes it protects.
+Why longer than 400 lines: every loss or damage of the file is handled under the writes' lock.
 """
 
 from __future__ import annotations
@@ -50,8 +53,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from nodemgr.allocation.ledgerfile import (
     RECOVERY_HINT,
@@ -84,9 +88,10 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Held:
+class _Committed:
     """What this daemon committed, as the file must hold it: a damaged file is rebuilt
-    from it. Changed only under the ledger's lock, after a commit went through."""
+    from it, and its allocations are what the allocator reads. Changed only under the
+    ledger's lock, after a commit went through."""
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
     registrations: dict[str, Registration] = field(default_factory=dict)
@@ -116,7 +121,7 @@ class Ledger:
         self._whole_at: tuple[int, int] | None = None
         # True when this open made the ledger (none was there: a first start, or one lost).
         self.created = False
-        self._held = _Held()
+        self._committed = _Committed()
         try:
             if read_only:
                 uri = f"file:{self.path}?mode=ro"
@@ -130,7 +135,7 @@ class Ledger:
             if not read_only:
                 self._db.executescript(SCHEMA)
                 self._check_schema_version()
-                self._held = _Held(
+                self._committed = _Committed(
                     {a.id: a for a in read_allocations(self._db, self.path)},
                     {r.container_id: r for r in read_registrations(self._db)},
                     dict(self._db.execute("SELECT key, value FROM meta").fetchall()),
@@ -283,7 +288,7 @@ class Ledger:
             )
             log.critical("the ledger %s: %s", self.path, message)
             raise LedgerError(f"cannot write the ledger {self.path}: {message}") from e
-        held = self._held
+        committed = self._committed
         log.critical(
             "the ledger %s was damaged under gpushare-node (%s); rebuilt it from the daemon's "
             "memory (%d allocations, %d registered containers, %d meta keys); the damaged "
@@ -291,9 +296,9 @@ class Ledger:
             "good: the violation history, which only the file held",
             self.path,
             damage,
-            len(held.allocations),
-            len(held.registrations),
-            len(held.meta),
+            len(committed.allocations),
+            len(committed.registrations),
+            len(committed.meta),
             aside,
         )
 
@@ -306,9 +311,9 @@ class Ledger:
         try:
             write_new_ledger(
                 tmp,
-                self._held.meta,
-                self._held.allocations.values(),
-                self._held.registrations.values(),
+                self._committed.meta,
+                self._committed.allocations.values(),
+                self._committed.registrations.values(),
             )
         except BaseException:
             remove(tmp, tmp + "-journal")
@@ -338,6 +343,14 @@ class Ledger:
                 f"understands {SCHEMA_VERSION}: run the gpushare-node version that wrote it"
             )
 
+    @property
+    def allocations(self) -> Mapping[str, Allocation]:
+        """The committed allocations by ID, read-only and live: the daemon's one copy in
+        memory, as the file holds them (an update keeps its first ``created_at``). Changed
+        only by ``commit``; a reader that must see them hold still holds the lock every
+        commit is made under (the allocator's). Empty for a read-only ledger: read ``load``."""
+        return MappingProxyType(self._committed.allocations)
+
     def load(self) -> list[Allocation]:
         with self._lock:
             try:
@@ -362,7 +375,7 @@ class Ledger:
             for allocation in put:
                 self._write_devices(allocation)
 
-        self._write_through(write, lambda: self._held.committed(put, delete))
+        self._write_through(write, lambda: self._committed.committed(put, delete))
 
     def _write_devices(self, allocation: Allocation) -> None:
         put_devices(self._db, allocation)
@@ -377,7 +390,7 @@ class Ledger:
 
     def put_registration(self, registration: Registration) -> None:
         def remember() -> None:
-            self._held.registrations[registration.container_id] = registration
+            self._committed.registrations[registration.container_id] = registration
 
         self._write_through(lambda: put_registration(self._db, registration), remember)
 
@@ -385,7 +398,7 @@ class Ledger:
         self._write(
             "DELETE FROM containers WHERE id = ?",
             (container_id,),
-            then=lambda: self._held.registrations.pop(container_id, None),
+            then=lambda: self._committed.registrations.pop(container_id, None),
         )
 
     def add_violation(self, violation: Violation, action: str, at: float) -> None:
@@ -500,7 +513,7 @@ class Ledger:
             "INSERT INTO meta (key, value) VALUES (?, ?)"
             " ON CONFLICT(key) DO UPDATE SET value = excluded.value",
             (key, value),
-            then=lambda: self._held.meta.__setitem__(key, value),
+            then=lambda: self._committed.meta.__setitem__(key, value),
         )
 
     def close(self) -> None:

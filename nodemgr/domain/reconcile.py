@@ -12,6 +12,13 @@ kubelet's record wins, always:
   twice; when the running containers say which allocation ID they were
   registered with (``id_hints``, read from their cgroups' marks), the adopted
   allocation takes that ID again.
+
+``plan_reconcile`` judges every allocation and every reported device: the full
+walk, and the oracle of ``plan_scoped``, which judges only a
+:class:`ReconcileScope` (what changed since the last reconcile, and the
+allocations that may merge with it) and makes the same plan when everything
+outside the scope was already settled (the allocator keeps that true; a
+property test holds the two to each other).
 """
 
 from __future__ import annotations
@@ -37,6 +44,27 @@ class ReconcilePlan:
         return not self.put and not self.delete
 
 
+@dataclass(frozen=True)
+class ReconcileScope:
+    """What one reconcile judges. Outside it, every allocation is settled against
+    kubelet's record (judging it would change nothing) and every reported device is held."""
+
+    judged: tuple[Allocation, ...]  # each compared with kubelet's record
+    unheld: Mapping[DeviceKey, ContainerRef]  # reported devices no allocation holds: adopted
+    # Not judged, but each holds a device kubelet reports for a container that a judged or
+    # adopted allocation is reported for: they may be merged with it.
+    others: tuple[Allocation, ...] = ()
+
+
+def full_scope(
+    allocations: Iterable[Allocation], reported: Mapping[DeviceKey, ContainerRef]
+) -> ReconcileScope:
+    """Every allocation judged, every reported device no allocation holds adopted."""
+    judged = tuple(allocations)
+    held = {key for allocation in judged for key in allocation.device_pairs()}
+    return ReconcileScope(judged, {key: ref for key, ref in reported.items() if key not in held})
+
+
 def plan_reconcile(
     allocations: Iterable[Allocation],
     reported: Mapping[DeviceKey, ContainerRef],
@@ -46,34 +74,58 @@ def plan_reconcile(
     new_id: Callable[[], str],
     id_hints: Mapping[ContainerRef, str] | None = None,
 ) -> ReconcilePlan:
-    """What to change so that the ledger says what kubelet says.
+    """What to change so that the ledger says what kubelet says: the full walk.
 
     ``reported`` maps each of this node's device IDs that kubelet reports as
     allocated to the container holding it. ``id_hints``: container -> the
     allocation ID it was registered with before the ledger was lost.
     """
-    allocations = list(allocations)  # read twice: here and by the merge
+    scope = full_scope(allocations, reported)
+    live_ids = {allocation.id for allocation in scope.judged}
+    return _plan(
+        scope, reported, now, grace_seconds, memory_unit_mib, new_id, id_hints or {}, live_ids
+    )
+
+
+def plan_scoped(
+    scope: ReconcileScope,
+    reported: Mapping[DeviceKey, ContainerRef],
+    now: float,
+    grace_seconds: float,
+    memory_unit_mib: int,
+    new_id: Callable[[], str],
+) -> ReconcilePlan:
+    """``plan_reconcile``'s plan, made from ``scope`` alone (no ID hints: those need
+    every live ID, so a reconcile with hints is a full walk)."""
+    return _plan(scope, reported, now, grace_seconds, memory_unit_mib, new_id, {}, set())
+
+
+def _plan(
+    scope: ReconcileScope,
+    reported: Mapping[DeviceKey, ContainerRef],
+    now: float,
+    grace_seconds: float,
+    memory_unit_mib: int,
+    new_id: Callable[[], str],
+    id_hints: Mapping[ContainerRef, str],
+    live_ids: set[str],
+) -> ReconcilePlan:
     plan = ReconcilePlan()
-    held: set[DeviceKey] = set()
-    live_ids = set()
-    for allocation in allocations:
-        held.update(allocation.device_pairs())
-        live_ids.add(allocation.id)
+    for allocation in scope.judged:
         _reconcile_one(allocation, reported, now, grace_seconds, memory_unit_mib, new_id, plan)
-    unheld = {key: ref for key, ref in reported.items() if key not in held}
     adoptions = [
         (ref, adopted)
-        for ref, devices in sorted(_group_by_container(unheld).items())
+        for ref, devices in sorted(_group_by_container(scope.unheld).items())
         for adopted in _allocations_for(devices, ref, now, memory_unit_mib, new_id)
     ]
     taken = live_ids | {a.id for a in plan.put}
-    for ref, adopted in _with_hinted_ids(adoptions, id_hints or {}, taken):
+    for ref, adopted in _with_hinted_ids(adoptions, id_hints, taken):
         plan.put.append(adopted)
         plan.notes.append(
             f"adopted {_describe_devices(adopted)} that kubelet reports for {ref} "
             f"as allocation {adopted.id}: the ledger did not hold them"
         )
-    _merge_per_container_and_card(allocations, reported, memory_unit_mib, plan)
+    _merge_per_container_and_card((*scope.judged, *scope.others), reported, memory_unit_mib, plan)
     return plan
 
 

@@ -27,14 +27,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
+from typing import Protocol
 
 from hooks import gpuenv
 from hooks.specfacts import normpath, nvidia_named
 from hooks.textsafe import quote
 from mps.layout import MpsLayout
-from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.containercheck import (
     CgroupError,
@@ -42,6 +42,7 @@ from nodemgr.domain.containercheck import (
     container_cgroup,
     identity_conflict,
 )
+from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
 from nodemgr.domain.podtie import (
     NO_IDENTITY,
@@ -63,15 +64,30 @@ from nodemgr.domain.speccheck import (
 from nodemgr.enforcement import hostdevices, procfs
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.errors import GpushareError, LedgerError
+from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
+
+
+class AdmissionState(Protocol):
+    """What the registry asks of the allocation state (the Allocator), and nothing more."""
+
+    @property
+    def cards(self) -> Sequence[Card]: ...
+    @property
+    def resource_names(self) -> Mapping[ResourceKind, str]: ...
+    def allocation(self, allocation_id: str) -> Allocation | None: ...
+    def allocations(self) -> list[Allocation]: ...
+    def request_reconcile(self) -> None:
+        """kubelet's record disagrees with an allocation: reconcile now, not at the period."""
+        ...
 
 
 class ContainerRegistry:
     def __init__(
         self,
         ledger: Ledger,
-        allocator: Allocator,
+        allocator: AdmissionState,
         mps_pipe_directory: str | None,
         clock: Callable[[], float] = time.time,
         kubelet_record: Callable[[], KubeletRecord] | None = None,
@@ -93,7 +109,7 @@ class ContainerRegistry:
         # from the running containers (nodemgr.enforcement.cgroupmarks). None: no marks.
         self._marks = marks
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
-        self._gpus = node_gpus(allocator, mps_layout, daemon_paths)
+        self._gpus = node_gpus(allocator.cards, mps_layout, daemon_paths)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
 
@@ -322,7 +338,7 @@ class ContainerRegistry:
             return None  # asks for no GPU (handled before): nothing to tie
         holding = holders(allocation, record, self._allocator.resource_names)
         if not holding or len({pod_of(ref) for ref in holding}) > 1:
-            self._allocator.reconcile_requested.set()  # the run loop releases or splits it now
+            self._allocator.request_reconcile()  # the run loop releases or splits it now
         if not holding:
             return (
                 f"kubelet no longer reports allocation {allocation.id} "
@@ -378,19 +394,19 @@ def _init_start_ticks(pid: int) -> tuple[int | None, str | None]:
 
 
 def node_gpus(
-    allocator: Allocator, mps_layout: MpsLayout | None, daemon_paths: DaemonPaths | None = None
+    cards: Sequence[Card], mps_layout: MpsLayout | None, daemon_paths: DaemonPaths | None = None
 ) -> NodeGpus:
     """The cards' device minors, MPS directories and the daemon's own paths a container spec
     is checked against."""
-    cards = tuple(
+    nodes = tuple(
         CardNode(c.uuid, c.index, c.index if c.minor_number is None else c.minor_number)
-        for c in allocator.cards
+        for c in cards
     )
     daemon_paths = daemon_paths or DaemonPaths()
     if mps_layout is None:
-        return NodeGpus(cards, daemon=daemon_paths)
-    client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in cards}
-    shm_dirs = {c.uuid: mps_layout.shm_dir(c.uuid) for c in cards}
+        return NodeGpus(nodes, daemon=daemon_paths)
+    client_dirs = {c.uuid: mps_layout.client_dir(c.uuid) for c in nodes}
+    shm_dirs = {c.uuid: mps_layout.shm_dir(c.uuid) for c in nodes}
     return NodeGpus(
-        cards, mps_layout.root, client_dirs, shm_dirs, mps_layout.retired_shm_dir, daemon_paths
+        nodes, mps_layout.root, client_dirs, shm_dirs, mps_layout.retired_shm_dir, daemon_paths
     )

@@ -46,14 +46,14 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
-from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import EnforcementSettings
 from nodemgr.domain.containercheck import CgroupError, parse_cgroups
+from nodemgr.domain.model import Allocation
 from nodemgr.domain.statusdoc import UsageView
 from nodemgr.domain.violations import (
     KINDS,
@@ -72,7 +72,7 @@ from nodemgr.domain.violations import (
 from nodemgr.enforcement import procfs
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import GpushareError
-from nodemgr.inventory import Inventory
+from nodemgr.inventory import Card, Inventory
 
 log = logging.getLogger(__name__)
 
@@ -115,12 +115,28 @@ class ProcessEventSource(Protocol):
     def close(self) -> None: ...
 
 
+class PolicedState(Protocol):
+    """What the watchdog asks of the allocation state (the Allocator), and nothing more."""
+
+    @property
+    def cards(self) -> Sequence[Card]: ...
+    def allocations_by_id(self) -> dict[str, Allocation]:
+        """The live allocations by ID, as one snapshot."""
+        ...
+
+    def whole_cards(self) -> set[str]:
+        """UUIDs of the cards given out whole (policed as whole cards: see find_violations)."""
+        ...
+
+    def card_label(self, card_uuid: str) -> str: ...
+
+
 class Watchdog(ThreadWorker):
     def __init__(
         self,
         settings: EnforcementSettings,
         registry: ContainerRegistry,
-        allocator: Allocator,
+        allocator: PolicedState,
         inventory: Inventory,
         ledger: Ledger,
         mps_servers: Callable[[], Collection[tuple[int, int]]] = frozenset,
@@ -319,7 +335,7 @@ class Watchdog(ThreadWorker):
         if not processes:  # nothing to judge: no walk over every allocation at idle
             self._set_last_usage(self._usage_view(processes))
             return []
-        allocations = {a.id: a for a in self._allocator.allocations()}
+        allocations = self._allocator.allocations_by_id()
         violations = find_violations(
             self._registry.registrations(),
             allocations,
@@ -339,7 +355,7 @@ class Watchdog(ThreadWorker):
             return [], {}
         registrations = self._registry.registrations()
         index = index_registrations(registrations)
-        allocations = {a.id: a for a in self._allocator.allocations()}
+        allocations = self._allocator.allocations_by_id()
         now = time.monotonic()
         recent = {
             container: {k: t for k, t in keys.items() if now - t < HOLD_REPEAT_SECONDS}
@@ -396,7 +412,7 @@ class Watchdog(ThreadWorker):
         # Exactly the sum the memory check judges (its own cards, live allocations only).
         allocation_used = allocation_used_mib(
             self._registry.registrations(),
-            {a.id: a for a in self._allocator.allocations()},
+            self._allocator.allocations_by_id(),
             processes,
         )
         return UsageView(dict(card_used), allocation_used)

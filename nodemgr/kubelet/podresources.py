@@ -12,6 +12,8 @@ the allocator skips a record it already settled). Callers only read it.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import grpc
 from google.protobuf.message import DecodeError
 
@@ -20,6 +22,14 @@ from nodemgr.kubelet.api import podresources_v1_pb2 as pr
 from nodemgr.kubelet.registration import KubeletUnavailable
 
 KubeletRecord = dict[ContainerRef, dict[str, list[str]]]
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """kubelet's last answer: its bytes, and the record read from them."""
+
+    raw: bytes
+    record: KubeletRecord
 
 
 class PodResourcesClient:
@@ -44,7 +54,7 @@ class PodResourcesClient:
             request_serializer=pr.ListPodResourcesRequest.SerializeToString,
             response_deserializer=None,
         )
-        self._last: tuple[bytes, KubeletRecord] | None = None
+        self._last: _Answer | None = None
 
     def list(self) -> KubeletRecord:
         """kubelet's record now: the same object as last time while kubelet's answer is
@@ -58,8 +68,8 @@ class PodResourcesClient:
                 "kubelet.pod_resources_socket right?)"
             ) from e
         last = self._last
-        if last is not None and last[0] == answer:
-            return last[1]
+        if last is not None and last.raw == answer:
+            return last.record
         try:
             response = pr.ListPodResourcesResponse.FromString(answer)
         except DecodeError as e:
@@ -74,7 +84,7 @@ class PodResourcesClient:
                 for devices in container.devices:
                     ids = record.setdefault(ref, {}).setdefault(devices.resource_name, [])
                     ids.extend(devices.device_ids)
-        self._last = (answer, record)
+        self._last = _Answer(answer, record)
         return record
 
     def close(self) -> None:

@@ -16,6 +16,9 @@ node's CPU. The allocation calls run on that loop as they are (they are short an
 take the allocator's lock, which serialises them anyway; kubelet admits one
 container at a time); ListAndWatch waits for device changes on an asyncio event
 that the change counter sets.
+
+What it must not do: decide anything or hold state beyond one stream's last sent list;
+block the loop on anything slower than the allocation state's own calls.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
+from typing import NoReturn
 
 import grpc
 import grpc.aio
@@ -52,6 +56,9 @@ ObserveAllocate = Callable[[str, float, bool], None]
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
 OPTIONS = dp.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 
+# kubelet fails the pod for good on an error of these (UnexpectedAdmissionError).
+_ADMISSION_CALLS = frozenset({"preferred", "allocate"})
+
 _STATUS = [
     (NoFitError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnknownDeviceError, grpc.StatusCode.INVALID_ARGUMENT),
@@ -62,8 +69,10 @@ _STATUS = [
 
 
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
-    """The DevicePlugin service of one resource, as a synchronous servicer (what a
-    ``grpc.server`` runs; the plugin servers run it through :class:`AsyncServicer`)."""
+    """The DevicePlugin service of one resource, served on the plugin loop.
+
+    Each call goes straight to the allocation state (``ResourceManager``); a refusal
+    becomes the call's gRPC status in one place, ``_refuse``."""
 
     def __init__(
         self,
@@ -78,79 +87,93 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
         self._stopping = stopping
         self._observe_allocate = observe_allocate
 
-    @property
-    def resource_name(self) -> str:
-        return self._name
-
-    @property
-    def device_changes(self):
-        return self._resources.device_changes
-
-    @property
-    def stopping(self) -> bool:
-        return self._stopping.is_set()
-
-    def device_watch(self) -> _DeviceWatch:
-        return _DeviceWatch(self._resources, self._kind)
-
-    def GetDevicePluginOptions(self, request, context):
+    async def GetDevicePluginOptions(self, request, context):
         return OPTIONS
 
-    def ListAndWatch(self, request, context) -> Iterator[dp.ListAndWatchResponse]:
+    async def ListAndWatch(self, request, context) -> AsyncIterator[dp.ListAndWatchResponse]:
         log.info("kubelet is watching %s", self._name)
         changes = self._resources.device_changes
-        watch = _DeviceWatch(self._resources, self._kind)
-        generation = changes.generation
-        while not self._stopping.is_set() and context.is_active():
-            message = watch.message(generation)
-            if message is not None:
-                yield message
-            # The 1 s wake-ups only notice a stop or a gone stream.
-            generation = changes.wait_for_change(generation, timeout=1.0)
+        moved = asyncio.Event()
+        loop = asyncio.get_running_loop()
 
-    def GetPreferredAllocation(self, request, context):
-        response = dp.PreferredAllocationResponse()
-        for req in request.container_requests:
-            ids = self._call_admission(
-                context,
-                self._resources.preferred,
-                self._kind,
-                list(req.available_deviceIDs),
-                list(req.must_include_deviceIDs),
-                req.allocation_size,
-            )
-            response.container_responses.add(deviceIDs=ids)
-        return response
+        def wake() -> None:  # called by whichever thread bumped: must not block or raise
+            try:
+                loop.call_soon_threadsafe(moved.set)
+            except RuntimeError:
+                pass  # the loop is closed: this stream is over
 
-    def Allocate(self, request, context):
-        started = time.perf_counter()
-        ok = False
+        changes.add_listener(wake)
         try:
-            response = self._allocate(request, context)
-            ok = True
-            return response
+            watch = _DeviceWatch(self._resources, self._kind)
+            while not self._stopping.is_set():
+                moved.clear()  # before reading the generation: no change slips between
+                message = watch.message(changes.generation)
+                if message is not None:
+                    yield message
+                    continue  # look again: something may have moved while sending
+                # Until a change, a stop (wake_all) or the stream's end (the call is
+                # cancelled here): no timer wakes it.
+                await moved.wait()
         finally:
-            # context.abort raises: a refusal lands here with ok False.
-            self._observe(time.perf_counter() - started, ok)
+            changes.remove_listener(wake)
 
-    def _allocate(self, request, context):
-        response = dp.AllocateResponse()
-        for req in request.container_requests:
-            result = self._call_admission(
-                context, self._resources.allocate, self._kind, list(req.devices_ids)
-            )
-            container = response.container_responses.add(envs=result.envs)
-            for mount in result.mounts:
-                container.mounts.add(
-                    container_path=mount.container_path,
-                    host_path=mount.host_path,
-                    read_only=mount.read_only,
+    async def GetPreferredAllocation(self, request, context):
+        response = dp.PreferredAllocationResponse()
+        try:
+            for req in request.container_requests:
+                ids = self._resources.preferred(
+                    self._kind,
+                    list(req.available_deviceIDs),
+                    list(req.must_include_deviceIDs),
+                    req.allocation_size,
                 )
+                response.container_responses.add(deviceIDs=ids)
+        except Exception as error:
+            await self._refuse(context, "preferred", error)
         return response
 
-    def PreStartContainer(self, request, context):
-        self._call(context, self._resources.check_known, self._kind, list(request.devices_ids))
+    async def Allocate(self, request, context):
+        started = time.perf_counter()
+        response = dp.AllocateResponse()
+        try:
+            for req in request.container_requests:
+                result = self._resources.allocate(self._kind, list(req.devices_ids))
+                container = response.container_responses.add(envs=result.envs)
+                for mount in result.mounts:
+                    container.mounts.add(
+                        container_path=mount.container_path,
+                        host_path=mount.host_path,
+                        read_only=mount.read_only,
+                    )
+        except Exception as error:
+            self._observe(time.perf_counter() - started, ok=False)
+            await self._refuse(context, "allocate", error)
+        self._observe(time.perf_counter() - started, ok=True)
+        return response
+
+    async def PreStartContainer(self, request, context):
+        try:
+            self._resources.check_known(self._kind, list(request.devices_ids))
+        except Exception as error:
+            await self._refuse(context, "check_known", error)
         return dp.PreStartContainerResponse()
+
+    async def _refuse(
+        self, context: grpc.aio.ServicerContext, call: str, error: Exception
+    ) -> NoReturn:
+        """End the call with a gRPC status: our errors with the code kubelet shows the user
+        and the allocator's message; anything else (a bug) as INTERNAL, logged with its
+        traceback, and the server lives on. kubelet fails the pod for good on any error of
+        an admission call and never retries it, so their messages say so."""
+        said = final_refusal if call in _ADMISSION_CALLS else str
+        if isinstance(error, GpushareError):
+            code = next(code for cls, code in _STATUS if isinstance(error, cls))
+            log.warning("%s: refused %s: %s", self._name, call, error)
+            await context.abort(code, said(str(error)))
+        log.error("%s: %s failed", self._name, call, exc_info=error)
+        await context.abort(
+            grpc.StatusCode.INTERNAL, said(f"gpushare-node internal error: {error!r}")
+        )
 
     def _observe(self, seconds: float, ok: bool) -> None:
         if self._observe_allocate is None:
@@ -159,24 +182,6 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
             self._observe_allocate(self._name, seconds, ok)
         except Exception:  # a metrics bug must not turn an answer into an error
             log.exception("%s: observing Allocate failed", self._name)
-
-    def _call_admission(self, context, method, *args):
-        """``_call`` for GetPreferredAllocation and Allocate: kubelet fails the pod on any
-        error of theirs and never retries it, so the message says so (``final_refusal``)."""
-        return self._call(context, method, *args, admission=True)
-
-    def _call(self, context, method, *args, admission: bool = False):
-        """Run an allocator call; our errors become a gRPC status kubelet shows the user."""
-        said = final_refusal if admission else str
-        try:
-            return method(*args)
-        except GpushareError as e:
-            code = next(code for cls, code in _STATUS if isinstance(e, cls))
-            log.warning("%s: refused %s: %s", self._name, method.__name__, e)
-            context.abort(code, said(str(e)))
-        except Exception as e:  # a bug must not kill the server thread silently
-            log.exception("%s: %s failed", self._name, method.__name__)
-            context.abort(grpc.StatusCode.INTERNAL, said(f"gpushare-node internal error: {e!r}"))
 
 
 class _DeviceWatch:
@@ -199,78 +204,6 @@ class _DeviceWatch:
             return None
         self._sent = devices
         return dp.ListAndWatchResponse(devices=[_device(d) for d in devices])
-
-
-class _Aborted(Exception):
-    """A refusal the synchronous servicer made (context.abort), carried to the aio call."""
-
-    def __init__(self, code: grpc.StatusCode, details: str):
-        super().__init__(details)
-        self.code, self.details = code, details
-
-
-class _AbortingContext:
-    """The context the synchronous servicer's unary methods get on the plugin loop: its
-    ``abort`` raises, as a ``grpc.server`` context's does."""
-
-    def abort(self, code: grpc.StatusCode, details: str):
-        raise _Aborted(code, details)
-
-
-class AsyncServicer(dp_grpc.DevicePluginServicer):
-    """:class:`DevicePluginServicer` on the plugin loop. Unary calls run its own methods
-    there (a refusal becomes the aio context's abort); ListAndWatch waits for device
-    changes on an asyncio event the change counter sets, so an idle stream wakes
-    nobody."""
-
-    def __init__(self, servicer: DevicePluginServicer):
-        self._servicer = servicer
-
-    async def _unary(self, method, request, context):
-        try:
-            return method(request, _AbortingContext())
-        except _Aborted as refused:
-            await context.abort(refused.code, refused.details)
-
-    async def GetDevicePluginOptions(self, request, context):
-        return OPTIONS
-
-    async def GetPreferredAllocation(self, request, context):
-        return await self._unary(self._servicer.GetPreferredAllocation, request, context)
-
-    async def Allocate(self, request, context):
-        return await self._unary(self._servicer.Allocate, request, context)
-
-    async def PreStartContainer(self, request, context):
-        return await self._unary(self._servicer.PreStartContainer, request, context)
-
-    async def ListAndWatch(self, request, context) -> AsyncIterator[dp.ListAndWatchResponse]:
-        servicer = self._servicer
-        log.info("kubelet is watching %s", servicer.resource_name)
-        changes = servicer.device_changes
-        moved = asyncio.Event()
-        loop = asyncio.get_running_loop()
-
-        def wake() -> None:  # called by whichever thread bumped: must not block or raise
-            try:
-                loop.call_soon_threadsafe(moved.set)
-            except RuntimeError:
-                pass  # the loop is closed: this stream is over
-
-        changes.add_listener(wake)
-        try:
-            watch = servicer.device_watch()
-            while not servicer.stopping:
-                moved.clear()  # before reading the generation: no change slips between
-                message = watch.message(changes.generation)
-                if message is not None:
-                    yield message
-                    continue  # look again: something may have moved while sending
-                # Until a change, a stop (wake_all) or the stream's end (the call is
-                # cancelled here): no timer wakes it.
-                await moved.wait()
-        finally:
-            changes.remove_listener(wake)
 
 
 def _device(info: DeviceInfo) -> dp.Device:
@@ -316,7 +249,7 @@ class PluginServer:
         servicer = DevicePluginServicer(
             self._resources, self.kind, self._stopping, self._observe_allocate
         )
-        dp_grpc.add_DevicePluginServicer_to_server(AsyncServicer(servicer), server)
+        dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
         server.add_insecure_port(f"unix://{self.socket_path}")
         await server.start()
         return server

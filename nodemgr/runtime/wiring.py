@@ -23,6 +23,7 @@ from mps import MpsLayout
 from mps.layout import CONTAINER_PIPE_DIRECTORY
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
+from nodemgr.allocation.recovery import recover_registrations
 from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
@@ -45,7 +46,6 @@ from nodemgr.kubernetes.sync import (
 )
 from nodemgr.runtime.loop import RunLoop
 from nodemgr.runtime.notify import ServiceNotifier
-from nodemgr.runtime.recovery import recover_registrations
 from nodemgr.status.metrics import Metrics
 from nodemgr.status.nodefacts import dmem_regions
 from nodemgr.status.server import DaemonFacts, LiveStatus, StatusServer

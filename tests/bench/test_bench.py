@@ -3,7 +3,8 @@
 Nothing here times anything (timings are the benchmarks' job and would make
 tests flaky): the figure functions get synthetic samples, the suite's main
 runs with its sections replaced, and the ListAndWatch sizing runs for real on
-two units only (it is deterministic and fast).
+two units only (it is deterministic and fast), as does one small upkeep point
+(its times are only checked to be there).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from bench import (
     restart,
     scale,
     suite,
+    upkeep,
 )
 from bench.report import ABSENT, SKIPPED, Figure, format_value, machine_lines, table
 from bench.stats import Summary, percentile
@@ -550,3 +552,31 @@ def test_settle_outlasts_a_reconcile_and_its_publish_by_default():
 
     reconcile = KubeletSettings().reconcile_interval_seconds
     assert footprint.SETTLE_QUIET_SECONDS > reconcile + MIN_PUBLISH_INTERVAL_SECONDS
+
+
+def test_upkeep_names_every_point_and_the_growth_per_card_count():
+    """bench/upkeep.py: three figures per point and, per card count, CPU per admission at the
+    most allocations over at none."""
+    points = [
+        upkeep.Point(1, 0, 0.6, 0.1, 0.7),
+        upkeep.Point(1, 1000, 0.3, 0.2, 1.4),
+        upkeep.Point(8, 0, 1.5, 0.2, 1.6),
+    ]
+    figures = {f.name: f.value for f in upkeep.figures(points)}
+    assert set(figures) == {
+        *(f"upkeep_{what}_c1_a0" for what in ("admission_cpu_ms", "reconcile_cpu_ms")),
+        *(f"upkeep_{what}_c1_a1000" for what in ("admission_cpu_ms", "reconcile_cpu_ms")),
+        *(f"upkeep_{what}_c8_a0" for what in ("admission_cpu_ms", "reconcile_cpu_ms")),
+        "upkeep_cpu_ms_per_admission_c1_a0",
+        "upkeep_cpu_ms_per_admission_c1_a1000",
+        "upkeep_cpu_ms_per_admission_c8_a0",
+        "upkeep_growth_c1",
+    }
+    assert figures["upkeep_growth_c1"] == pytest.approx(2.0)
+
+
+def test_upkeep_runs_its_point_on_the_real_allocator():
+    """A small point for real: the fill is held, and every figure is a time."""
+    point = upkeep.measure_point(nodes.h200_cards(1), 20, admissions=8)
+    assert (point.cards, point.allocations) == (1, 20)
+    assert point.admission_ms > 0 and point.reconcile_ms >= 0 and point.per_admission_ms > 0

@@ -222,17 +222,19 @@ def test_reconcile_fills_owner_from_kubelet(allocator):
 
 
 def planned(allocator, monkeypatch) -> list[int]:
-    """Counts the reconcile plans the allocator makes from now on (one item per plan)."""
+    """Counts the reconcile plans the allocator makes from now on (one item per plan, a
+    full walk or one over what changed)."""
     import nodemgr.allocation.allocator as module
 
     calls: list[int] = []
-    real = module.plan_reconcile
+    for name in ("plan_reconcile", "plan_scoped"):
+        real = getattr(module, name)
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return real(*args, **kwargs)
+        def counting(*args, real=real, **kwargs):
+            calls.append(1)
+            return real(*args, **kwargs)
 
-    monkeypatch.setattr(module, "plan_reconcile", counting)
+        monkeypatch.setattr(module, name, counting)
     return calls
 
 
@@ -326,6 +328,68 @@ def test_an_unconfirmed_allocation_is_released_after_its_grace_with_the_same_rec
     clock.now += 3600
     assert len(allocator.reconcile({}).delete) == 1
     assert allocator.allocations() == []
+
+
+def judged(monkeypatch) -> list[str]:
+    """The IDs of the allocations reconcile compares with kubelet's record from now on."""
+    import nodemgr.domain.reconcile as module
+
+    seen: list[str] = []
+    real = module._reconcile_one
+
+    def judging(allocation, *args, **kwargs):
+        seen.append(allocation.id)
+        return real(allocation, *args, **kwargs)
+
+    monkeypatch.setattr(module, "_reconcile_one", judging)
+    return seen
+
+
+def settled_node(allocator, pods: int) -> dict:
+    """``pods`` one-unit pods admitted, reported by kubelet and reconciled until nothing is
+    left to change; kubelet's record of them."""
+    record = {}
+    for n in range(pods):
+        result = admit(allocator, [(MEM, 1)])[MEM]
+        allocation = allocator.allocation(result.allocation_id)
+        record[ContainerRef("ns", f"fill-{n}", "main")] = {
+            "aliyun.com/gpu-mem": list(allocation.devices[MEM])
+        }
+    allocator.reconcile(record)  # confirms them
+    allocator.reconcile(record)  # judges the confirmed ones once more: nothing to change
+    return record
+
+
+def test_a_reconcile_judges_what_changed_not_every_allocation(allocator, clock, monkeypatch):
+    """With 20 settled pods, a new unreported allocation is judged once after its Allocate,
+    nothing is judged while it waits within its grace, and it alone is judged (and
+    released) once its grace ran out; the settled ones are never walked again."""
+    record = settled_node(allocator, 20)
+    seen = judged(monkeypatch)
+    new = admit(allocator, [(MEM, 1)])[MEM].allocation_id
+    assert allocator.reconcile(record).empty
+    assert seen == [new]
+    clock.now += 30
+    assert allocator.reconcile(record).empty
+    assert seen == [new]  # waiting within its grace: nothing judged
+    clock.now += 31
+    assert allocator.reconcile(record).delete == [new]
+    assert seen == [new, new]
+    assert allocator.allocation_count() == 20
+
+
+def test_a_changed_record_judges_the_holders_of_the_devices_that_changed(allocator, monkeypatch):
+    """A pod gone from kubelet's record (a new record object) releases its allocation, and
+    only that allocation is judged; an equal record object judges nothing."""
+    record = settled_node(allocator, 20)
+    gone = ContainerRef("ns", "fill-7", "main")
+    [holder] = [a for a in allocator.allocations() if a.owner == gone]
+    seen = judged(monkeypatch)
+    fewer = {ref: held for ref, held in record.items() if ref != gone}
+    assert allocator.reconcile(fewer).delete == [holder.id]
+    assert seen == [holder.id]
+    assert allocator.reconcile(dict(fewer)).empty
+    assert seen == [holder.id]
 
 
 def test_changing_the_memory_unit_under_live_allocations_is_refused(tmp_path, clock):

@@ -3,10 +3,13 @@ through random admissions, releases, reconciles, daemon crashes (also between an
 admission's GetPreferredAllocation and its Allocate), clock jumps and kubelet restarts,
 against a model of kubelet (which devices it has handed to which container). After every
 step the ledger's invariants (nodemgr.domain.invariants) hold; after every reconcile they
-hold against kubelet's record too. Bounded to well under 60 s."""
+hold against kubelet's record too, and the reconcile (which judges only what changed since
+the last one) changed the state exactly as the full walk over every allocation would have.
+Bounded to well under 60 s."""
 
 from __future__ import annotations
 
+import itertools
 import shutil
 import tempfile
 
@@ -14,11 +17,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from nodemgr.allocation.admission import ADMISSION_WINDOW_SECONDS
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.invariants import CardCapacity, check_invariants
-from nodemgr.domain.model import ContainerRef
+from nodemgr.domain.model import Allocation, ContainerRef
+from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile
 from nodemgr.errors import ConflictError, NoFitError
 from nodemgr.inventory import open_inventory
 from tests.harness.cards import GPU0, GPU1, simulated_settings
@@ -56,6 +61,7 @@ class AllocationMachine(RuleBasedStateMachine):
         self.allocator = self._start()
         # kubelet's checkpoint: container -> kind -> device IDs it handed out
         self.kubelet: dict[ContainerRef, dict[ResourceKind, list[str]]] = {}
+        self.last_record: dict[ContainerRef, dict[str, list[str]]] = {}
         self.serial = 0
 
     def _start(self) -> Allocator:
@@ -82,11 +88,16 @@ class AllocationMachine(RuleBasedStateMachine):
         return [d.id for d in self.allocator.devices(kind) if d.healthy and d.id not in taken]
 
     def _record(self) -> dict[ContainerRef, dict[str, list[str]]]:
+        """kubelet's PodResources record; the same object while it is unchanged, as the
+        daemon's PodResources client hands it back."""
         names = self.allocator.resource_names
-        return {
+        record = {
             ref: {names[kind]: list(ids) for kind, ids in held.items()}
             for ref, held in self.kubelet.items()
         }
+        if record != self.last_record:
+            self.last_record = record
+        return self.last_record
 
     @rule(request=REQUESTS, crash_at=st.sampled_from([None, 0, 1]))
     def admit(self, request, crash_at):
@@ -120,8 +131,27 @@ class AllocationMachine(RuleBasedStateMachine):
 
     @rule()
     def reconcile(self):
-        """The periodic compare with kubelet's record; then the ledger agrees with it."""
+        """The periodic compare with kubelet's record: the state after it is the state the
+        full walk's plan makes of the state before; then the ledger agrees with kubelet."""
+        before = self.allocator.allocations()
+        reported = {
+            (kind, device_id): ref
+            for ref, held in self.kubelet.items()
+            for kind, ids in held.items()
+            for device_id in ids
+        }
+        counter = itertools.count()
+        oracle = plan_reconcile(
+            before,
+            reported,
+            self.clock(),
+            self.settings.kubelet.allocation_grace_seconds,
+            UNIT_MIB,
+            lambda: f"ga-oracle-{next(counter)}",
+        )
         self.allocator.reconcile(self._record())
+        after = self.allocator.allocations()
+        assert canonical(after, before) == canonical(applied(before, oracle), before)
         problems = check_invariants(
             self.allocator.allocations(),
             self.capacities,
@@ -129,6 +159,65 @@ class AllocationMachine(RuleBasedStateMachine):
             kubelet_record={ref: dict(held) for ref, held in self.kubelet.items()},
         )
         assert problems == [], problems
+
+    @rule(request=REQUESTS)
+    def admit_and_reconcile(self, request):
+        """A container admitted (no crash), then the periodic reconcile: what it judges is
+        what that admission changed."""
+        self.admit(request, None)
+        self.reconcile()
+
+    @rule(request=REQUESTS.filter(lambda request: len(request) == 2))
+    def slow_admission(self, request):
+        """A container's second resource comes after the admission window, its first one
+        already confirmed and settled: a second allocation, which the next reconcile merges
+        into the first (not judged itself: it changed nothing since)."""
+        self.serial += 1
+        ref = ContainerRef("ns", f"pod-{self.serial}", "main")
+        for position, (kind, size) in enumerate(request):
+            free = self._free(kind)
+            if len(free) < size:
+                return
+            try:
+                chosen = self.allocator.preferred(kind, free, [], size)
+                self.allocator.allocate(kind, chosen)
+            except (NoFitError, ConflictError):
+                return
+            self.kubelet.setdefault(ref, {})[kind] = list(chosen)
+            if position == 0:
+                self.reconcile()
+                self.reconcile()
+                self.clock.now += ADMISSION_WINDOW_SECONDS + 1
+        self.reconcile()
+
+    @precondition(lambda self: self.kubelet)
+    @rule(data=st.data())
+    def release_and_reconcile(self, data):
+        """A pod goes away, then the periodic reconcile: what it judges is that pod's devices."""
+        self.release(data)
+        self.reconcile()
+
+    @rule(request=REQUESTS)
+    def never_reported(self, request):
+        """kubelet fails the pod after its Allocate calls (another resource refused, the pod
+        deleted meanwhile): its devices go back to kubelet's pool and its record never shows
+        them; then the periodic reconcile, which keeps them until their grace ends."""
+        for kind, size in request:
+            free = self._free(kind)
+            if len(free) < size:
+                return
+            try:
+                self.allocator.allocate(kind, self.allocator.preferred(kind, free, [], size))
+            except (NoFitError, ConflictError):
+                return
+        self.reconcile()
+
+    @rule(seconds=st.sampled_from([30.0, 61.0]))
+    def time_passes_and_reconcile(self, seconds):
+        """The clock moves on, then the periodic reconcile: the allocations whose grace ended
+        while they waited are judged (released)."""
+        self.time_passes(seconds)
+        self.reconcile()
 
     @rule()
     def crash(self):
@@ -145,6 +234,43 @@ class AllocationMachine(RuleBasedStateMachine):
     def ledger_invariants_hold(self):
         problems = check_invariants(self.allocator.allocations(), self.capacities, UNIT_MIB)
         assert problems == [], problems
+
+
+def applied(before: list[Allocation], plan: ReconcilePlan) -> list[Allocation]:
+    """The allocations after ``plan``, as the ledger commits it (an update keeps its
+    first created_at)."""
+    state = {a.id: a for a in before}
+    for allocation_id in plan.delete:
+        state.pop(allocation_id, None)
+    for allocation in plan.put:
+        old = state.get(allocation.id)
+        if old is not None:
+            allocation = Allocation(
+                allocation.id,
+                allocation.devices,
+                allocation.memory_mib,
+                old.created_at,
+                allocation.owner,
+                allocation.confirmed_at,
+            )
+        state[allocation.id] = allocation
+    return list(state.values())
+
+
+def canonical(allocations: list[Allocation], before: list[Allocation]) -> dict:
+    """The allocations keyed by ID where the ID was live before, else by their devices
+    (a new allocation's ID is random; no two allocations share a device)."""
+    old_ids = {a.id for a in before}
+    return {
+        (a.id if a.id in old_ids else frozenset(a.device_pairs())): (
+            a.devices,
+            a.memory_mib,
+            a.created_at,
+            a.owner,
+            a.confirmed_at,
+        )
+        for a in allocations
+    }
 
 
 AllocationMachine.TestCase.settings = settings(

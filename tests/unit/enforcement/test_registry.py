@@ -22,8 +22,8 @@ import pytest
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
-from nodemgr.domain.deviceids import ResourceKind
-from nodemgr.domain.model import CgroupKey, ContainerRef
+from nodemgr.domain.deviceids import ResourceKind, card_device_ids
+from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
@@ -466,3 +466,50 @@ def test_a_stale_id_gives_nothing_to_a_pod_kubelet_gives_no_allocation(asking, k
     cgroup = "0::/kubepods/pod-b/c3\n"
     allowed, message = asking.registry.admit("c3", child.pid, env_of(allocation), POD_B, cgroup)
     assert allowed is False and "not to pod default/b" in message
+
+
+class NarrowState:
+    """Only what the registry may ask of the allocation state: the cards, the resource
+    names, one allocation or all of them, and a reconcile requested."""
+
+    def __init__(self, cards, allocations):
+        self.cards = cards
+        self.resource_names = {MEM: "aliyun.com/gpu-mem", CORE: "aliyun.com/gpu-core.percentage"}
+        self._allocations = {a.id: a for a in allocations}
+        self.reconciles_requested = 0
+
+    def allocation(self, allocation_id):
+        return self._allocations.get(allocation_id)
+
+    def allocations(self):
+        return list(self._allocations.values())
+
+    def request_reconcile(self):
+        self.reconciles_requested += 1
+
+
+def test_the_registry_asks_the_allocation_state_only_through_its_narrow_view(tmp_path, child):
+    """Over an object with the registry's view of the allocation state alone (no Allocator):
+    a container of an allocation kubelet no longer reports is refused and a reconcile is
+    requested through the view."""
+    settings = simulated_settings(str(tmp_path))
+    ledger = Ledger(settings.state_dir)
+    try:
+        cards = open_inventory(settings.gpus).cards()
+        gpu = cards[0].uuid
+        allocation = Allocation(
+            "ga-narrow",
+            {
+                MEM: tuple(card_device_ids(MEM, gpu, 4)),
+                CORE: tuple(card_device_ids(CORE, gpu, 30)),
+            },
+            4096,
+            1000.0,
+        )
+        state = NarrowState(cards, [allocation])
+        registry = ContainerRegistry(ledger, state, MPS_PIPE, kubelet_record=dict)
+        allowed, message = registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+        assert allowed is False and "kubelet no longer reports allocation ga-narrow" in message
+        assert state.reconciles_requested == 1
+    finally:
+        ledger.close()

@@ -416,3 +416,35 @@ def test_an_exec_flood_brings_one_scan_forward_without_reading_each_process():
     flood = SimpleNamespace(execs=set(range(1000, 1000 + 500)), exits=set(), lost=False)
     assert dog._news_wants_a_scan(flood) is True
     assert reads == []
+
+
+class NarrowState:
+    """Only what the watchdog may ask of the allocation state: the cards, the live
+    allocations by ID, the cards given out whole, a card's label."""
+
+    def __init__(self, cards):
+        self.cards = cards
+
+    def allocations_by_id(self):
+        return {}
+
+    def whole_cards(self):
+        return set()
+
+    def card_label(self, card_uuid):
+        return f"GPU? ({card_uuid})"
+
+
+def test_the_watchdog_asks_the_allocation_state_only_through_its_narrow_view(
+    parts, settings, stray
+):
+    """Over an object with the watchdog's view of the allocation state alone (no Allocator),
+    a stray GPU process on a shared card is found and killed."""
+    ledger, _, registry = parts
+    usage = Usage()
+    usage.processes = [ProcessUsage(stray.pid, GPU0, 300)]
+    state = NarrowState(open_inventory(settings.gpus).cards())
+    dog = Watchdog(EnforcementSettings(action="kill"), registry, state, usage, ledger)
+    [violation] = dog.scan()
+    assert violation.kind == "unallocated" and violation.pids == (stray.pid,)
+    assert gone(stray)

@@ -3,6 +3,7 @@ list: a memory unit so small that kubelet could not read the list is refused, na
 the key and the smallest unit that fits; the size it goes by is exactly the size of the
 message the servicer sends (healthy or not, any NUMA node, any number of digits)."""
 
+import asyncio
 import threading
 
 import pytest
@@ -25,11 +26,13 @@ from tests.harness.cards import simulated_settings
 A100 = [Card(i, f"GPU-{i:08d}-0000-4000-8000-000000000000", "A100 80GB", 81920) for i in range(8)]
 
 
-class _Watching:
-    """The gRPC context of a ListAndWatch stream kubelet keeps open."""
-
-    def is_active(self) -> bool:
-        return True
+async def first_message(servicer: DevicePluginServicer) -> dp.ListAndWatchResponse:
+    """The first message of a ListAndWatch stream, read as the plugin loop's server reads it."""
+    stream = servicer.ListAndWatch(dp.Empty(), None)
+    try:
+        return await anext(stream)
+    finally:
+        await stream.aclose()
 
 
 def sent_list(tmp_path, cards, memory_unit_mib: int, unhealthy: bool) -> dp.ListAndWatchResponse:
@@ -41,12 +44,8 @@ def sent_list(tmp_path, cards, memory_unit_mib: int, unhealthy: bool) -> dp.List
         if unhealthy:  # a card problem (MPS down) turns its memory devices Unhealthy
             for card in cards:
                 allocator.set_card_problem(card.uuid, "MPS down (test)")
-        stream = DevicePluginServicer(
-            allocator, ResourceKind.MEMORY, threading.Event()
-        ).ListAndWatch(dp.Empty(), _Watching())
-        message = next(stream)
-        stream.close()
-        return message
+        servicer = DevicePluginServicer(allocator, ResourceKind.MEMORY, threading.Event())
+        return asyncio.run(first_message(servicer))
     finally:
         ledger.close()
 

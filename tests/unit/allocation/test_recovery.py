@@ -1,18 +1,18 @@
-"""Pins the recovery of a lost ledger at start: the running containers' registrations
-(read from their cgroup marks) are stored again and kubelet's record is adopted with
-their old allocation IDs; a ledger that was not made at this start is left alone, a
-container whose allocation kubelet does not give back is not recovered, and when
-kubelet cannot be read the old IDs wait for the first reconcile."""
+"""Pins nodemgr.allocation.recovery, a lost ledger taken back at start: the running
+containers' registrations (read from their cgroup marks) are stored again and kubelet's
+record is adopted with their old allocation IDs; a ledger that was not made at this start
+is left alone, a container whose allocation kubelet does not give back is not recovered,
+and when kubelet cannot be read the old IDs wait for the first reconcile."""
 
 import os
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
+from nodemgr.allocation.recovery import recover_registrations
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.domain.model import CgroupKey, ContainerRef, Registration
 from nodemgr.errors import GpushareError
 from nodemgr.inventory import open_inventory
-from nodemgr.runtime.recovery import recover_registrations
 from tests.harness.cards import GPU0, simulated_settings
 
 POD_A = ContainerRef("default", "a", "main")

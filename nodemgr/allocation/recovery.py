@@ -13,23 +13,27 @@ read now, the old IDs stay with the allocator and the first reconcile uses them;
 until then the recovered containers' GPU processes may be reported as unallocated,
 which the log says.
 
+The marks and kubelet's record are read through the callables it is handed (the
+daemon's wiring passes the cgroup marks reader and the PodResources client): the
+I/O stays at the edge, the decisions here.
+
 What it must not do: trust anything a container wrote (marks are ``trusted.*``
-attributes, which containers cannot set; see cgroupmarks).
+attributes, which containers cannot set; see nodemgr.enforcement.cgroupmarks);
+read cgroups or call kubelet itself.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable
 
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
-from nodemgr.domain.model import ContainerRef, Registration
+from nodemgr.domain.model import Registration
+from nodemgr.domain.podtie import KubeletRecord
 from nodemgr.errors import GpushareError
 
 log = logging.getLogger(__name__)
-
-KubeletRecord = Mapping[ContainerRef, Mapping[str, Sequence[str]]]
 
 
 def recover_registrations(
