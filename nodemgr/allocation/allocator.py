@@ -35,11 +35,13 @@ from nodemgr.allocation.admission import (
     carry_refusal,
     place_demand,
 )
+from nodemgr.allocation.claims import place_claim, same_demand
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.allocation.resources import AllocateResult, DeviceInfo
 from nodemgr.allocation.usage import CardUsage, HeldByName, single_request, take_over_devices
 from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import Settings
+from nodemgr.domain.claims import ClaimDemand
 from nodemgr.domain.deviceids import (
     CORE_DEVICES_PER_CARD,
     ResourceKind,
@@ -168,12 +170,13 @@ class Allocator:
             if cached is not None and cached[1] == shows:
                 self._device_lists[kind] = (generation, shows, cached[2])
                 return cached[2]
-        unhealthy = shows[1]
+        unhealthy, claimed = shows[1], shows[2]
         listing = []
         for card in self.cards:
             healthy = card.uuid not in unhealthy
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
-                listing.append(DeviceInfo(device_id, healthy, card.numa_node))
+                ok = healthy and device_id not in claimed
+                listing.append(DeviceInfo(device_id, ok, card.numa_node))
         with self._lock:
             if self.card_changes.generation == generation:
                 self._device_lists[kind] = (generation, shows, listing)
@@ -183,12 +186,15 @@ class Allocator:
         self, kind: ResourceKind, shared_cards: set[str], whole_cards: set[str], problems: set[str]
     ) -> tuple:
         """What one resource's device list depends on (see ``devices``): (the cards, the
-        cards it shows unhealthy). A whole card is unhealthy while it holds shared work; a
-        card's memory and share IDs while it is given out whole or has a problem."""
+        cards it shows unhealthy, the IDs DRA claims hold). A whole card is unhealthy while
+        it holds shared work or a claim holds it whole; a card's memory and share IDs while
+        it is given out whole or has a problem, and each ID a claim holds (so kubelet
+        never hands out what a claim has; docs/dra.md, "Both doors")."""
         cards = tuple((card.uuid, self._units[card.uuid], card.numa_node) for card in self.cards)
+        claimed = frozenset(i for k, i in self._usage.claim_held if k is kind)
         if kind is ResourceKind.WHOLE:
-            return cards, frozenset(shared_cards)
-        return cards, frozenset(whole_cards | problems)
+            return cards, frozenset(shared_cards | self._usage.claim_whole_cards()), claimed
+        return cards, frozenset(whole_cards | problems), claimed
 
     # -- admission -------------------------------------------------------------
 
@@ -213,6 +219,10 @@ class Allocator:
         demand: Demand | None,
     ) -> list[str]:
         self._resolve(kind, must_include)
+        if self._usage.claim_held:
+            # kubelet may not have seen the list that marks a claim's IDs Unhealthy yet.
+            held = self._usage.claim_held
+            available = [i for i in available if (kind, i) not in held]
         # kubelet lists every free ID of the node (hundreds): each one's card, once.
         cards = cards_of(kind, available)
         if kind is ResourceKind.WHOLE:
@@ -305,21 +315,9 @@ class Allocator:
             else:
                 allocation = self._new_or_carried_shared(kind, device_ids, cards, demand)
             self._store(allocation)
-            mounts: tuple[Mount, ...] = ()
-            if allocation.whole:
-                envs = whole_envs(allocation, sorted(set(cards), key=self._card_index))
-            else:
-                card = self._cards[allocation.cards[0]]
-                pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
-                envs = shared_envs(
-                    allocation,
-                    card.uuid,
-                    card.index,
-                    self._units[card.uuid],
-                    pipe,
-                    demand.pod_memory_units if demand else None,
-                )
-                mounts = self._mps_mounts(card.uuid)
+            envs, mounts = self.container_edits(
+                allocation, demand.pod_memory_units if demand else None
+            )
             log.info(
                 "allocated %s %s to allocation %s (%s)",
                 self.resource_names[kind],
@@ -328,6 +326,21 @@ class Allocator:
                 ", ".join(f"{k}={v}" for k, v in sorted(envs.items())),
             )
             return AllocateResult(allocation.id, envs, mounts)
+
+    def container_edits(
+        self, allocation: Allocation, pod_memory_units: int | None = None
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
+        """The env and mounts a container holding ``allocation`` gets: the one source of
+        both Allocate's answer and a DRA claim's CDI spec. Reads only what never changes
+        (the cards, the MPS layout): no lock."""
+        if allocation.whole:
+            return whole_envs(allocation, sorted(allocation.cards, key=self._card_index)), ()
+        card = self._cards[allocation.cards[0]]
+        pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
+        envs = shared_envs(
+            allocation, card.uuid, card.index, self._units[card.uuid], pipe, pod_memory_units
+        )
+        return envs, self._mps_mounts(card.uuid)
 
     def _mps_mounts(self, card_uuid: str) -> tuple[Mount, ...]:
         """The card's MPS client directory, read-only, and the shared MPS /dev/shm; the same
@@ -340,6 +353,62 @@ class Allocator:
             Mount(CONTAINER_PIPE_DIRECTORY, self._mps_layout.client_dir(card_uuid), read_only=True),
             Mount("/dev/shm", self._mps_layout.shm_dir),
         )
+
+    # -- DRA claims (nodemgr.allocation.claims.ClaimLedger) ------------------------
+
+    def claim_allocation(self, claim_uid: str) -> Allocation | None:
+        with self._lock:
+            return self._claim_allocation(claim_uid)
+
+    def _claim_allocation(self, claim_uid: str) -> Allocation | None:
+        for allocation in self._allocations.values():
+            if allocation.claim is not None and allocation.claim.uid == claim_uid:
+                return allocation
+        return None
+
+    def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
+        """NodePrepareResources: the claim's allocation recorded before kubelet hears of it,
+        against everything the ledger holds (device plugin allocations too); the one
+        already recorded for the same demand when kubelet asks again."""
+        with self._lock:
+            existing = self._claim_allocation(demand.claim.uid)
+            if existing is not None:
+                if same_demand(existing, demand, self._unit_mib):
+                    return existing, False
+                raise ConflictError(
+                    f"{demand.claim} was prepared as {_holding(existing, self._unit_mib)} and "
+                    f"now asks {demand.describe(self._unit_mib)}: an allocated claim does not "
+                    "change; unprepare it first"
+                )
+            allocation = place_claim(
+                demand,
+                new_id=new_allocation_id,
+                now=self._clock(),
+                cards=self._cards,
+                units=self._units,
+                usage=self._usage,
+                card_problems=self._card_problems,
+                unit_mib=self._unit_mib,
+            )
+            self._apply([allocation], [])
+        log.info(
+            "prepared %s (UID %s) as allocation %s: %s on %s",
+            demand.claim,
+            demand.claim.uid,
+            allocation.id,
+            demand.describe(self._unit_mib),
+            ", ".join(self.card_label(c) for c in allocation.cards),
+        )
+        return allocation, True
+
+    def release_claim(self, claim_uid: str) -> Allocation | None:
+        with self._lock:
+            allocation = self._claim_allocation(claim_uid)
+            if allocation is None:
+                return None
+            self._apply([], [allocation.id])
+        log.info("unprepared %s: released allocation %s", allocation.claim, allocation.id)
+        return allocation
 
     # -- card state from the MPS supervisor -------------------------------------
 
@@ -455,14 +524,17 @@ class Allocator:
         """Commit to the ledger first; only then change what is served."""
         self._ledger.commit(put=puts, delete=deletes)
         card_state = (self._usage.shared_cards(), self._usage.whole_cards())
+        released_claims = False
         for allocation_id in deletes + [a.id for a in puts]:
             old = self._allocations.pop(allocation_id, None)
             if old is not None:
                 self._usage.add(old, -1)
+                released_claims = released_claims or old.claim is not None
         for allocation in puts:
             self._allocations[allocation.id] = allocation
             self._usage.add(allocation)
-        if (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
+        claims = bool(puts and any(a.claim is not None for a in puts)) or bool(released_claims)
+        if claims or (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
             self.card_changes.bump()
         self.changes.bump()
 
@@ -520,7 +592,8 @@ class Allocator:
             # Only a confirmed allocation's fate is independent of the clock (an unconfirmed
             # one is released once its grace runs out, with the same record).
             settled = plan.empty and all(
-                a.confirmed_at is not None for a in self._allocations.values()
+                a.confirmed_at is not None or a.claim is not None
+                for a in self._allocations.values()
             )
             self._settled = (self.changes.generation, reported, kubelet_record) if settled else None
         for note in plan.notes:
@@ -534,6 +607,10 @@ class Allocator:
         now: float,
         hints: Mapping[ContainerRef, str],
     ) -> ReconcilePlan:
+        if any(a.claim is not None for a in allocations):
+            # DRA claims' allocations are kubelet's DRA manager's to release (unprepare),
+            # not the device plugin record's; their devices are never adopted by it.
+            allocations, reported = _without_claims(allocations, reported)
         return plan_reconcile(
             allocations, reported, now, self._grace_seconds, self._unit_mib,
             new_allocation_id, hints,
@@ -648,6 +725,42 @@ class Allocator:
 
     def _card_label(self, card_uuid: str) -> str:
         return f"GPU{self._card_index(card_uuid)} ({card_uuid})"
+
+
+def _holding(allocation: Allocation, unit_mib: int) -> str:
+    if allocation.whole:
+        return f"{len(allocation.cards)} whole card(s)"
+    return f"{allocation.memory_units * unit_mib} MiB + {allocation.core_percent} %"
+
+
+def _without_claims(
+    allocations: list[Allocation], reported: dict[DeviceKey, ContainerRef]
+) -> tuple[list[Allocation], dict[DeviceKey, ContainerRef]]:
+    """The device plugin's part of the state and of kubelet's record: claims' allocations
+    out, and the devices they hold out of the record (kubelet reporting one means it gave a
+    claim's device to a container anyway: said at ERROR, never adopted)."""
+    claimed: dict[DeviceKey, Allocation] = {}
+    plugin = []
+    for allocation in allocations:
+        if allocation.claim is None:
+            plugin.append(allocation)
+        else:
+            claimed.update((key, allocation) for key in allocation.device_pairs())
+    kept = {}
+    for key, ref in reported.items():
+        holder = claimed.get(key)
+        if holder is None:
+            kept[key] = ref
+        else:
+            log.error(
+                "kubelet reports device %s for %s, but %s (DRA) holds it: kubelet handed it "
+                "out from a device list older than the claim; that container shares the "
+                "claim's card share until one of them ends",
+                key[1],
+                ref,
+                holder.claim,
+            )
+    return plugin, kept
 
 
 def _describe_ids(device_ids: Sequence[str]) -> str:
