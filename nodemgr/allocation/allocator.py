@@ -360,6 +360,10 @@ class Allocator:
         with self._lock:
             return self._claim_allocation(claim_uid)
 
+    def claim_allocations(self) -> list[Allocation]:
+        with self._lock:
+            return [a for a in self._allocations.values() if a.claim is not None]
+
     def _claim_allocation(self, claim_uid: str) -> Allocation | None:
         for allocation in self._allocations.values():
             if allocation.claim is not None and allocation.claim.uid == claim_uid:

@@ -39,6 +39,10 @@ class ClaimLedger(Protocol):
         """The allocation recorded for a claim, if any."""
         ...
 
+    def claim_allocations(self) -> list[Allocation]:
+        """Every allocation made for a claim."""
+        ...
+
     def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
         """Record the claim's allocation durably (or find the one recorded for the same
         demand: prepare is idempotent); (allocation, whether it is new). Raises

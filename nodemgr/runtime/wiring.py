@@ -26,6 +26,9 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
+from nodemgr.dra.cdifiles import CdiDirectory
+from nodemgr.dra.driver import DraDriver
+from nodemgr.dra.plugin import DraPlugin
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
@@ -33,8 +36,10 @@ from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import BindError
 from nodemgr.inventory import Inventory, open_inventory
+from nodemgr.inventory.driverversion import read_driver_version
 from nodemgr.kubelet.devicelists import check_device_list_size
 from nodemgr.kubelet.podresources import PodResourcesClient
+from nodemgr.kubernetes.dra import META_SLICE, ClaimEvents, DraPublisher, remove_slice
 from nodemgr.kubernetes.sync import (
     CandidatePods,
     Publisher,
@@ -141,6 +146,8 @@ def run(
             workers.start(
                 Publisher(kube, allocator, status.document, unit_mib, settings.mps.enabled, labels)
             )
+        # The DRA front door: after MPS, the hook and the watchdog, as the device plugin.
+        _dra(settings, workers, allocator, kube, ledger, status.document)
         workers.stop_all_first()
         parts = (allocator, supervisor, watchdog, podresources, metrics)
         loop = RunLoop(
@@ -155,6 +162,44 @@ def run(
         loop.run(stop, reload_requested or threading.Event())
         notifier.stopping()
         log.info("stopped; sockets removed")
+
+
+def _dra(settings, workers, allocator, kube, ledger, status_document) -> None:
+    """The DRA kubelet plugin and its publisher when dra.enabled; otherwise the removal
+    of a slice this node published while it was enabled."""
+    dra = settings.dra
+    if not dra.enabled:
+        if kube is not None and ledger.get_meta(META_SLICE):
+            remove_slice(
+                kube, settings.node_name, dra.driver, lambda: ledger.set_meta(META_SLICE, "")
+            )
+        return
+    driver = DraDriver(
+        driver=dra.driver,
+        pool=settings.node_name,
+        ledger=allocator,
+        cards=allocator.cards,
+        unit_mib=settings.resources.memory_unit_mib,
+        claims=kube,
+        cdi_directory=CdiDirectory(dra.cdi_dir, dra.driver),
+        reports=ClaimEvents(kube) if kube is not None else None,
+    )
+    driver.restore()
+    if kube is not None:
+        workers.start(
+            DraPublisher(
+                kube,
+                allocator,
+                status_document,
+                driver=dra.driver,
+                unit_mib=settings.resources.memory_unit_mib,
+                mps_enabled=settings.mps.enabled,
+                device_names={card.uuid: name for name, card in driver.devices.items()},
+                driver_version=read_driver_version(),
+                set_meta=ledger.set_meta,
+            )
+        )
+    workers.start(DraPlugin(dra, driver))
 
 
 def _kubernetes(settings: Settings, workers: Workers):
