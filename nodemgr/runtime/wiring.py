@@ -104,7 +104,11 @@ def run(
         pipe_dir = CONTAINER_PIPE_DIRECTORY if layout is not None else None
         # The hook asks kubelet at each GPU container's creation whether its allocation
         # is still held (a freed id is refused at once); 1 s: under the hook's own 2 s.
-        hook_kubelet = PodResourcesClient(settings.kubelet.pod_resources_socket, 1.0)
+        hook_kubelet = PodResourcesClient(
+            settings.kubelet.pod_resources_socket,
+            1.0,
+            dra_driver=settings.dra.driver if settings.dra.enabled else None,
+        )
         stack.callback(hook_kubelet.close)
         registry = ContainerRegistry(
             ledger,

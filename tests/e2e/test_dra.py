@@ -65,7 +65,10 @@ class DraCluster:
         self.dra.wait_registered(DRIVER, timeout=15)
         self.wait_slice()
 
-    def wait_slice(self, predicate=lambda s: True, timeout=15.0) -> dict:
+    def wait_slice(self, predicate=lambda s: len(s["spec"]["devices"]) == 2, timeout=15.0):
+        """The node's one slice once ``predicate`` holds (by default: both cards offered,
+        which they are once their MPS is up)."""
+
         def found():
             slices = self.api.resource_slices(NODE)
             return slices[0] if len(slices) == 1 and predicate(slices[0]) else None
