@@ -151,7 +151,7 @@ def run(
                 Publisher(kube, allocator, status.document, unit_mib, settings.mps.enabled, labels)
             )
         # The DRA front door: after MPS, the hook and the watchdog, as the device plugin.
-        _dra(settings, workers, allocator, kube, ledger, status.document)
+        facts.dra = _dra(settings, workers, allocator, kube, ledger, status.document, metrics)
         workers.stop_all_first()
         parts = (allocator, supervisor, watchdog, podresources, metrics)
         loop = RunLoop(
@@ -168,16 +168,17 @@ def run(
         log.info("stopped; sockets removed")
 
 
-def _dra(settings, workers, allocator, kube, ledger, status_document) -> None:
-    """The DRA kubelet plugin and its publisher when dra.enabled; otherwise the removal
-    of a slice this node published while it was enabled."""
+def _dra(settings, workers, allocator, kube, ledger, status_document, metrics):
+    """The DRA kubelet plugin and its publisher when dra.enabled (its state, for the
+    status document); otherwise the removal of a slice this node published while it was
+    enabled, and None."""
     dra = settings.dra
     if not dra.enabled:
         if kube is not None and ledger.get_meta(META_SLICE):
             remove_slice(
                 kube, settings.node_name, dra.driver, lambda: ledger.set_meta(META_SLICE, "")
             )
-        return
+        return None
     driver = DraDriver(
         driver=dra.driver,
         pool=settings.node_name,
@@ -187,6 +188,7 @@ def _dra(settings, workers, allocator, kube, ledger, status_document) -> None:
         claims=kube,
         cdi_directory=CdiDirectory(dra.cdi_dir, dra.driver),
         reports=ClaimEvents(kube) if kube is not None else None,
+        observe_prepare=metrics.observe_prepare if settings.metrics.enabled else None,
     )
     driver.restore()
     if kube is not None:
@@ -203,7 +205,8 @@ def _dra(settings, workers, allocator, kube, ledger, status_document) -> None:
                 set_meta=ledger.set_meta,
             )
         )
-    workers.start(DraPlugin(dra, driver))
+    plugin = workers.start(DraPlugin(dra, driver))
+    return plugin.state
 
 
 def _kubernetes(settings: Settings, workers: Workers):
