@@ -243,3 +243,65 @@ def test_the_slice_shows_device_plugin_use_and_comes_back_when_deleted(cluster):
     ApiAccess(cluster.api.url, cluster.api.token).delete_slices(NODE)
     assert cluster.api.resource_slices(NODE) == []
     cluster.wait_slice(lowered, timeout=20)
+
+
+def sound(cluster):
+    """nodemgr check-ledger passes (read-only, beside the running daemon)."""
+    done = cluster.node.nodemgr("check-ledger", "--json")
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_both_doors_fill_the_same_cards_through_one_ledger_across_restarts(cluster):
+    """Device plugin pods and claims share GPU0 and GPU1: each door sees what the other
+    holds (the slice's capacities, the device lists' Unhealthy IDs), nothing is booked
+    twice, the ledger stays sound after every step, and the daemon's and kubelet's
+    restarts change nothing."""
+    assert cluster.dp_admit("dp-a", {MEMORY: 4, CORE: 20}).ok  # binpack: GPU0
+    [dp_a] = cluster.node.allocations()
+    gpu0 = dp_a["cards"][0].lower()
+    sound(cluster)
+    cluster.wait_slice(lambda s: {d["name"]: d for d in s["spec"]["devices"]}[gpu0]["capacity"][
+        "memory"]["value"] == "11Gi")  # fmt: skip
+    pod1 = cluster.claimed_pod("p1", "c1", {"memory": "4Gi", "cores": "30"})
+    assert cluster.dra.prepare_pod(pod1).ok
+    assert cluster.claim("c1")["status"]["allocation"]["devices"]["results"][0]["device"] == gpu0
+    sound(cluster)
+    # The device plugin sees the claim's 4 units as Unhealthy: GPU0 has 7 left for it.
+    cluster.kubelet.wait_for_devices(
+        MEMORY, lambda ds: sum(not d.healthy for d in ds if d.id.lower().startswith(gpu0)) == 4
+    )
+    assert cluster.dp_admit("dp-b", {MEMORY: 7}).ok
+    on_gpu0 = [a for a in cluster.node.allocations() if a["cards"][0].lower() == gpu0]
+    assert sum(a["memory_mib"] for a in on_gpu0) == 15 * 1024  # full, not over
+    sound(cluster)
+
+    cluster.node.stop()
+    cluster.node.start()
+    cluster.dra.wait_registered(DRIVER, timeout=15)
+    for resource in (MEMORY, CORE, WHOLE):
+        cluster.kubelet.wait_for_resource(resource, timeout=20)
+    assert len(cluster.node.allocations()) == 3
+    sound(cluster)
+    cluster.kubelet.restart()  # both of kubelet's sides (attach_dra is not used here)
+    cluster.dra.restart()
+    cluster.dra.wait_registered(DRIVER, timeout=15)
+    assert cluster.dra.prepare_pod(pod1).ok  # prepared again after kubelet's restart
+    assert len(cluster.node.allocations()) == 3
+    sound(cluster)
+
+    # The scheduler sees GPU0 full (its slice says 4Gi left, the claim holds 4Gi): 8Gi
+    # goes to GPU1. A whole card fits nowhere now.
+    cluster.wait_slice(timeout=20)
+    pod2 = cluster.claimed_pod("p2", "c2", {"memory": "8Gi"})
+    assert cluster.claim("c2")["status"]["allocation"]["devices"]["results"][0]["device"] != gpu0
+    assert cluster.dra.prepare_pod(pod2).ok
+    from tests.harness.dra_allocator import AllocationError
+
+    with pytest.raises(AllocationError):
+        cluster.claimed_pod("p3", "c3")
+    assert sound(cluster)["allocations"] == 4
+    for pod in (pod1, pod2):
+        assert cluster.dra.unprepare_pod(pod).ok
+    assert sorted(a["pod"] for a in cluster.node.allocations()) == ["dp-a", "dp-b"]
+    sound(cluster)
