@@ -44,6 +44,17 @@ if TYPE_CHECKING:  # the client module imports the kubernetes client: only when 
 
 log = logging.getLogger(__name__)
 
+# (API group, resource, verbs): every request the DRA side makes, besides the adapter's
+# (API_PERMISSIONS). deploy/'s `render.py dra` ClusterRole grants exactly these (a test
+# compares them); doctor reviews them when dra.enabled. resourceclaims/driver is what
+# Kubernetes 1.36+ checks (for this driver's name) when a driver writes status.devices.
+DRA_API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("resource.k8s.io", "resourceclaims", ("get",)),
+    ("resource.k8s.io", "resourceclaims/status", ("update",)),
+    ("resource.k8s.io", "resourceslices", ("get", "create", "update", "delete")),
+    ("resource.k8s.io", "resourceclaims/driver", ("associated-node:update",)),
+)
+
 SLICE_WRITE = "resource-slice"
 SLICE_DELETE = "resource-slice-delete"
 CLAIM_STATUS = "claim-status"
