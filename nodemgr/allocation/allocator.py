@@ -56,7 +56,14 @@ from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
 from nodemgr.domain.podmatch import Demand
 from nodemgr.domain.reconcile import DeviceKey, ReconcilePlan, plan_reconcile
-from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
+from nodemgr.errors import (
+    AllocationError,
+    ConflictError,
+    GpushareError,
+    LedgerError,
+    NoFitError,
+    UnknownDeviceError,
+)
 from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
@@ -371,38 +378,77 @@ class Allocator:
         return None
 
     def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
-        """NodePrepareResources: the claim's allocation recorded before kubelet hears of it,
-        against everything the ledger holds (device plugin allocations too); the one
-        already recorded for the same demand when kubelet asks again."""
+        """``admit_claims`` of one claim; its error raised."""
+        [admitted] = self.admit_claims([demand])
+        if isinstance(admitted, GpushareError):
+            raise admitted
+        return admitted
+
+    def admit_claims(
+        self, demands: Sequence[ClaimDemand]
+    ) -> list[tuple[Allocation, bool] | GpushareError]:
+        """NodePrepareResources: each claim's allocation recorded before kubelet hears of
+        it, against everything the ledger holds (device plugin allocations too, and the
+        claims before it in the batch), in one ledger transaction for the batch; the one
+        already recorded for the same demand when kubelet asks again. Per demand:
+        (allocation, whether it is new), or the error that refused it (nothing recorded
+        for it; a ledger that cannot be written refuses every new one)."""
+        answers: list[tuple[Allocation, bool] | GpushareError] = []
         with self._lock:
-            existing = self._claim_allocation(demand.claim.uid)
-            if existing is not None:
-                if same_demand(existing, demand, self._unit_mib):
-                    return existing, False
-                raise ConflictError(
-                    f"{demand.claim} was prepared as {_holding(existing, self._unit_mib)} and "
-                    f"now asks {demand.describe(self._unit_mib)}: an allocated claim does not "
-                    "change; unprepare it first"
-                )
-            allocation = place_claim(
-                demand,
-                new_id=new_allocation_id,
-                now=self._clock(),
-                cards=self._cards,
-                units=self._units,
-                usage=self._usage,
-                card_problems=self._card_problems,
-                unit_mib=self._unit_mib,
+            staged: list[Allocation] = []
+            for demand in demands:
+                try:
+                    answers.append(self._admit_one(demand, staged))
+                except AllocationError as e:
+                    answers.append(e)
+            for allocation in staged:  # _apply counts them in, after the commit
+                self._usage.add(allocation, -1)
+            if staged:
+                try:
+                    self._apply(staged, [])
+                except LedgerError as e:
+                    answers = [e if isinstance(a, tuple) and a[1] else a for a in answers]
+                    staged = []
+        for allocation in staged:
+            assert allocation.claim is not None
+            log.info(
+                "prepared %s (UID %s) as allocation %s: %s MiB + %s %% on %s",
+                allocation.claim,
+                allocation.claim.uid,
+                allocation.id,
+                allocation.memory_mib,
+                allocation.core_percent,
+                ", ".join(self.card_label(c) for c in allocation.cards),
             )
-            self._apply([allocation], [])
-        log.info(
-            "prepared %s (UID %s) as allocation %s: %s on %s",
-            demand.claim,
-            demand.claim.uid,
-            allocation.id,
-            demand.describe(self._unit_mib),
-            ", ".join(self.card_label(c) for c in allocation.cards),
+        return answers
+
+    def _admit_one(self, demand: ClaimDemand, staged: list[Allocation]) -> tuple[Allocation, bool]:
+        """One demand of admit_claims (under the lock); a new allocation is counted in
+        the per-card totals at once (the next demand sees it) and added to ``staged``."""
+        uid = demand.claim.uid
+        existing = self._claim_allocation(uid) or next(
+            (a for a in staged if a.claim is not None and a.claim.uid == uid), None
         )
+        if existing is not None:
+            if same_demand(existing, demand, self._unit_mib):
+                return existing, False
+            raise ConflictError(
+                f"{demand.claim} was prepared as {_holding(existing, self._unit_mib)} and "
+                f"now asks {demand.describe(self._unit_mib)}: an allocated claim does not "
+                "change; unprepare it first"
+            )
+        allocation = place_claim(
+            demand,
+            new_id=new_allocation_id,
+            now=self._clock(),
+            cards=self._cards,
+            units=self._units,
+            usage=self._usage,
+            card_problems=self._card_problems,
+            unit_mib=self._unit_mib,
+        )
+        self._usage.add(allocation)
+        staged.append(allocation)
         return allocation, True
 
     def release_claim(self, claim_uid: str) -> Allocation | None:

@@ -16,7 +16,7 @@ with the device plugin), and nothing is recorded then.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 from nodemgr.allocation.usage import CardUsage
@@ -28,7 +28,7 @@ from nodemgr.domain.deviceids import (
     memory_device_id,
 )
 from nodemgr.domain.model import Allocation, Mount
-from nodemgr.errors import ConflictError, NoFitError
+from nodemgr.errors import ConflictError, GpushareError, NoFitError
 from nodemgr.inventory import Card
 
 
@@ -43,10 +43,13 @@ class ClaimLedger(Protocol):
         """Every allocation made for a claim."""
         ...
 
-    def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
-        """Record the claim's allocation durably (or find the one recorded for the same
-        demand: prepare is idempotent); (allocation, whether it is new). Raises
-        NoFitError or ConflictError, recording nothing, when it does not fit."""
+    def admit_claims(
+        self, demands: Sequence[ClaimDemand]
+    ) -> list[tuple[Allocation, bool] | GpushareError]:
+        """Record the claims' allocations durably, in one transaction (or find the one
+        recorded for the same demand: prepare is idempotent); per demand (allocation,
+        whether it is new), or the error (NoFitError, ConflictError, LedgerError) that
+        refused it, nothing recorded for that one."""
         ...
 
     def release_claim(self, claim_uid: str) -> Allocation | None:

@@ -36,7 +36,14 @@ from typing import Any, Protocol
 
 from nodemgr.allocation.claims import ClaimLedger
 from nodemgr.domain import cdi
-from nodemgr.domain.claims import DeviceCard, base_request, claim_demand, device_cards, device_name
+from nodemgr.domain.claims import (
+    ClaimDemand,
+    DeviceCard,
+    base_request,
+    claim_demand,
+    device_cards,
+    device_name,
+)
 from nodemgr.domain.model import Allocation
 from nodemgr.dra.cdifiles import CdiDirectory
 from nodemgr.errors import (
@@ -51,7 +58,7 @@ from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
 
-# (seconds, ok) for each claim prepared; ok is False when it was refused.
+# (seconds, ok) for each NodePrepareResources call; ok is False when a claim was refused.
 ObservePrepare = Callable[[float, bool], None]
 
 
@@ -159,24 +166,34 @@ class DraDriver:
     def prepare(
         self, claims: Sequence[ClaimKey], deadline: float | None = None
     ) -> dict[str, Prepared]:
-        """Claim UID -> its entry. Claims not reached by ``deadline`` (this driver's
-        clock) are left out: kubelet asks for them again."""
+        """Claim UID -> its entry. The claims are read and judged one by one, then
+        recorded together (one ledger transaction), then their CDI specs written. Claims
+        not read by ``deadline`` (this driver's clock) are left out: kubelet asks for
+        them again."""
+        started = self._clock()
         answer: dict[str, Prepared] = {}
         with self._lock:
+            judged: list[tuple[ClaimKey, Mapping[str, Any], ClaimDemand]] = []
             for key in claims:
                 if deadline is not None and self._clock() >= deadline:
+                    left = len({k.uid for k in claims} - set(answer) - {k.uid for k, *_ in judged})
                     log.warning(
-                        "NodePrepareResources: %d claim(s) left out at kubelet's deadline",
-                        len({k.uid for k in claims} - set(answer)),
+                        "NodePrepareResources: %d claim(s) left out at kubelet's deadline", left
                     )
                     break
-                started = self._clock()
-                entry = self._prepare_one(key)
-                answer[key.uid] = entry
-                self._observed(self._clock() - started, entry.error is None)
+                found = self._judged(key)
+                if isinstance(found, Prepared):
+                    answer[key.uid] = found
+                else:
+                    judged.append((key, *found))
+            admitted = self._ledger.admit_claims([demand for _, _, demand in judged])
+            for (key, claim, _), outcome in zip(judged, admitted, strict=True):
+                answer[key.uid] = self._written(key, claim, outcome)
+        self._observed(self._clock() - started, all(e.error is None for e in answer.values()))
         return answer
 
-    def _prepare_one(self, key: ClaimKey) -> Prepared:
+    def _judged(self, key: ClaimKey) -> Prepared | tuple[Mapping[str, Any], ClaimDemand]:
+        """The claim read and its demand on this node; a refusal (Prepared with an error)."""
         if self._claims is None:
             return self._refused(
                 None,
@@ -199,11 +216,23 @@ class DraDriver:
                 devices=self._devices,
                 unit_mib=self._unit_mib,
             )
-            allocation, new = self._ledger.admit_claim(demand)
         except AllocationError as e:
             return self._refused(claim, key, str(e))
-        except GpushareError as e:  # the ledger could not be written
-            return Prepared(error=f"{key} was not recorded: {e}")
+        return claim, demand
+
+    def _written(
+        self,
+        key: ClaimKey,
+        claim: Mapping[str, Any],
+        outcome: tuple[Allocation, bool] | GpushareError,
+    ) -> Prepared:
+        """The claim's entry once the ledger answered: its CDI spec written (the allocation
+        released again if it cannot be), or the refusal."""
+        if isinstance(outcome, AllocationError):
+            return self._refused(claim, key, str(outcome))
+        if isinstance(outcome, GpushareError):  # the ledger could not be written
+            return Prepared(error=f"{key} was not recorded: {outcome}")
+        allocation, new = outcome
         try:
             self._cdi.write(key.uid, self._spec(allocation))
         except (CdiError, OSError) as e:

@@ -107,8 +107,8 @@ class Metrics:
         self._collector.observe_allocate(resource, seconds, ok)
 
     def observe_prepare(self, seconds: float, ok: bool) -> None:
-        """One claim of a NodePrepareResources call, prepared (ok) or refused, took
-        ``seconds`` (the claim's read from the API server included)."""
+        """One NodePrepareResources call took ``seconds`` (its claims' reads from the API
+        server included); ok is False when it refused a claim."""
         self._collector.observe_prepare(seconds, ok)
 
     def count_reconcile(self, result: str) -> None:
@@ -216,8 +216,9 @@ class _Collector:
         )
         prepare = HistogramMetricFamily(
             "gpushare_dra_prepare_duration_seconds",
-            "Time NodePrepareResources took per claim (reading it from the API server, "
-            "judging and recording it, writing its CDI spec), by result: ok or refused.",
+            "Time a NodePrepareResources call took (reading its claims from the API server, "
+            "judging and recording them, writing their CDI specs), by result: ok, or "
+            "refused (a claim of it was).",
             labels=("result",),
         )
         for (resource, result), (counts, total) in sorted(allocate.items()):

@@ -162,3 +162,18 @@ def test_a_claims_env_and_mounts_are_allocates(allocator):
     dp_env, _ = allocator.container_edits(allocator.allocation(result.allocation_id))
     assert set(dp_env) - set(envs) <= {"ALIYUN_COM_GPU_MEM_POD"}
     assert dp_env == result.envs
+
+
+def test_a_batch_is_judged_claim_by_claim_and_recorded_in_one_transaction(allocator):
+    """Two claims of one call wanting 10 GiB each of GPU0: the first gets the IDs, the
+    second sees them taken and is refused; one commit for the batch; the same claim twice
+    in a batch is one allocation."""
+    commits = []
+    real_commit = allocator._ledger.commit
+    allocator._ledger.commit = lambda **kw: (commits.append(kw), real_commit(**kw))[1]
+    first, second = share("u1", units=10, cores=0), share("u2", units=10, cores=0, name="c2")
+    answers = allocator.admit_claims([first, second, first])
+    assert answers[0][1] is True and isinstance(answers[1], NoFitError)
+    assert answers[2] == (answers[0][0], False)
+    assert len(commits) == 1 and [a.claim.uid for a in allocator.allocations()] == ["u1"]
+    assert len(unhealthy(allocator, MEM)) == 10
