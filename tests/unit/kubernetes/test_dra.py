@@ -127,3 +127,30 @@ def test_a_refusal_is_an_event_on_each_pod_the_claim_is_reserved_for():
     ClaimEvents(adapter).refused(None, key, "unreadable")
     assert adapter.events == [("ns", "p1", "GPUShareClaimRefused", "no room"),
                               ("ns", "p2", "GPUShareClaimRefused", "no room")]  # fmt: skip
+
+
+def test_a_node_that_turned_dra_off_deletes_the_slice_it_published(api, tmp_path):
+    """remove_slice through the adapter's queue: the node's slice goes,
+    then the ledger's note is cleared."""
+    from nodemgr.config.schema import KubernetesSettings
+    from nodemgr.kubernetes.adapter import KubeAdapter
+    from nodemgr.kubernetes.dra import remove_slice
+    from tests.unit.kubernetes.support import wait_until
+
+    credentials = find_credentials(str(api.write_kubeconfig(tmp_path / "kubeconfig")))
+    session = ApiSession(new_api_client(credentials), 2.0, time.time)
+    SliceWriter(NODE, DRIVER).write(session, ("resource-slice",), [device()])
+    session.close()
+    settings = KubernetesSettings(
+        kubeconfig=str(tmp_path / "kubeconfig"), request_timeout_seconds=2
+    )
+    adapter = KubeAdapter(settings, NODE, initial_backoff_seconds=0.05, max_backoff_seconds=0.4)
+    cleared = []
+    try:
+        adapter.start()
+        remove_slice(adapter, NODE, DRIVER, lambda: cleared.append(True))
+        wait_until(lambda: cleared, what="the slice's removal")
+        assert api.resource_slices(NODE) == []
+    finally:
+        adapter.stop()
+        adapter.join(2)
