@@ -396,18 +396,22 @@ class Allocator:
         answers: list[tuple[Allocation, bool] | GpushareError] = []
         with self._lock:
             staged: list[Allocation] = []
+            updates: list[Allocation] = []  # recovered claims learning their request names
             for demand in demands:
                 try:
-                    answers.append(self._admit_one(demand, staged))
+                    answers.append(self._admit_one(demand, staged, updates))
                 except AllocationError as e:
                     answers.append(e)
             for allocation in staged:  # _apply counts them in, after the commit
                 self._usage.add(allocation, -1)
-            if staged:
+            if staged or updates:
                 try:
-                    self._apply(staged, [])
+                    self._apply(staged + updates, [])
                 except LedgerError as e:
-                    answers = [e if isinstance(a, tuple) and a[1] else a for a in answers]
+                    written = {a.id for a in staged + updates}
+                    answers = [
+                        e if isinstance(a, tuple) and a[0].id in written else a for a in answers
+                    ]
                     staged = []
         for allocation in staged:
             assert allocation.claim is not None
@@ -422,15 +426,20 @@ class Allocator:
             )
         return answers
 
-    def _admit_one(self, demand: ClaimDemand, staged: list[Allocation]) -> tuple[Allocation, bool]:
+    def _admit_one(
+        self, demand: ClaimDemand, staged: list[Allocation], updates: list[Allocation]
+    ) -> tuple[Allocation, bool]:
         """One demand of admit_claims (under the lock); a new allocation is counted in
         the per-card totals at once (the next demand sees it) and added to ``staged``."""
         uid = demand.claim.uid
-        existing = self._claim_allocation(uid) or next(
-            (a for a in staged if a.claim is not None and a.claim.uid == uid), None
-        )
+        existing = next(
+            (a for a in staged + updates if a.claim is not None and a.claim.uid == uid), None
+        ) or self._claim_allocation(uid)
         if existing is not None:
             if same_demand(existing, demand, self._unit_mib):
+                if existing.claim != demand.claim and existing not in staged:
+                    existing = replace(existing, claim=demand.claim)  # names learnt again
+                    updates[:] = [u for u in updates if u.id != existing.id] + [existing]
                 return existing, False
             raise ConflictError(
                 f"{demand.claim} was prepared as {_holding(existing, self._unit_mib)} and "
@@ -450,6 +459,28 @@ class Allocator:
         self._usage.add(allocation)
         staged.append(allocation)
         return allocation, True
+
+    def adopt_claim(self, demand: ClaimDemand, allocation_id: str) -> Allocation:
+        """A claim prepared before the ledger was lost, taken back under the allocation ID
+        its containers' env carries (nodemgr.dra.recovery); NoFitError or ConflictError
+        when its room is taken, LedgerError when it cannot be recorded."""
+        with self._lock:
+            if self._claim_allocation(demand.claim.uid) is not None:
+                raise ConflictError(f"{demand.claim} is already recorded")
+            if allocation_id in self._allocations:
+                raise ConflictError(f"allocation ID {allocation_id} is taken")
+            allocation = place_claim(
+                demand,
+                new_id=lambda: allocation_id,
+                now=self._clock(),
+                cards=self._cards,
+                units=self._units,
+                usage=self._usage,
+                card_problems={},  # already running: MPS health decides new shares only
+                unit_mib=self._unit_mib,
+            )
+            self._apply([allocation], [])
+        return allocation
 
     def release_claim(self, claim_uid: str) -> Allocation | None:
         with self._lock:

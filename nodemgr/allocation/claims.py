@@ -27,7 +27,7 @@ from nodemgr.domain.deviceids import (
     core_device_id,
     memory_device_id,
 )
-from nodemgr.domain.model import Allocation, Mount
+from nodemgr.domain.model import Allocation, ClaimResult, Mount
 from nodemgr.errors import ConflictError, GpushareError, NoFitError
 from nodemgr.inventory import Card
 
@@ -68,8 +68,13 @@ class ClaimLedger(Protocol):
 
 
 def same_demand(allocation: Allocation, demand: ClaimDemand, unit_mib: int) -> bool:
-    """Whether a recorded claim allocation is what ``demand`` asks (prepare again)."""
-    if allocation.claim != demand.claim or allocation.whole != demand.whole:
+    """Whether a recorded claim allocation is what ``demand`` asks (prepare again): the
+    same claim UID, devices and share IDs, and amounts. Request names are not compared:
+    a claim recovered after a lost ledger does not know them (``adopt_claim``)."""
+    claim = allocation.claim
+    if claim is None or allocation.whole != demand.whole or claim.uid != demand.claim.uid:
+        return False
+    if _devices(claim.results) != _devices(demand.claim.results):
         return False
     if demand.whole:
         return set(allocation.cards) == set(demand.cards)
@@ -79,6 +84,10 @@ def same_demand(allocation: Allocation, demand: ClaimDemand, unit_mib: int) -> b
         and allocation.core_percent == demand.core_percent
         and allocation.memory_mib == demand.memory_units * unit_mib
     )
+
+
+def _devices(results: Sequence[ClaimResult]) -> list[tuple[str, str, str]]:
+    return sorted((r.pool, r.device, r.share_id or "") for r in results)
 
 
 def place_claim(

@@ -93,6 +93,13 @@ class Prepared:
     error: str | None = None
 
 
+def node_devices(cards: Sequence[Card]) -> dict[str, DeviceCard]:
+    """This node's DRA devices by name, one per card; ValueError when a card cannot be one."""
+    return device_cards(
+        [DeviceCard(device_name(c.uuid), c.uuid, c.index, c.memory_mib) for c in cards]
+    )
+
+
 class ClaimSource(Protocol):
     """Reads a ResourceClaim from the API server (the Kubernetes adapter)."""
 
@@ -128,9 +135,7 @@ class DraDriver:
         self.driver = driver
         self.pool = pool
         self._ledger = ledger
-        self._devices = device_cards(
-            [DeviceCard(device_name(c.uuid), c.uuid, c.index, c.memory_mib) for c in cards]
-        )
+        self._devices = node_devices(cards)
         self._unit_mib = unit_mib
         self._claims = claims
         self._cdi = cdi_directory

@@ -27,8 +27,9 @@ from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.dra.cdifiles import CdiDirectory
-from nodemgr.dra.driver import DraDriver
+from nodemgr.dra.driver import DraDriver, node_devices
 from nodemgr.dra.plugin import DraPlugin
+from nodemgr.dra.recovery import recover_claims
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
@@ -93,7 +94,10 @@ def run(
             on_refusal=partial(post_refusal, kube) if kube is not None else None,
         )
         _log_inventory(allocator)
-        # A ledger made at this start while admitted containers still run: take them back.
+        # A ledger made at this start while admitted containers still run: take them back
+        # (prepared DRA claims first: the registrations name their allocation IDs too).
+        if settings.dra.enabled and ledger.created:
+            _recover_claims(settings, allocator)
         marks = CgroupMarks.of_this_host()
         recover_registrations(ledger, allocator, marks.read_all, podresources.list)
         # Before serving: the first shared container must not wait for MPS.
@@ -166,6 +170,24 @@ def run(
         loop.run(stop, reload_requested or threading.Event())
         notifier.stopping()
         log.info("stopped; sockets removed")
+
+
+def _recover_claims(settings: Settings, allocator: Allocator) -> None:
+    """Claims prepared before the ledger was lost, from their CDI specs (nodemgr.dra.recovery)."""
+    record = PodResourcesClient(
+        settings.kubelet.pod_resources_socket, dra_driver=settings.dra.driver
+    )
+    try:
+        recover_claims(
+            allocator,
+            CdiDirectory(settings.dra.cdi_dir, settings.dra.driver),
+            node_devices(allocator.cards),
+            settings.node_name,
+            settings.resources.memory_unit_mib,
+            record.list,
+        )
+    finally:
+        record.close()
 
 
 def _dra(settings, workers, allocator, kube, ledger, status_document, metrics):

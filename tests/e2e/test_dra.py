@@ -113,7 +113,7 @@ def test_prepare_is_idempotent_across_a_kubelet_restart(cluster):
     assert cluster.dra.prepare_pod(pod).ok
     [before] = cluster.node.allocations()
     first = cluster.dra.claims()[("ns", "c1")].drivers[DRIVER][0].cdi_ids
-    cluster.dra.restart()
+    cluster.kubelet.restart()  # both sides: the DRA side is attached
     cluster.dra.wait_registered(DRIVER, timeout=15)
     cluster.wait_slice(timeout=20)
     assert cluster.dra.prepare_pod(pod).ok
@@ -196,8 +196,7 @@ def test_both_doors_fill_the_same_cards_through_one_ledger_across_restarts(clust
         cluster.kubelet.wait_for_resource(resource, timeout=20)
     assert len(cluster.node.allocations()) == 3
     sound(cluster)
-    cluster.kubelet.restart()  # both of kubelet's sides (attach_dra is not used here)
-    cluster.dra.restart()
+    cluster.kubelet.restart()  # both of kubelet's sides (the DRA side is attached)
     cluster.dra.wait_registered(DRIVER, timeout=15)
     assert cluster.dra.prepare_pod(pod1).ok  # prepared again after kubelet's restart
     assert len(cluster.node.allocations()) == 3
@@ -218,3 +217,30 @@ def test_both_doors_fill_the_same_cards_through_one_ledger_across_restarts(clust
         assert cluster.dra.unprepare_pod(pod).ok
     assert sorted(a["pod"] for a in cluster.node.allocations()) == ["dp-a", "dp-b"]
     sound(cluster)
+
+
+def test_a_lost_ledger_takes_the_prepared_claims_back_from_their_cdi_specs(cluster):
+    """The ledger moved aside while the daemon was stopped: at start the claim is taken
+    back from its CDI spec and kubelet's record under its old allocation ID (its
+    containers' env stays valid); kubelet's next prepare finds it and teaches it the
+    request names; unprepare releases it."""
+    pod = cluster.claimed_pod("p1", "c1", {"memory": "3Gi", "cores": "20"})
+    assert cluster.dra.prepare_pod(pod).ok
+    [before] = cluster.node.allocations()
+    cluster.node.stop()
+    state = os.path.join(cluster.node.root, "state")
+    for name in os.listdir(state):
+        os.rename(os.path.join(state, name), os.path.join(state, "lost-" + name))
+    cluster.node.start()
+    cluster.dra.wait_registered(DRIVER, timeout=15)
+    [after] = cluster.node.allocations()
+    assert (after["id"], after["memory_mib"], after["core_percent"], after["cards"]) == (
+        before["id"], 3072, 20, before["cards"])  # fmt: skip
+    assert after["claim"] == before["claim"]
+    assert "recovered 1 of 1 prepared claims" in cluster.node.log()
+    sound(cluster)
+    cluster.kubelet.restart()
+    cluster.dra.wait_registered(DRIVER, timeout=15)
+    assert cluster.dra.prepare_pod(pod).ok
+    assert [a["id"] for a in cluster.node.allocations()] == [before["id"]]
+    assert cluster.dra.unprepare_pod(pod).ok and cluster.node.allocations() == []

@@ -54,6 +54,7 @@ class DraCluster:
     def start(self) -> None:
         self.kubelet.start()
         self.dra.start()
+        self.kubelet.attach_dra(self.dra)  # PodResources lists the DRA pods; restart() both
         self.node.start()
         for resource in (MEMORY, CORE, WHOLE):
             self.kubelet.wait_for_resource(resource, timeout=20)
