@@ -23,7 +23,10 @@ in its own module with what it measures and why:
     admission on 1, 8, 16 cards x 0, 384, 1,000 allocations (a daemon per point, their
     Allocate phases interleaved), plotted next to the Allocate plot;
 11. MPS probe cost, NVIDIA's control binary next to the stand-in, and the idle
-    CPU of an 8-card node's probes with the real binary (bench/mps_probe.py).
+    CPU of an 8-card node's probes with the real binary (bench/mps_probe.py);
+12. the DRA front door: NodePrepareResources of 1 and of 16 claims next to their
+    floor, a gRPC call and the claims' reads from the API server
+    (bench/dra_prepare_latency.py; alone: ``python -m bench.dra_prepare_latency``).
 
 A figure whose feature is not built is ``absent``; one this machine cannot
 measure (no runc, not root) is ``skipped`` with the reason in the notes; one
@@ -51,6 +54,7 @@ from functools import partial
 from bench import (
     allocate_latency,
     cluster_sim,
+    dra_prepare_latency,
     enforcement_reaction,
     footprint,
     hook_overhead,
@@ -89,6 +93,7 @@ class Settings:
     scale_admissions: int  # steady-state admissions per point (two Allocate calls each)
     mps_probes: int  # probes of one control daemon, per binary (bench/mps_probe.py)
     mps_idle_seconds: float  # idle window of an 8-card node with the real control binary
+    dra_quick: bool  # NodePrepareResources: bench/dra_prepare_latency.py's quick round count
 
 
 FULL = Settings(
@@ -111,6 +116,7 @@ FULL = Settings(
     scale_admissions=600,
     mps_probes=50,
     mps_idle_seconds=20,
+    dra_quick=False,
 )
 QUICK = Settings(
     admissions=300,
@@ -131,6 +137,7 @@ QUICK = Settings(
     scale_admissions=40,
     mps_probes=10,
     mps_idle_seconds=5,
+    dra_quick=True,
 )
 
 
@@ -291,6 +298,11 @@ def sections(settings: Settings, plot_path: str | None) -> list[Section]:
             "11. MPS health probes: NVIDIA's control binary next to the stand-in",
             ("idle_children_cpu_percent_real",),
             partial(mps_probe.run, settings.mps_probes, settings.mps_idle_seconds),
+        ),
+        Section(
+            "12. DRA: NodePrepareResources of 1 and 16 claims vs a gRPC call and the claims' reads",
+            ("dra_prepare_1_p99_ratio", "dra_prepare_16_p99_ratio"),
+            partial(dra_prepare_latency.run, settings.dra_quick),
         ),
     ]
 

@@ -31,6 +31,7 @@ new CA). ``placement-keys`` writes ``placement.key`` (PKCS#8, the extender's
 Secret only) and ``placement.pub`` (every node's
 ``kubernetes.placement_public_key``). Keys are written with mode 0600; an
 existing file is never overwritten.
+    python deploy/render.py dra | kubectl apply -f -      # the DRA front door (docs/dra.md)
 
 Every value except the kubeconfig's server, CA and token has a default
 (``DEFAULTS``); rendering with the defaults gives valid manifests. Values are
@@ -67,6 +68,8 @@ TEMPLATES: dict[str, str] = {
     "scheduler-tls-secret": "scheduler-tls-secret.yaml.j2",
     "scheduler-signing-secret": "scheduler-signing-secret.yaml.j2",
     "placement-public-key-configmap": "placement-public-key-configmap.yaml.j2",
+    # The DRA front door: DeviceClasses, the driver's RBAC and ResourceSlice policy.
+    "dra": "dra.yaml.j2",
 }
 # Defaults of one template only: gpushare-scheduler speaks only HTTPS, on its NodePort
 # on the scheduler's own host.
@@ -109,6 +112,8 @@ DEFAULTS: dict[str, str] = {
     "memory_resource": "aliyun.com/gpu-mem",
     "core_resource": "aliyun.com/gpu-core.percentage",
     "whole_resource": "nvidia.com/gpu",
+    # The node daemons' dra.driver.
+    "driver": "gpushare.aliyun.com",
 }
 VALUES: dict[str, tuple[str, ...]] = {
     "rbac": ("namespace", "service_account"),
@@ -126,6 +131,7 @@ VALUES: dict[str, tuple[str, ...]] = {
         "core_resource",
         "whole_resource",
     ),
+    "dra": ("namespace", "service_account", "driver"),
     "gpushare-scheduler-config": (
         "namespace",
         "extender_url",
@@ -159,6 +165,10 @@ _RESOURCE = re.compile(
     r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/"
     r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?"
 )
+
+# A DRA driver name: a DNS subdomain of at most 63 characters starting with a letter
+# (it is also the vendor of the CDI specs the node writes).
+_DRIVER = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 # A DNS-1123 label: what a namespace name must be. The service account name is
 # held to the same rule (its "-token" Secret and the ClusterRole share it).
@@ -252,6 +262,13 @@ def _check(name: str, value: str) -> dict[str, object]:
     if name == "server_name":
         if value and (len(value) > 253 or not _DNS_NAME.fullmatch(value)):
             raise RenderError(f"{name} {value!r} is not a DNS name")
+        return {name: value}
+    if name == "driver":
+        if len(value) > 63 or not _DRIVER.fullmatch(value):
+            raise RenderError(
+                f"driver {value!r} is not a DRA driver name (a DNS subdomain of at most 63 "
+                "characters starting with a letter, as dra.driver)"
+            )
         return {name: value}
     if name == "scheduler_kubeconfig":
         if not os.path.isabs(value) or "\n" in value:
@@ -635,7 +652,9 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULTS["scheduler_kubeconfig"],
         help="kube-scheduler's own kubeconfig (clientConnection); default: %(default)s",
     )
-    for sub in (rbac, kubeconfig):
+    dra = add("dra", "DeviceClasses, RBAC and ResourceSlice policy of the DRA front door")
+    dra.add_argument("--driver", default=DEFAULTS["driver"], help="dra.driver; default: %(default)s")
+    for sub in (rbac, kubeconfig, dra):
         sub.add_argument("--namespace", default=DEFAULTS["namespace"], help="default: %(default)s")
         sub.add_argument(
             "--service-account", default=DEFAULTS["service_account"], help="default: %(default)s"

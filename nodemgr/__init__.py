@@ -6,6 +6,7 @@ see pyproject.toml; a package may import only those below it):
 
 - ``runtime`` (the daemon: argv, signals, wiring, systemd notify) and ``cli``;
 - ``status``: the status socket and the metrics endpoint;
+- ``dra``: the DRA kubelet plugin (on kubelet's plugin API and loop);
 - ``kubelet``, ``enforcement``, ``kubernetes``, ``supervision``: the four
   edges of the daemon, which never import each other;
 - ``allocation``: the allocation state, its ledger and admission;

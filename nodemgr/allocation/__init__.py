@@ -12,7 +12,10 @@
 - ``backlog``: what the next reconcile must judge (what changed since the
   last one), so that its cost follows the changes, not the allocations held;
 - ``recovery``: a ledger made at this start takes back the running
-  containers' registrations and allocation IDs.
+  containers' registrations and allocation IDs;
+- ``claims``: DRA claims' allocations placed on free device IDs, and the narrow
+  interface the DRA driver sees (``ClaimLedger``);
+- ``ledger``: the durable SQLite record, written in one transaction per change.
 
 What it must not do: speak gRPC, Kubernetes or NVML itself (it is handed
 cards, a pod source, kubelet's record and the cgroup marks); do anything slow

@@ -43,11 +43,13 @@ from nodemgr.allocation.admission import (
     place_demand,
 )
 from nodemgr.allocation.backlog import Backlog, KubeletView, Work
+from nodemgr.allocation.claims import place_claim, same_demand
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.allocation.resources import AllocateResult, DeviceInfo
 from nodemgr.allocation.usage import CardUsage, HeldByName, single_request, take_over_devices
 from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import Settings
+from nodemgr.domain.claims import ClaimDemand
 from nodemgr.domain.deviceids import (
     CORE_DEVICES_PER_CARD,
     ResourceKind,
@@ -61,8 +63,15 @@ from nodemgr.domain.envs import shared_envs, whole_envs
 from nodemgr.domain.model import Allocation, ContainerRef, Mount
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
 from nodemgr.domain.podmatch import FINISHED_PHASES, Demand
-from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile, plan_scoped
-from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
+from nodemgr.domain.reconcile import DeviceKey, ReconcilePlan, plan_reconcile, plan_scoped
+from nodemgr.errors import (
+    AllocationError,
+    ConflictError,
+    GpushareError,
+    LedgerError,
+    NoFitError,
+    UnknownDeviceError,
+)
 from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
@@ -186,27 +195,33 @@ class Allocator:
             cached = self._device_lists.get(kind)
             if cached is not None and cached.generation == generation:
                 return cached.devices
-            unhealthy = self._unhealthy(kind)
-            if cached is not None and cached.unhealthy == unhealthy:
+            shows = self._list_shows(kind)
+            if cached is not None and cached.shows == shows:
                 self._device_lists[kind] = replace(cached, generation=generation)
                 return cached.devices
+        unhealthy, claimed = shows
         listing = []
         for card in self.cards:
             healthy = card.uuid not in unhealthy
             for device_id in card_device_ids(kind, card.uuid, self._units[card.uuid]):
-                listing.append(DeviceInfo(device_id, healthy, card.numa_node))
+                ok = healthy and device_id not in claimed
+                listing.append(DeviceInfo(device_id, ok, card.numa_node))
         with self._lock:
             if self.card_changes.generation == generation:
-                self._device_lists[kind] = _DeviceList(generation, unhealthy, listing)
+                self._device_lists[kind] = _DeviceList(generation, shows, listing)
         return listing
 
-    def _unhealthy(self, kind: ResourceKind) -> frozenset[str]:
-        """The cards one resource's list shows unhealthy, all its list depends on (the cards
-        are fixed): a whole card while it holds shared work; a card's memory and share IDs
-        while it is given out whole or has a problem."""
+    def _list_shows(self, kind: ResourceKind) -> tuple[frozenset[str], frozenset[str]]:
+        """All one resource's device list depends on (the cards are fixed): the cards it
+        shows unhealthy and the IDs DRA claims hold. A whole card is unhealthy while it
+        holds shared work or a claim holds it whole; a card's memory and share IDs while it
+        is given out whole or has a problem, and each ID a claim holds (so kubelet never
+        hands out what a claim has; docs/dra.md, "Both doors")."""
+        claimed = frozenset(i for k, i in self._usage.claim_held if k is kind)
         if kind is ResourceKind.WHOLE:
-            return frozenset(self._usage.shared_cards())
-        return frozenset(self._usage.whole_cards() | set(self._card_problems))
+            shared = self._usage.shared_cards() | self._usage.claim_whole_cards()
+            return frozenset(shared), claimed
+        return frozenset(self._usage.whole_cards() | set(self._card_problems)), claimed
 
     # -- admission -------------------------------------------------------------
 
@@ -231,6 +246,10 @@ class Allocator:
         demand: Demand | None,
     ) -> list[str]:
         self._resolve(kind, must_include)
+        if self._usage.claim_held:
+            # kubelet may not have seen the list that marks a claim's IDs Unhealthy yet.
+            held = self._usage.claim_held
+            available = [i for i in available if (kind, i) not in held]
         # kubelet lists every free ID of the node (hundreds): each one's card, once.
         cards = cards_of(kind, available)
         if kind is ResourceKind.WHOLE:
@@ -404,21 +423,9 @@ class Allocator:
             else:
                 allocation = self._new_or_carried_shared(kind, device_ids, cards, demand)
             self._store(allocation)
-            mounts: tuple[Mount, ...] = ()
-            if allocation.whole:
-                envs = whole_envs(allocation, sorted(set(cards), key=self._card_index))
-            else:
-                card = self._cards[allocation.cards[0]]
-                pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
-                envs = shared_envs(
-                    allocation,
-                    card.uuid,
-                    card.index,
-                    self._units[card.uuid],
-                    pipe,
-                    demand.pod_memory_units if demand else None,
-                )
-                mounts = shared_mounts(self._mps_layout, card.uuid)
+            envs, mounts = self.container_edits(
+                allocation, demand.pod_memory_units if demand else None
+            )
             log.info(
                 "allocated %s %s to allocation %s (%s)",
                 self.resource_names[kind],
@@ -427,6 +434,151 @@ class Allocator:
                 ", ".join(f"{k}={v}" for k, v in sorted(envs.items())),
             )
             return AllocateResult(allocation.id, envs, mounts)
+
+    def container_edits(
+        self, allocation: Allocation, pod_memory_units: int | None = None
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
+        """The env and mounts a container holding ``allocation`` gets: the one source of
+        both Allocate's answer and a DRA claim's CDI spec. Reads only what never changes
+        (the cards, the MPS layout): no lock."""
+        if allocation.whole:
+            return whole_envs(allocation, sorted(allocation.cards, key=self._card_index)), ()
+        card = self._cards[allocation.cards[0]]
+        pipe = CONTAINER_PIPE_DIRECTORY if self._mps_layout else None
+        envs = shared_envs(
+            allocation, card.uuid, card.index, self._units[card.uuid], pipe, pod_memory_units
+        )
+        return envs, shared_mounts(self._mps_layout, card.uuid)
+
+    # -- DRA claims (nodemgr.allocation.claims.ClaimLedger) ------------------------
+
+    def claim_allocation(self, claim_uid: str) -> Allocation | None:
+        with self._lock:
+            return self._claim_allocation(claim_uid)
+
+    def claim_allocations(self) -> list[Allocation]:
+        with self._lock:
+            return [a for a in self._allocations.values() if a.claim is not None]
+
+    def _claim_allocation(self, claim_uid: str) -> Allocation | None:
+        for allocation in self._allocations.values():
+            if allocation.claim is not None and allocation.claim.uid == claim_uid:
+                return allocation
+        return None
+
+    def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
+        """``admit_claims`` of one claim; its error raised."""
+        [admitted] = self.admit_claims([demand])
+        if isinstance(admitted, GpushareError):
+            raise admitted
+        return admitted
+
+    def admit_claims(
+        self, demands: Sequence[ClaimDemand]
+    ) -> list[tuple[Allocation, bool] | GpushareError]:
+        """NodePrepareResources: each claim's allocation recorded before kubelet hears of
+        it, against everything the ledger holds (device plugin allocations too, and the
+        claims before it in the batch), in one ledger transaction for the batch; the one
+        already recorded for the same demand when kubelet asks again. Per demand:
+        (allocation, whether it is new), or the error that refused it (nothing recorded
+        for it; a ledger that cannot be written refuses every new one)."""
+        answers: list[tuple[Allocation, bool] | GpushareError] = []
+        with self._lock:
+            staged: list[Allocation] = []
+            updates: list[Allocation] = []  # recovered claims learning their request names
+            for demand in demands:
+                try:
+                    answers.append(self._admit_one(demand, staged, updates))
+                except AllocationError as e:
+                    answers.append(e)
+            for allocation in staged:  # _apply counts them in, after the commit
+                self._usage.add(allocation, -1)
+            if staged or updates:
+                try:
+                    self._apply(staged + updates, [])
+                except LedgerError as e:
+                    written = {a.id for a in staged + updates}
+                    answers = [
+                        e if isinstance(a, tuple) and a[0].id in written else a for a in answers
+                    ]
+                    staged = []
+        for allocation in staged:
+            assert allocation.claim is not None
+            log.info(
+                "prepared %s (UID %s) as allocation %s: %s MiB + %s %% on %s",
+                allocation.claim,
+                allocation.claim.uid,
+                allocation.id,
+                allocation.memory_mib,
+                allocation.core_percent,
+                ", ".join(self.card_label(c) for c in allocation.cards),
+            )
+        return answers
+
+    def _admit_one(
+        self, demand: ClaimDemand, staged: list[Allocation], updates: list[Allocation]
+    ) -> tuple[Allocation, bool]:
+        """One demand of admit_claims (under the lock); a new allocation is counted in
+        the per-card totals at once (the next demand sees it) and added to ``staged``."""
+        uid = demand.claim.uid
+        existing = next(
+            (a for a in staged + updates if a.claim is not None and a.claim.uid == uid), None
+        ) or self._claim_allocation(uid)
+        if existing is not None:
+            if same_demand(existing, demand, self._unit_mib):
+                if existing.claim != demand.claim and existing not in staged:
+                    existing = replace(existing, claim=demand.claim)  # names learnt again
+                    updates[:] = [u for u in updates if u.id != existing.id] + [existing]
+                return existing, False
+            raise ConflictError(
+                f"{demand.claim} was prepared as {_holding(existing, self._unit_mib)} and "
+                f"now asks {demand.describe(self._unit_mib)}: an allocated claim does not "
+                "change; unprepare it first"
+            )
+        allocation = place_claim(
+            demand,
+            new_id=new_allocation_id,
+            now=self._clock(),
+            cards=self._cards,
+            units=self._units,
+            usage=self._usage,
+            card_problems=self._card_problems,
+            unit_mib=self._unit_mib,
+        )
+        self._usage.add(allocation)
+        staged.append(allocation)
+        return allocation, True
+
+    def adopt_claim(self, demand: ClaimDemand, allocation_id: str) -> Allocation:
+        """A claim prepared before the ledger was lost, taken back under the allocation ID
+        its containers' env carries (nodemgr.dra.recovery); NoFitError or ConflictError
+        when its room is taken, LedgerError when it cannot be recorded."""
+        with self._lock:
+            if self._claim_allocation(demand.claim.uid) is not None:
+                raise ConflictError(f"{demand.claim} is already recorded")
+            if allocation_id in self._allocations:
+                raise ConflictError(f"allocation ID {allocation_id} is taken")
+            allocation = place_claim(
+                demand,
+                new_id=lambda: allocation_id,
+                now=self._clock(),
+                cards=self._cards,
+                units=self._units,
+                usage=self._usage,
+                card_problems={},  # already running: MPS health decides new shares only
+                unit_mib=self._unit_mib,
+            )
+            self._apply([allocation], [])
+        return allocation
+
+    def release_claim(self, claim_uid: str) -> Allocation | None:
+        with self._lock:
+            allocation = self._claim_allocation(claim_uid)
+            if allocation is None:
+                return None
+            self._apply([], [allocation.id])
+        log.info("unprepared %s: released allocation %s", allocation.claim, allocation.id)
+        return allocation
 
     # -- card state from the MPS supervisor -------------------------------------
 
@@ -570,7 +722,11 @@ class Allocator:
             if new is not None:
                 self._usage.add(new)
             self._backlog.changed(before[allocation_id], new)
-        if (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
+        # The device lists show the IDs claims hold: a claim's change is a card change too.
+        claims = any(
+            a is not None and a.claim is not None for a in (*before.values(), *after.values())
+        )
+        if claims or (self._usage.shared_cards(), self._usage.whole_cards()) != card_state:
             self.card_changes.bump()
         self.changes.bump()
 
@@ -631,10 +787,13 @@ class Allocator:
         return plan
 
     def _plan(self, work: Work, now: float, hints: Mapping[ContainerRef, str]) -> ReconcilePlan:
-        """``work``'s plan: the full walk over every allocation, or its scope alone."""
+        """``work``'s plan: the full walk over every allocation, or its scope alone. DRA
+        claims' allocations are kubelet's DRA manager's to release (unprepare), not the
+        device plugin record's, and their devices are never adopted by it: they are left out
+        of the full walk here and out of every scope by the backlog."""
         reported, grace, unit = work.view.reported, self._grace_seconds, self._unit_mib
         if work.full:
-            everything = work.everything
+            everything, reported = _without_claims(list(work.everything), reported)
             return plan_reconcile(everything, reported, now, grace, unit, new_allocation_id, hints)
         if work.scope is None:
             return ReconcilePlan()
@@ -741,12 +900,48 @@ class Allocator:
 
 @dataclass(frozen=True)
 class _DeviceList:
-    """One resource's device list as built at ``generation`` of ``card_changes``, and the
-    cards it shows unhealthy (all it depends on)."""
+    """One resource's device list as built at ``generation`` of ``card_changes``, and what
+    it shows (all it depends on: ``Allocator._list_shows``)."""
 
     generation: int
-    unhealthy: frozenset[str]
+    shows: tuple[frozenset[str], frozenset[str]]  # (unhealthy cards, IDs claims hold)
     devices: list[DeviceInfo]
+
+
+def _holding(allocation: Allocation, unit_mib: int) -> str:
+    if allocation.whole:
+        return f"{len(allocation.cards)} whole card(s)"
+    return f"{allocation.memory_units * unit_mib} MiB + {allocation.core_percent} %"
+
+
+def _without_claims(
+    allocations: list[Allocation], reported: Mapping[DeviceKey, ContainerRef]
+) -> tuple[list[Allocation], dict[DeviceKey, ContainerRef]]:
+    """The device plugin's part of the state and of kubelet's record: claims' allocations
+    out, and the devices they hold out of the record (kubelet reporting one means it gave a
+    claim's device to a container anyway: said at ERROR, never adopted)."""
+    claimed: dict[DeviceKey, Allocation] = {}
+    plugin = []
+    for allocation in allocations:
+        if allocation.claim is None:
+            plugin.append(allocation)
+        else:
+            claimed.update((key, allocation) for key in allocation.device_pairs())
+    kept = {}
+    for key, ref in reported.items():
+        holder = claimed.get(key)
+        if holder is None:
+            kept[key] = ref
+        else:
+            log.error(
+                "kubelet reports device %s for %s, but %s (DRA) holds it: kubelet handed it "
+                "out from a device list older than the claim; that container shares the "
+                "claim's card share until one of them ends",
+                key[1],
+                ref,
+                holder.claim,
+            )
+    return plugin, kept
 
 
 def _describe_ids(device_ids: Sequence[str]) -> str:

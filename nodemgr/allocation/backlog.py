@@ -127,7 +127,7 @@ class Backlog:
                 kept = set(new.device_pairs())
                 let_go = [key for key in let_go if key not in kept]
             self._keys.update(let_go)
-        if new is not None:
+        if new is not None and new.claim is None:  # claims are not reconciled (see work)
             self._ids.add(new.id)
 
     def expire(
@@ -176,6 +176,9 @@ class Backlog:
         reported = view.reported
         judged_ids = {i for i in ids if i in allocations}
         judged_ids.update(holders[key] for key in keys if key in holders)
+        # A DRA claim's allocation is released by unprepare, never by kubelet's device
+        # plugin record: it is judged by no reconcile, and no merge takes it along.
+        judged_ids = {i for i in judged_ids if allocations[i].claim is None}
         unheld = {key: reported[key] for key in keys if key in reported and key not in holders}
         judged = tuple(allocations[i] for i in sorted(judged_ids))
         containers = {
@@ -189,7 +192,7 @@ class Backlog:
             for key in view.by_container.get(ref, ())
             if key in holders
         } - judged_ids
-        others = tuple(allocations[i] for i in sorted(other_ids))
+        others = tuple(allocations[i] for i in sorted(other_ids) if allocations[i].claim is None)
         return Work(False, ReconcileScope(judged, unheld, others), view, ids, keys)
 
     def take(self, work: Work) -> KubeletView | None:

@@ -78,7 +78,11 @@ from nodemgr.domain.model import Allocation, Registration
 from nodemgr.domain.violations import Violation
 from nodemgr.errors import LedgerError
 
-SCHEMA_VERSION = "1"
+SCHEMA_VERSION = "2"
+# Versions this one opens, upgrading them: 1 lacks the claims table (DRA), which the
+# schema script adds. A version-2 ledger is refused by a gpushare-node that knows only
+# 1: it would take claims' allocations for device plugin ones and release them.
+UPGRADABLE_VERSIONS = ("1",)
 LEDGER_FILE = "ledger.sqlite"
 
 # The violation history keeps this many rows, oldest dropped first.
@@ -336,6 +340,9 @@ class Ledger:
         found = self.get_meta("schema_version")
         if found is None:
             self.created = True
+            self.set_meta("schema_version", SCHEMA_VERSION)
+        elif found in UPGRADABLE_VERSIONS:
+            log.info("the ledger %s: schema %s upgraded to %s", self.path, found, SCHEMA_VERSION)
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif found != SCHEMA_VERSION:
             raise LedgerError(

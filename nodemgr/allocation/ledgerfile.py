@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import sqlite3
 import tempfile
@@ -22,7 +23,14 @@ import weakref
 from collections.abc import Iterable, Mapping
 
 from nodemgr.domain.deviceids import ResourceKind
-from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.domain.model import (
+    Allocation,
+    CgroupKey,
+    ClaimRef,
+    ClaimResult,
+    ContainerRef,
+    Registration,
+)
 from nodemgr.errors import LedgerError
 
 SCHEMA = """
@@ -46,6 +54,15 @@ CREATE TABLE IF NOT EXISTS devices (
     PRIMARY KEY (kind, device_id)
 );
 CREATE INDEX IF NOT EXISTS devices_by_allocation ON devices(allocation_id);
+-- The DRA ResourceClaim an allocation was made for (docs/dra.md); results: JSON list of
+-- {request, pool, device, share_id}. Gone with its allocation.
+CREATE TABLE IF NOT EXISTS claims (
+    allocation_id TEXT PRIMARY KEY REFERENCES allocations(id) ON DELETE CASCADE,
+    uid TEXT NOT NULL UNIQUE,
+    namespace TEXT NOT NULL,
+    name TEXT NOT NULL,
+    results TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS containers (
     id TEXT PRIMARY KEY,
     allocation_id TEXT NOT NULL,
@@ -92,6 +109,7 @@ def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
                 f"the ledger {path} holds device {device_id} of unknown kind {kind!r}"
             ) from e
         devices.setdefault(allocation_id, {}).setdefault(resource_kind, []).append(device_id)
+    claims = read_claims(db, path)
     allocations = []
     for id_, memory_mib, created_at, namespace, pod, container, confirmed_at in rows:
         owner = ContainerRef(namespace, pod, container) if pod is not None else None
@@ -103,9 +121,41 @@ def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
                 created_at=created_at,
                 owner=owner,
                 confirmed_at=confirmed_at,
+                claim=claims.get(id_),
             )
         )
     return allocations
+
+
+def read_claims(db: sqlite3.Connection, path: str) -> dict[str, ClaimRef]:
+    """Allocation ID -> the claim it was made for. A ledger of schema 1 (opened read-only,
+    not upgraded) has no claims table: none."""
+    known = db.execute(
+        "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'claims'"
+    ).fetchone()
+    if known is None:
+        return {}
+    claims = {}
+    for allocation_id, uid, namespace, name, results in db.execute(
+        "SELECT allocation_id, uid, namespace, name, results FROM claims"
+    ).fetchall():
+        try:
+            parsed = tuple(
+                ClaimResult(
+                    str(r["request"]),
+                    str(r["pool"]),
+                    str(r["device"]),
+                    None if r.get("share_id") is None else str(r["share_id"]),
+                )
+                for r in json.loads(results)
+            )
+        except (ValueError, TypeError, KeyError, AttributeError) as e:
+            raise LedgerError(
+                f"the ledger {path} holds claim {namespace}/{name} (allocation "
+                f"{allocation_id}) with unreadable results {results!r}: {e}"
+            ) from e
+        claims[allocation_id] = ClaimRef(uid, namespace, name, parsed)
+    return claims
 
 
 def read_registrations(db: sqlite3.Connection) -> list[Registration]:
@@ -142,6 +192,18 @@ def put_allocation(db: sqlite3.Connection, allocation: Allocation) -> None:
             allocation.confirmed_at,
         ),
     )
+    db.execute("DELETE FROM claims WHERE allocation_id = ?", (allocation.id,))
+    claim = allocation.claim
+    if claim is not None:
+        results = [
+            {"request": r.request, "pool": r.pool, "device": r.device, "share_id": r.share_id}
+            for r in claim.results
+        ]
+        db.execute(
+            "INSERT INTO claims (allocation_id, uid, namespace, name, results)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (allocation.id, claim.uid, claim.namespace, claim.name, json.dumps(results)),
+        )
 
 
 def put_devices(db: sqlite3.Connection, allocation: Allocation) -> None:

@@ -15,6 +15,7 @@ from dataclasses import replace
 from nodemgr.domain.deviceids import CORE_DEVICES_PER_CARD, ResourceKind
 from nodemgr.domain.model import Allocation
 from nodemgr.domain.placement import CardLoad, SharedRequest
+from nodemgr.errors import ConflictError
 from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,10 @@ class CardUsage:
         self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
         self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
         self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
+        # Devices held by DRA claims' allocations, and per card how many of its claims hold
+        # it whole: the device plugin lists them Unhealthy, so kubelet never hands them out.
+        self.claim_held: set[tuple[ResourceKind, str]] = set()
+        self.claim_whole: Counter[str] = Counter()
         # (namespace, pod, container) -> the shared kinds its allocations hold, and how many
         # of them hold each: what admission asks per Allocate, kept here instead of walking
         # every allocation.
@@ -42,6 +47,8 @@ class CardUsage:
                 self.holders[key] = allocation.id
             elif self.holders.get(key) == allocation.id:
                 del self.holders[key]
+        if allocation.claim is not None:
+            self._count_claim(allocation, sign)
         if allocation.owner is not None and not allocation.whole and allocation.devices:
             self._count_held(allocation, sign)
         if allocation.whole:
@@ -52,6 +59,19 @@ class CardUsage:
             self.shared_allocations[card_uuid] += sign
             self.memory_units[card_uuid] += sign * allocation.memory_units
             self.core_percent[card_uuid] += sign * allocation.core_percent
+
+    def _count_claim(self, allocation: Allocation, sign: int) -> None:
+        for key in allocation.device_pairs():
+            if sign > 0:
+                self.claim_held.add(key)
+            else:
+                self.claim_held.discard(key)
+        if allocation.whole:
+            for card_uuid in allocation.cards:
+                self.claim_whole[card_uuid] += sign
+
+    def claim_whole_cards(self) -> set[str]:
+        return {card for card, n in self.claim_whole.items() if n > 0}
 
     def _count_held(self, allocation: Allocation, sign: int) -> None:
         owner = allocation.owner
@@ -160,6 +180,15 @@ def take_over_devices(
     for key in allocation.device_pairs():
         holder_id = holders.get(key)
         if holder_id is not None and holder_id != allocation.id:
+            claim = allocations[holder_id].claim
+            if claim is not None:
+                # A claim's devices are listed Unhealthy to kubelet: it chose them from
+                # an older list (a race with NodePrepareResources). Never taken over.
+                raise ConflictError(
+                    f"device {key[1]} is held by {claim} (DRA); kubelet chose it from a "
+                    "device list older than the claim (a race): this admission fails, and "
+                    "the pod's next one gets free devices"
+                )
             taken[holder_id].add(key)
     puts, deletes = [allocation], []
     for holder_id, keys in taken.items():

@@ -105,6 +105,10 @@ def _allocations(ledger: Ledger, as_json: bool) -> int:
             "created_at": a.created_at,
             "confirmed_by_kubelet": a.confirmed_at is not None,
             "containers": containers.get(a.id, []),
+            # The DRA claim it was made for (docs/dra.md); None: a device plugin allocation.
+            "claim": None
+            if a.claim is None
+            else {"namespace": a.claim.namespace, "name": a.claim.name, "uid": a.claim.uid},
         }
         for a in allocations
     ]
@@ -116,6 +120,8 @@ def _allocations(ledger: Ledger, as_json: bool) -> int:
         owner = (
             f"{row['namespace']}/{row['pod']}/{row['container']}" if row["pod"] else "(unconfirmed)"
         )
+        if row["claim"] is not None:
+            owner = f"claim {row['claim']['namespace']}/{row['claim']['name']}"
         memory = "whole" if row["whole"] else f"{row['memory_mib']}M"
         core = "" if row["whole"] else f"{row['core_percent']}%"
         age = f"{int(time.time() - row['created_at'])}s"

@@ -28,6 +28,7 @@ from nodemgr.config import values as rules
 from nodemgr.config.schema import (
     NUMBER_RANGES,
     PLACEMENT_TRUST_MODES,
+    DraSettings,
     EnforcementSettings,
     GpuSettings,
     KubeletSettings,
@@ -120,11 +121,19 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
             "status": _status,
             "metrics": _metrics,
             "kubernetes": _kubernetes,
+            "dra": _dra,
         },
     )
     if "node_name" not in values:
         values["node_name"] = _default_node_name(os.environ if environ is None else environ)
-    return Settings(**values)
+    settings = Settings(**values)
+    if settings.dra.enabled and not settings.kubernetes.enabled:
+        raise ConfigError(
+            "dra.enabled",
+            "needs kubernetes.enabled: true (NodePrepareResources reads each ResourceClaim "
+            "from the API server, and the node's ResourceSlice is published there)",
+        )
+    return settings
 
 
 def config_error_line(err: ConfigError) -> str:
@@ -339,6 +348,34 @@ def _kubernetes(key: str, data: object) -> KubernetesSettings:
             },
         )
     )
+
+
+def _dra(key: str, data: object) -> DraSettings:
+    dra = DraSettings(
+        **_values(
+            key,
+            data,
+            DraSettings,
+            {
+                "enabled": rules.boolean_value,
+                "driver": rules.driver_name,
+                "plugins_registry_dir": rules.path_value,
+                "plugins_dir": rules.path_value,
+                "cdi_dir": rules.path_value,
+            },
+        )
+    )
+    for field, path in (
+        ("plugins_registry_dir", dra.registration_socket),
+        ("plugins_dir", dra.service_socket),
+    ):
+        if len(path.encode()) > rules.MAX_SOCKET_PATH:
+            raise ConfigError(
+                f"{key}.{field}",
+                f"makes the socket path {rules.show(path)} {len(path.encode())} bytes long; a "
+                f"unix socket path is at most {rules.MAX_SOCKET_PATH}",
+            )
+    return dra
 
 
 def _default_node_name(environ: Mapping[str, str]) -> str:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 __all__ = [
+    "DraSettings",
     "EnforcementSettings",
     "GpuSettings",
     "KubeletSettings",
@@ -195,6 +196,33 @@ class KubernetesSettings:
 
 
 @dataclass(frozen=True)
+class DraSettings:
+    """The DRA kubelet plugin: the second front door (docs/dra.md), beside the device plugin.
+
+    kubelet finds the plugin by its registration socket
+    ``<plugins_registry_dir>/<driver>-reg.sock`` and calls its DRA service at
+    ``<plugins_dir>/<driver>/dra.sock`` (kubelet's --root-dir is /var/lib/kubelet by
+    default). Needs ``kubernetes.enabled``: every prepare reads its ResourceClaim.
+    """
+
+    enabled: bool = False
+    # The DRA driver name: in ResourceSlices, DeviceClass selectors and the CDI kind
+    # (<driver>/gpu). A DNS subdomain of at most 63 characters.
+    driver: str = "gpushare.aliyun.com"
+    plugins_registry_dir: str = "/var/lib/kubelet/plugins_registry"  # kubelet watches it
+    plugins_dir: str = "/var/lib/kubelet/plugins"  # the service socket goes in <driver>/
+    cdi_dir: str = "/var/run/cdi"  # one CDI spec per prepared claim (the runtime reads it)
+
+    @property
+    def registration_socket(self) -> str:
+        return os.path.join(self.plugins_registry_dir, f"{self.driver}-reg.sock")
+
+    @property
+    def service_socket(self) -> str:
+        return os.path.join(self.plugins_dir, self.driver, "dra.sock")
+
+
+@dataclass(frozen=True)
 class Settings:
     """Everything gpushare-node is configured with."""
 
@@ -209,6 +237,7 @@ class Settings:
     status: StatusSettings = StatusSettings()
     metrics: MetricsSettings = MetricsSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
+    dra: DraSettings = DraSettings()
 
     @property
     def hook_socket(self) -> str:

@@ -64,6 +64,25 @@ def host_port(key: str, value: object) -> str:
     return text
 
 
+# The longest path a unix socket can be bound at (sun_path is 108 bytes with its NUL).
+MAX_SOCKET_PATH = 107
+# A CDI vendor: what a DRA driver name must also be to name its CDI kind (<driver>/gpu).
+_CDI_VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
+
+
+def driver_name(key: str, value: object) -> str:
+    """A DRA driver name: a DNS subdomain of at most 63 characters (the API's rule) that
+    starts with a letter (CDI's rule for the vendor of the specs it names)."""
+    text = string_value(key, value)
+    if len(text) > 63 or not _DNS_SUBDOMAIN.fullmatch(text) or not _CDI_VENDOR.fullmatch(text):
+        raise ConfigError(
+            key,
+            "must be a DNS subdomain of at most 63 characters starting with a letter, e.g. "
+            f"gpushare.aliyun.com (got {show(text)})",
+        )
+    return text
+
+
 def supervisor_value(key: str, value: object) -> str:
     if value == "systemd":
         raise ConfigError(

@@ -212,6 +212,8 @@ def identity_conflict(
     """
     if identity is None:
         return None  # the runtime gave no pod identity: the caller refuses that itself
+    if allocation.claim is not None:
+        return None  # a claim may serve several pods: kubelet's record ties each (podtie)
     expected = allocation.owner or next(iter(others), None)
     if expected is not None and pod_of(expected) != pod_of(identity):
         return (

@@ -9,6 +9,8 @@ the ledger, and after every step of the stateful property test:
   given out whole holds no shared allocation;
 - every device ID names a card of this node, within that card's range;
 - no container is registered to an allocation that is gone;
+- a DRA claim's allocation holds exactly the cards its results name, and no two
+  allocations are made for one claim;
 - (with kubelet's record, after a reconcile) every device kubelet reports is
   held by an allocation of that container, and every allocation kubelet
   confirmed is still reported.
@@ -67,6 +69,7 @@ def check_invariants(
                 )
     if cards is not None:
         problems += _capacity_problems(allocations, cards)
+    problems += _claim_problems(allocations)
     live = {a.id for a in allocations}
     for registration in registrations:
         if registration.allocation_id not in live:
@@ -76,6 +79,28 @@ def check_invariants(
             )
     if kubelet_record is not None:
         problems += _kubelet_problems(allocations, holders, kubelet_record)
+    return problems
+
+
+def _claim_problems(allocations: Sequence[Allocation]) -> list[str]:
+    problems = []
+    seen: dict[str, str] = {}
+    for allocation in allocations:
+        claim = allocation.claim
+        if claim is None:
+            continue
+        other = seen.setdefault(claim.uid, allocation.id)
+        if other != allocation.id:
+            problems.append(
+                f"{claim} (UID {claim.uid}) has two allocations, {other} and {allocation.id}"
+            )
+        named = sorted(r.device for r in claim.results)
+        held = sorted(card.lower() for card in allocation.cards)
+        if named != held:
+            problems.append(
+                f"allocation {allocation.id} of {claim} holds cards {', '.join(allocation.cards)} "
+                f"but its results name devices {', '.join(named)}"
+            )
     return problems
 
 

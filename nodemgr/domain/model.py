@@ -4,6 +4,12 @@ One ``Allocation`` is what one container holds on this node: either a shared
 allocation (memory and/or compute share devices, all on ONE card) or a
 whole-card allocation (one or more whole cards). Its device IDs are kubelet's
 own IDs, so kubelet's record and the ledger can be compared ID by ID.
+
+An allocation made for a DRA ResourceClaim (the second front door, docs/dra.md)
+holds device IDs the same way, chosen by the node from the card's free ones, and
+carries its ``claim`` (``ClaimRef``): the device plugin's kubelet never hands out
+those IDs (they are listed Unhealthy), and reconcile with the device plugin's
+record leaves it alone (kubelet's NodeUnprepareResources releases it).
 """
 
 from __future__ import annotations
@@ -28,6 +34,31 @@ class ContainerRef:
 
 
 @dataclass(frozen=True)
+class ClaimResult:
+    """One allocation result of a ResourceClaim that this node prepared: the request
+    it serves (as the scheduler wrote it, ``main`` or ``main/sub``), the pool and
+    device (the card) and the share ID (None for a device given whole)."""
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ClaimRef:
+    """The ResourceClaim an allocation was made for, and its results on this node."""
+
+    uid: str
+    namespace: str
+    name: str
+    results: tuple[ClaimResult, ...]
+
+    def __str__(self) -> str:
+        return f"claim {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
 class Allocation:
     id: str
     # Device IDs per resource kind; a shared allocation has MEMORY and/or CORE,
@@ -39,6 +70,7 @@ class Allocation:
     created_at: float  # Unix seconds
     owner: ContainerRef | None = None  # filled in from kubelet's PodResources record
     confirmed_at: float | None = None  # last time kubelet's record showed it
+    claim: ClaimRef | None = None  # made by NodePrepareResources for this claim (DRA)
 
     @property
     def whole(self) -> bool:

@@ -18,6 +18,12 @@ escape it. A GPU container is tied to an allocation by the pod it belongs to:
   of that same pod (namespace and name) holding the allocation's device IDs,
   and no other pod holding any of them.
 
+A DRA claim's container is tied the same way, through the ``dynamic_resources`` of
+kubelet's record: a container of the pod must be listed with the claim's device
+(claim namespace and name, pool, device and, from kubelet 1.35, share ID). The
+PodResources client puts those entries into the record under ``CLAIMS_RECORD``, one
+``claim_record_id`` each (only this node's driver's devices).
+
 The tie is per pod, not per container name, on purpose: kubelet hands a
 (regular) init container's devices on to the pod's app containers
 (devicesToReuse) and lists no regular init container in PodResources List, so
@@ -76,6 +82,29 @@ def _shown(identity: Mapping[str, str]) -> str:
     return "/".join(quote(identity.get(f, "?")) for f in podidentity.REQUIRED)
 
 
+# The record's pseudo resource name for DRA claims' devices (no extended resource name
+# can be it: those always hold a '/').
+CLAIMS_RECORD = "dynamic-resources"
+
+
+def claim_record_id(namespace: str, name: str, pool: str, device: str, share_id: str) -> str:
+    """A claim's device in the record: ``<ns>/<claim>/<pool>/<device>#<share ID>`` (the
+    share ID empty when kubelet does not report one: before 1.35)."""
+    return f"{namespace}/{name}/{pool}/{device}#{share_id}"
+
+
+def _claim_holds(allocation: Allocation, record_id: str) -> bool:
+    claim = allocation.claim
+    assert claim is not None
+    device, _, share = record_id.rpartition("#")
+    for result in claim.results:
+        if device == f"{claim.namespace}/{claim.name}/{result.pool}/{result.device}" and (
+            share == "" or share == (result.share_id or "")
+        ):
+            return True
+    return False
+
+
 def pod_of(ref: ContainerRef) -> str:
     """namespace/pod: what an allocation is tied to (a key: compared, never shown)."""
     return f"{ref.namespace}/{ref.pod}"
@@ -89,7 +118,14 @@ def shown_pod(ref: ContainerRef) -> str:
 def holders(
     allocation: Allocation, record: KubeletRecord, resource_names: Mapping[ResourceKind, str]
 ) -> set[ContainerRef]:
-    """The containers kubelet's record shows holding any of the allocation's device IDs."""
+    """The containers kubelet's record shows holding any of the allocation's device IDs
+    (a claim's: its devices in the record's ``dynamic_resources`` part)."""
+    if allocation.claim is not None:
+        return {
+            ref
+            for ref, resources in record.items()
+            if any(_claim_holds(allocation, i) for i in resources.get(CLAIMS_RECORD, ()))
+        }
     held = {(resource_names.get(kind), device_id) for kind, device_id in allocation.device_pairs()}
     return {
         ref
@@ -112,9 +148,9 @@ def pod_tie_problem(
         return (
             f"kubelet gives {what} to pod {shown}, not to pod {shown_pod(identity)}: an "
             "allocation's env grants GPUs only to containers of the pod it was allocated "
-            "to (request aliyun.com/gpu-mem in this pod's own spec)"
+            "to (request aliyun.com/gpu-mem, or reference the claim, in this pod's own spec)"
         )
-    if len(pods) > 1:
+    if len(pods) > 1 and allocation.claim is None:  # a claim may be shared by several pods
         return (
             f"kubelet gives the devices of {what} to several pods ({shown}); "
             "the next reconcile splits it (start the container again then)"

@@ -18,7 +18,8 @@ Document (JSON keys are a public contract: extend, never rename)::
                       "container", "state": "confirmed"|"pending", "containers",
                       "violations", "created_at",
                       "isolation": {"memory", "memory_detail", "compute",
-                                    "compute_detail"}|null}],
+                                    "compute_detail"}|null,
+                      "claim": {"namespace", "name", "uid"}|null}],
      "enforcement": {"action", "violations": {kind: count}, "kills",
                      "unreadable_processes"}|null}
 
@@ -26,6 +27,11 @@ Document (JSON keys are a public contract: extend, never rename)::
 ``uptime_seconds``, ``ready``, ``registered``, ``metrics_address``, ``healthy``
 (false while a background worker is down) and ``workers`` ({name: {"up",
 "restarts", "failure"}}).
+
+``claim`` names the DRA ResourceClaim an allocation was made for (null: a device
+plugin allocation, whose owner is namespace/pod/container); ``daemon.dra`` is the
+DRA plugin's state (``driver``, ``serving``, ``registered``, ``registration_error``;
+absent with ``dra.enabled`` false).
 
 ``isolation`` (nodemgr.domain.isolation) is what this node really enforces for
 the allocation now, computed from the watchdog, the card's MPS state and
@@ -159,6 +165,9 @@ def build_status(
                 "violations": violations.get(a.id, 0),
                 "created_at": a.created_at,
                 "isolation": _isolation(a, first_card, mps_views, card_problems, isolation),
+                "claim": None
+                if a.claim is None
+                else {"namespace": a.claim.namespace, "name": a.claim.name, "uid": a.claim.uid},
             }
         )
     return {
@@ -257,6 +266,9 @@ def render_table(status: dict[str, Any], now: float) -> str:
     ]
     for a in status["allocations"]:
         pod = f"{a['namespace']}/{a['pod']}" if a["pod"] else "(not yet known)"
+        claim = a.get("claim")
+        if claim:  # a DRA claim: its pods are kubelet's to list (PodResources)
+            pod = f"claim {claim['namespace']}/{claim['name']}"
         gpu = (
             ",".join(str(i) for i in _indexes(status, a)) if a["whole"] else _known(a["gpu_index"])
         )

@@ -1,5 +1,6 @@
 """GPU inventory: which cards this node has, and what processes use on them.
 
+``driverversion`` reads the loaded NVIDIA module's version (doctor, the DRA slice).
 One narrow interface (``Inventory`` in base.py) with two backends: NVML
 (``nvml.py``, the only module of the project that imports pynvml) and
 simulated (cards from the config, per-process usage from a JSON file).

@@ -4,6 +4,12 @@ gRPC over kubelet's pod-resources unix socket. A failed read raises
 ``KubeletUnavailable`` (never an empty record: the caller must not release
 anything because kubelet was restarting).
 
+With ``dra_driver``, each container's DRA devices of that driver (its
+``dynamic_resources``) go into the record too, under the pseudo resource name
+``CLAIMS_RECORD``, one ``claim_record_id`` each (nodemgr.domain.podtie): the runtime
+hook ties a claim's container to its claim by them. kubelet repeats devices there
+(docs/dra.md, "PodResources"); each is recorded once.
+
 The answer is taken as bytes: while they are what kubelet sent last time, the
 record built then is returned again, the same object (building it walks every
 container and device ID, most of a periodic reconcile's cost on a full node;
@@ -18,6 +24,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from nodemgr.domain.model import ContainerRef
+from nodemgr.domain.podtie import CLAIMS_RECORD, claim_record_id
 from nodemgr.kubelet.api import podresources_v1_pb2 as pr
 from nodemgr.kubelet.registration import KubeletUnavailable
 
@@ -35,8 +42,11 @@ class _Answer:
 class PodResourcesClient:
     """kubelet's own record of which container holds which device IDs."""
 
-    def __init__(self, socket_path: str, timeout_seconds: float = 2.0):
+    def __init__(
+        self, socket_path: str, timeout_seconds: float = 2.0, dra_driver: str | None = None
+    ):
         self.socket_path = socket_path
+        self._dra_driver = dra_driver
         self._timeout_seconds = timeout_seconds
         # The channel reconnects by path, so it survives kubelet recreating the socket.
         # Reconnect within a second of kubelet coming back (gRPC's default backoff grows
@@ -84,8 +94,24 @@ class PodResourcesClient:
                 for devices in container.devices:
                     ids = record.setdefault(ref, {}).setdefault(devices.resource_name, [])
                     ids.extend(devices.device_ids)
+                if self._dra_driver is not None and container.dynamic_resources:
+                    self._add_claims(record, ref, container.dynamic_resources)
         self._last = _Answer(answer, record)
         return record
+
+    def _add_claims(self, record: KubeletRecord, ref: ContainerRef, dynamic_resources) -> None:
+        ids = record.setdefault(ref, {}).setdefault(CLAIMS_RECORD, [])
+        for claim in dynamic_resources:
+            for device in claim.claim_resources:
+                if device.driver_name != self._dra_driver:
+                    continue
+                share = device.share_id if device.HasField("share_id") else ""
+                found = claim_record_id(
+                    claim.claim_namespace, claim.claim_name, device.pool_name,
+                    device.device_name, share,
+                )  # fmt: skip
+                if found not in ids:
+                    ids.append(found)
 
     def close(self) -> None:
         self._channel.close()

@@ -8,7 +8,9 @@
 - ``listwatch``: one LIST+WATCH follower (resource versions, expiry, backoff);
 - ``podwatch``: this node's pods through it, kept as a candidate index;
 - ``writes`` and ``publish``: the patches and the node annotation (pure);
-- ``sync``: the bridge between the allocation state and the adapter.
+- ``sync``: the bridge between the allocation state and the adapter;
+- ``dra``: the DRA front door's side: the node's ResourceSlice, claims' status,
+  refused claims as Events (through the adapter's queued writes).
 
 This package is imported only when ``kubernetes.enabled`` (the client alone
 imported slim is ~8 MiB of memory), so this ``__init__`` imports nothing. What it must not

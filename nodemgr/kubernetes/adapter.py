@@ -154,6 +154,9 @@ class KubeAdapter:
         self._watch: PodWatch | None = None
         self._writer: threading.Thread | None = None
         self._events: dict[tuple, _PostedEvent] = {}  # the writer thread's only
+        # Writes of other kinds (the DRA ones, nodemgr.kubernetes.dra): kind -> (merge, write).
+        self._merges: dict[str, Callable[[Any, Any], Any]] = dict(_MERGES)
+        self._writers: dict[str, Callable[[ApiSession, tuple, Any], None]] = {}
 
     # --- life cycle ------------------------------------------------------
 
@@ -317,6 +320,40 @@ class KubeAdapter:
         """Set (None: remove) resources in the node's status capacity and allocatable."""
         self._put(("node-resources",), dict(quantities))
 
+    def add_writer(
+        self,
+        kind: str,
+        write: Callable[[ApiSession, tuple, Any], None],
+        merge: Callable[[Any, Any], Any] = replace,
+    ) -> None:
+        """A kind of write queued with ``queue_write`` and done by ``write(session, key,
+        value)`` in the writer thread (before ``start``). ``write`` raises the adapter's
+        errors: unavailable and conflict are retried with backoff, others dropped."""
+        self._merges[kind] = merge
+        self._writers[kind] = write
+
+    def queue_write(self, key: tuple, value: Any) -> None:
+        """Queue a write of a kind ``add_writer`` registered (``key[0]``); a newer value
+        for the same key coalesces with a pending one."""
+        self._put(key, value)
+
+    def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
+        """GET a ResourceClaim now (the DRA prepare path, which may wait for it up to
+        ``kubernetes.request_timeout_seconds``); KubeApiError when it cannot be read."""
+        session = self._session
+        if session is None:
+            raise KubeUnavailable(
+                f"no Kubernetes API ({self._start_error or 'the adapter is not running'})"
+            )
+        result: dict[str, Any] = session.call(
+            "get",
+            f"resourceclaims/{namespace}/{name}",
+            session.resource.read_namespaced_resource_claim,
+            name,
+            namespace,
+        )
+        return result
+
     def record_event(
         self, namespace: str, pod: str, reason: str, message: str, type: str = "Warning"
     ) -> None:
@@ -335,7 +372,7 @@ class KubeAdapter:
         with self._lock:
             if self._mode == "off":
                 return
-            self._queue.put(key, value, _MERGES[key[0]])
+            self._queue.put(key, value, self._merges[key[0]])
             self._wake.notify()
 
     def state(self) -> dict:
@@ -396,6 +433,8 @@ class KubeAdapter:
                 self._patch_node({"metadata": {"annotations": value}})
             elif kind == "node-resources":
                 self._write_node_resources(value)
+            elif kind in self._writers:
+                self._writers[kind](self._api, key, value)
             else:
                 self._write_event(key[1], key[2], key[3], value)
         except (KubeUnavailable, KubeConflict) as e:
@@ -419,7 +458,7 @@ class KubeAdapter:
 
     def _retry(self, key: tuple, value: Any, error: KubeApiError) -> None:
         with self._lock:
-            delay = self._queue.retry(key, value, _MERGES[key[0]], str(error))
+            delay = self._queue.retry(key, value, self._merges[key[0]], str(error))
         log.debug("write %s failed, again in %.1f s: %s", key, delay, error)
 
     def _write_pod_annotations(self, namespace: str, name: str, annotations: dict) -> None:

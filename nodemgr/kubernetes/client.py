@@ -59,6 +59,7 @@ from nodemgr.kubernetes.kubeclient import (
     CoreV1,
     InClusterConfigLoader,
     KubeClient,
+    ResourceV1,
     load_kube_config,
 )
 
@@ -308,6 +309,7 @@ class ApiSession:
     ):
         self.api_client = api_client
         self.core = CoreV1(api_client)
+        self.resource = ResourceV1(api_client)  # resource.k8s.io/v1 (DRA)
         self.timeout_seconds = timeout_seconds
         self._clock = clock
         self._on_reconnect = on_reconnect  # the writer's backoffs end: retry everything now

@@ -127,6 +127,7 @@ __all__ = [
     "InClusterConfigLoader",
     "KubeClient",
     "RESTClientObject",
+    "ResourceV1",
     "load_kube_config",
     "parse_quantity",
 ]
@@ -275,6 +276,39 @@ class CoreV1(_Api):
     def patch_namespaced_event(self, name: str, namespace: str, body: Any, **options: Any) -> Any:
         path = f"/api/v1/namespaces/{_name(namespace)}/events/{_name(name)}"
         return self._send("PATCH", path, options, body)
+
+
+class ResourceV1(_Api):
+    """The resource.k8s.io/v1 (DRA) requests of gpushare-node, as ``ResourceV1Api``'s
+    methods of the same names: its claims read and their status written, its node's
+    ResourceSlice kept."""
+
+    _BASE = "/apis/resource.k8s.io/v1"
+
+    def read_namespaced_resource_claim(self, name: str, namespace: str, **options: Any) -> Any:
+        path = f"{self._BASE}/namespaces/{_name(namespace)}/resourceclaims/{_name(name)}"
+        return self._send("GET", path, options)
+
+    def replace_namespaced_resource_claim_status(
+        self, name: str, namespace: str, body: Any, **options: Any
+    ) -> Any:
+        path = f"{self._BASE}/namespaces/{_name(namespace)}/resourceclaims/{_name(name)}/status"
+        return self._send("PUT", path, options, body)
+
+    def list_resource_slice(self, **options: Any) -> Any:
+        return self._send("GET", f"{self._BASE}/resourceslices", options, query_names=LIST_QUERY)
+
+    def read_resource_slice(self, name: str, **options: Any) -> Any:
+        return self._send("GET", f"{self._BASE}/resourceslices/{_name(name)}", options)
+
+    def create_resource_slice(self, body: Any, **options: Any) -> Any:
+        return self._send("POST", f"{self._BASE}/resourceslices", options, body)
+
+    def replace_resource_slice(self, name: str, body: Any, **options: Any) -> Any:
+        return self._send("PUT", f"{self._BASE}/resourceslices/{_name(name)}", options, body)
+
+    def delete_resource_slice(self, name: str, **options: Any) -> Any:
+        return self._send("DELETE", f"{self._BASE}/resourceslices/{_name(name)}", options)
 
 
 class AuthorizationV1(_Api):

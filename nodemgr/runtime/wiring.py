@@ -28,6 +28,10 @@ from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.domain.speccheck import DaemonPaths
+from nodemgr.dra.cdifiles import CdiDirectory
+from nodemgr.dra.driver import DraDriver, node_devices
+from nodemgr.dra.plugin import DraPlugin
+from nodemgr.dra.recovery import recover_claims
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
@@ -35,8 +39,10 @@ from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import BindError
 from nodemgr.inventory import Inventory, open_inventory
+from nodemgr.inventory.driverversion import read_driver_version
 from nodemgr.kubelet.devicelists import check_device_list_size
 from nodemgr.kubelet.podresources import PodResourcesClient
+from nodemgr.kubernetes.dra import META_SLICE, ClaimEvents, DraPublisher, remove_slice
 from nodemgr.kubernetes.sync import (
     CandidatePods,
     Publisher,
@@ -89,7 +95,10 @@ def run(
             on_refusal=partial(post_refusal, kube) if kube is not None else None,
         )
         _log_inventory(allocator)
-        # A ledger made at this start while admitted containers still run: take them back.
+        # A ledger made at this start while admitted containers still run: take them back
+        # (prepared DRA claims first: the registrations name their allocation IDs too).
+        if settings.dra.enabled and ledger.created:
+            _recover_claims(settings, allocator)
         marks = CgroupMarks.of_this_host()
         recover_registrations(ledger, allocator, marks.read_all, podresources.list)
         # Before serving: the first shared container must not wait for MPS.
@@ -100,7 +109,11 @@ def run(
         pipe_dir = CONTAINER_PIPE_DIRECTORY if layout is not None else None
         # The hook asks kubelet at each GPU container's creation whether its allocation
         # is still held (a freed id is refused at once); 1 s: under the hook's own 2 s.
-        hook_kubelet = PodResourcesClient(settings.kubelet.pod_resources_socket, 1.0)
+        hook_kubelet = PodResourcesClient(
+            settings.kubelet.pod_resources_socket,
+            1.0,
+            dra_driver=settings.dra.driver if settings.dra.enabled else None,
+        )
         stack.callback(hook_kubelet.close)
         registry = ContainerRegistry(
             ledger,
@@ -144,6 +157,8 @@ def run(
             workers.start(
                 Publisher(kube, allocator, status.document, unit_mib, settings.mps.enabled, labels)
             )
+        # The DRA front door: after MPS, the hook and the watchdog, as the device plugin.
+        facts.dra = _dra(settings, workers, allocator, kube, ledger, status.document, metrics)
         workers.stop_all_first()
         parts = (allocator, supervisor, watchdog, podresources, metrics)
         loop = RunLoop(
@@ -158,6 +173,65 @@ def run(
         loop.run(stop, reload_requested or threading.Event())
         notifier.stopping()
         log.info("stopped; sockets removed")
+
+
+def _recover_claims(settings: Settings, allocator: Allocator) -> None:
+    """Claims prepared before the ledger was lost, from their CDI specs (nodemgr.dra.recovery)."""
+    record = PodResourcesClient(
+        settings.kubelet.pod_resources_socket, dra_driver=settings.dra.driver
+    )
+    try:
+        recover_claims(
+            allocator,
+            CdiDirectory(settings.dra.cdi_dir, settings.dra.driver),
+            node_devices(allocator.cards),
+            settings.node_name,
+            settings.resources.memory_unit_mib,
+            record.list,
+        )
+    finally:
+        record.close()
+
+
+def _dra(settings, workers, allocator, kube, ledger, status_document, metrics):
+    """The DRA kubelet plugin and its publisher when dra.enabled (its state, for the
+    status document); otherwise the removal of a slice this node published while it was
+    enabled, and None."""
+    dra = settings.dra
+    if not dra.enabled:
+        if kube is not None and ledger.get_meta(META_SLICE):
+            remove_slice(
+                kube, settings.node_name, dra.driver, lambda: ledger.set_meta(META_SLICE, "")
+            )
+        return None
+    driver = DraDriver(
+        driver=dra.driver,
+        pool=settings.node_name,
+        ledger=allocator,
+        cards=allocator.cards,
+        unit_mib=settings.resources.memory_unit_mib,
+        claims=kube,
+        cdi_directory=CdiDirectory(dra.cdi_dir, dra.driver),
+        reports=ClaimEvents(kube) if kube is not None else None,
+        observe_prepare=metrics.observe_prepare if settings.metrics.enabled else None,
+    )
+    driver.restore()
+    if kube is not None:
+        workers.start(
+            DraPublisher(
+                kube,
+                allocator,
+                status_document,
+                driver=dra.driver,
+                unit_mib=settings.resources.memory_unit_mib,
+                mps_enabled=settings.mps.enabled,
+                device_names={card.uuid: name for name, card in driver.devices.items()},
+                driver_version=read_driver_version(),
+                set_meta=ledger.set_meta,
+            )
+        )
+    plugin = workers.start(DraPlugin(dra, driver))
+    return plugin.state
 
 
 def _kubernetes(settings: Settings, workers: Workers):

@@ -59,6 +59,7 @@ ALLOCATE_BUCKETS_SECONDS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
 _BUCKET_LE = (*(repr(b) for b in ALLOCATE_BUCKETS_SECONDS), "+Inf")  # the exposed "le" values
+_PREPARE = "\0dra-prepare"  # NodePrepareResources in the same buckets (not a resource name)
 
 RECONCILE_RESULTS = ("ok", "skipped", "failed")
 CARD_MODES = ("shared", "whole", "idle")
@@ -81,6 +82,11 @@ CARD_LABELS = ("gpu", "index", "model")
 # one series, as they cannot be told apart without the id.
 ALLOCATION_LABELS = ("namespace", "pod", "container", "gpu", "mode")
 ISOLATION_LABELS = (*ALLOCATION_LABELS, "memory", "compute")
+# A DRA claim's allocation is named by its claim (it may serve several pods); claims are
+# not in the gpushare_allocation_* families, which name device plugin allocations.
+CLAIM_LABELS = ("namespace", "claim", "gpu", "mode")
+CLAIM_ISOLATION_LABELS = (*CLAIM_LABELS, "memory", "compute")
+PREPARE_RESULTS = ("ok", "refused")
 
 
 class Metrics:
@@ -99,6 +105,11 @@ class Metrics:
     def observe_allocate(self, resource: str, seconds: float, ok: bool) -> None:
         """One Allocate call of ``resource``, answered (ok) or refused/failed, took ``seconds``."""
         self._collector.observe_allocate(resource, seconds, ok)
+
+    def observe_prepare(self, seconds: float, ok: bool) -> None:
+        """One NodePrepareResources call took ``seconds`` (its claims' reads from the API
+        server included); ok is False when it refused a claim."""
+        self._collector.observe_prepare(seconds, ok)
 
     def count_reconcile(self, result: str) -> None:
         """One reconcile: ``ok``, ``skipped`` (kubelet unavailable) or ``failed``."""
@@ -156,6 +167,9 @@ class _Collector:
             counts[slot] += 1
             total[0] += seconds
 
+    def observe_prepare(self, seconds: float, ok: bool) -> None:
+        self.observe_allocate(_PREPARE, seconds, ok)
+
     def count_reconcile(self, result: str) -> None:
         with self._lock:
             self._reconcile[result] += 1
@@ -200,13 +214,24 @@ class _Collector:
             "result (ok, or error: refused or failed).",
             labels=("resource", "result"),
         )
+        prepare = HistogramMetricFamily(
+            "gpushare_dra_prepare_duration_seconds",
+            "Time a NodePrepareResources call took (reading its claims from the API server, "
+            "judging and recording them, writing their CDI specs), by result: ok, or "
+            "refused (a claim of it was).",
+            labels=("result",),
+        )
         for (resource, result), (counts, total) in sorted(allocate.items()):
             buckets, cumulative = [], 0
             for bound, count in zip(_BUCKET_LE, counts, strict=True):
                 cumulative += count
                 buckets.append((bound, cumulative))
-            histogram.add_metric((resource, result), buckets, total)
+            if resource == _PREPARE:
+                prepare.add_metric(("ok" if result == "ok" else "refused",), buckets, total)
+            else:
+                histogram.add_metric((resource, result), buckets, total)
         yield histogram
+        yield prepare
 
         counter = CounterMetricFamily(
             "gpushare_reconcile",
@@ -256,8 +281,12 @@ def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
         info.add_metric((str(daemon["version"]), str(doc["node"])), 1)
         yield info
         yield from _workers(daemon)
+        if daemon.get("dra") is not None:
+            yield from _dra(daemon["dra"])
     yield from _cards(doc["gpus"])
-    yield from _allocations(doc["allocations"])
+    plugin = [a for a in doc["allocations"] if not a.get("claim")]
+    yield from _allocations(plugin)
+    yield from _claims([a for a in doc["allocations"] if a.get("claim")])
     if doc["enforcement"] is not None:
         yield from _enforcement(doc["enforcement"])
 
@@ -415,6 +444,65 @@ def _allocations(allocations: list[Mapping[str, Any]]) -> Iterator[Metric]:
         for levels in sorted(merged["isolation"]):
             isolation.add_metric((*labels, *levels), 1)
     yield from (quota, used, core, confirmed, containers, violations, started, isolation)
+
+
+def _dra(dra: Mapping[str, Any]) -> Iterator[Metric]:
+    yield GaugeMetricFamily(
+        "gpushare_dra_registered",
+        "1 when kubelet registered the DRA plugin, 0 when it refused it or has not yet.",
+        value=int(dra.get("registered") is True),
+    )
+    yield GaugeMetricFamily(
+        "gpushare_dra_serving",
+        "1 while the DRA plugin serves its registration and DRA sockets.",
+        value=int(bool(dra.get("serving"))),
+    )
+
+
+def _claims(claims: list[Mapping[str, Any]]) -> Iterator[Metric]:
+    """The DRA claims' allocations, one series per claim and card."""
+    quota = _gauge(
+        "gpushare_claim_memory_quota_bytes",
+        "Memory quota of a DRA claim (whole cards: their memory).",
+        CLAIM_LABELS,
+    )
+    used = _gauge(
+        "gpushare_claim_memory_used_bytes",
+        "Memory the claim's processes hold, all its pods together (absent when unknown).",
+        CLAIM_LABELS,
+    )
+    core = _gauge(
+        "gpushare_claim_core_quota_ratio",
+        "Compute share of a DRA claim (0-1 of a card; whole cards: 1 per card).",
+        CLAIM_LABELS,
+    )
+    containers = _gauge(
+        "gpushare_claim_containers",
+        "Containers the runtime hook registered for the claim (of all its pods).",
+        CLAIM_LABELS,
+    )
+    isolation = _gauge(
+        "gpushare_claim_isolation",
+        "Always 1: what the node really enforces for the claim now (as "
+        "gpushare_allocation_isolation).",
+        CLAIM_ISOLATION_LABELS,
+    )
+    for a in claims:
+        labels = (
+            str(a["claim"]["namespace"]),
+            str(a["claim"]["name"]),
+            str(a["gpu"]),
+            "whole" if a["whole"] else "shared",
+        )
+        quota.add_metric(labels, a["memory_mib"] * MIB_BYTES)
+        if a["memory_used_mib"] is not None:
+            used.add_metric(labels, a["memory_used_mib"] * MIB_BYTES)
+        core.add_metric(labels, a["core_percent"] / 100)
+        containers.add_metric(labels, a["containers"])
+        if a.get("isolation"):
+            levels = (a["isolation"]["memory"], a["isolation"]["compute"])
+            isolation.add_metric((*labels, *levels), 1)
+    yield from (quota, used, core, containers, isolation)
 
 
 def _by_owner(allocations: list[Mapping[str, Any]]) -> dict[tuple[str, ...], dict[str, Any]]:

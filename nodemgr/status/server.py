@@ -49,6 +49,8 @@ class DaemonFacts:
     metrics_address: str | None = None  # host:port actually bound, None when off or failed
     # Each background worker by name: {"up", "restarts", "failure"} (Workers.health).
     worker_health: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
+    # The DRA plugin's state (nodemgr.dra.plugin.DraPlugin.state); None: DRA not enabled.
+    dra: Callable[[], Mapping[str, Any]] | None = None
 
 
 class LiveStatus:
@@ -125,6 +127,7 @@ class LiveStatus:
                 # False while any worker is down (systemd gets no WATCHDOG=1 then).
                 "healthy": all(w["up"] for w in workers.values()),
                 "workers": workers,
+                **({} if facts.dra is None else {"dra": dict(facts.dra())}),
             },
         )
 

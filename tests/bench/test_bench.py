@@ -54,7 +54,7 @@ def names(figures: list[Figure]) -> list[str]:
 def test_the_suite_requires_exactly_the_issues_names():
     """Every name an issue asks bench/run for, in order: plus issue 5's Allocate latency
     with 5,000 pods cached, issue 15's SIGTERM-to-exit p99, issue 16's scale rules and its
-    idle MPS probe cost with the real control binary."""
+    idle MPS probe cost with the real control binary, and the DRA prepare ratios."""
     assert suite.required_names() == [
         *ISSUE_NAMES,
         "kube_cache_allocate_p99_ratio",
@@ -62,6 +62,8 @@ def test_the_suite_requires_exactly_the_issues_names():
         "scale_flat_in_allocations",
         "scale_linear_in_cards",
         "idle_children_cpu_percent_real",
+        "dra_prepare_1_p99_ratio",
+        "dra_prepare_16_p99_ratio",
     ]
 
 
@@ -124,6 +126,23 @@ def test_every_required_name_comes_out_of_the_sections_figures_once():
     for line in lines:
         key, sep, value = line.partition("=")
         assert sep and key and value and " " not in key, line
+
+
+def test_dra_prepare_figures_are_ratios_to_the_floor_of_the_same_batch():
+    """Per batch size: prepare over its own floor (a gRPC call and that many claim
+    reads), p50 and p99, against 2; refused claims must be none."""
+    from bench import dra_prepare_latency
+
+    samples = dra_prepare_latency.Samples(
+        prepare={1: [0.002, 0.003], 16: [0.010, 0.040]},
+        floor={1: [0.001, 0.001], 16: [0.005, 0.010]},
+        grpc_floor=[0.0005, 0.0006],
+        refused=0,
+    )
+    found = {f.name: f for f in dra_prepare_latency.figures(samples)}
+    assert found["dra_prepare_1_p50_ratio"].value == pytest.approx(2.5)
+    assert found["dra_prepare_16_p99_ratio"].value == pytest.approx(4.0)
+    assert not found["dra_prepare_16_p99_ratio"].met and found["dra_prepare_refused"].met
 
 
 def test_figures_follow_their_samples():

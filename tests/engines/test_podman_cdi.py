@@ -170,3 +170,46 @@ def test_an_id_no_spec_names_is_refused(podman):
     done = run(podman, f"{driver()}/gpu=nothing", "true")
     assert done.returncode != 0
     assert "unresolvable CDI devices" in done.stderr, done.stderr
+
+
+def test_podman_runs_a_container_from_the_spec_the_daemon_wrote_for_a_claim(podman):
+    """The real gpushare-node prepares a claim (4Gi + 30 %) with dra.cdi_dir
+    /var/run/cdi; podman, given the CDI id kubelet got back, starts the container with
+    the claim's env (quota, allocation id, MPS pipe directory) and its MPS mounts: the
+    card's client directory read-only and the shared /dev/shm; the spec is removed at
+    unprepare."""
+    from tests.harness.dra_node import DraCluster
+
+    cluster = DraCluster(driver=driver(), cdi_dir=CDI_DIR)
+    try:
+        cluster.start()
+        pod = cluster.claimed_pod("p1", "c1", {"memory": "4Gi", "cores": "30"})
+        assert cluster.dra.prepare_pod(pod).ok
+        [device] = cluster.dra.claims()[("ns", "c1")].drivers[cluster.driver]
+        [cdi_id] = device.cdi_ids
+        [allocation] = cluster.node.allocations()
+        done = run(
+            podman,
+            cdi_id,
+            "echo $GPUSHARE_ALLOCATION_ID,$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,"
+            "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,$CUDA_MPS_PIPE_DIRECTORY;"
+            " grep -E ' (/tmp/nvidia-mps|/dev/shm) ' /proc/mounts",
+        )
+        assert done.returncode == 0, done.stderr
+        lines = done.stdout.splitlines()
+        assert lines[0] == f"{allocation['id']},0=4096M,30,/tmp/nvidia-mps"
+        mounts = {line.split()[1]: line.split()[3].split(",") for line in lines[1:]}
+        assert "ro" in mounts["/tmp/nvidia-mps"] and "rw" in mounts["/dev/shm"]
+        spec = os.path.join(CDI_DIR, f"{cluster.driver}-gpu_{pod_claim_uid(cluster)}.json")
+        assert os.path.exists(spec)
+        assert cluster.dra.unprepare_pod(pod).ok
+        assert not os.path.exists(spec)
+    finally:
+        cluster.close()
+        for name in os.listdir(CDI_DIR):  # a failure above may have left the claim's spec
+            if name.startswith(f"{cluster.driver}-"):
+                os.unlink(os.path.join(CDI_DIR, name))
+
+
+def pod_claim_uid(cluster) -> str:
+    return cluster.claim("c1")["metadata"]["uid"]

@@ -145,8 +145,9 @@ class Node:
             [*_console_script("nodemgr"), command, "--config", self.config_path, "--json"],
             capture_output=True,
             text=True,
-            check=True,
         )
+        if out.returncode != 0:
+            raise AssertionError(f"nodemgr {command} exited {out.returncode}: {out.stderr}")
         return json.loads(out.stdout)
 
     def wait_for(self, predicate, timeout: float = 10.0, what: str = "condition"):

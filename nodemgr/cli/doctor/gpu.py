@@ -21,12 +21,12 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result, worst
 from nodemgr.config.schema import Settings
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import Card, open_inventory
+from nodemgr.inventory.driverversion import NVIDIA_DRIVER_VERSION_FILE, parse_driver_version
 
 # MPS's per-client address-space isolation and active-thread percentage, which
 # the quotas rest on, need Volta (7.0) or newer (docs/mps.md, "Faults and
 # limits"); before Volta a client's fault also kills the server.
 MPS_MIN_COMPUTE_CAPABILITY = (7, 0)
-NVIDIA_DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 
 
 # --- the driver and the cards ------------------------------------------------------------
@@ -55,16 +55,6 @@ def read_driver_version(host: Host) -> str | None:
             return parse_driver_version(f.read())
     except OSError:
         return None
-
-
-def parse_driver_version(text: str) -> str | None:
-    # "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.14  Thu Feb 22 01:44:30 UTC 2024"
-    for line in text.splitlines():
-        if line.startswith("NVRM version:"):
-            for word in line.split():
-                if word[:1].isdigit() and "." in word:
-                    return word
-    return None
 
 
 def gpus_result(

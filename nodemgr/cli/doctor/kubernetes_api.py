@@ -63,11 +63,17 @@ def check_kubernetes(settings: Settings, host: Host) -> Result:
         return kubernetes_credentials_result(
             kube_client.credentials_problem(str(e)), kube_client.CREDENTIALS_FIX
         )
+    permissions = kube.API_PERMISSIONS
+    driver = None
+    if settings.dra.enabled:  # the DRA front door's requests too (render.py dra grants them)
+        from nodemgr.kubernetes.dra import DRA_API_PERMISSIONS
+
+        permissions, driver = permissions + DRA_API_PERMISSIONS, settings.dra.driver
     with client:
-        return kubernetes_result(probe_kubernetes(client, settings.node_name, kube.API_PERMISSIONS))
+        return kubernetes_result(probe_kubernetes(client, settings.node_name, permissions, driver))
 
 
-def probe_kubernetes(client, node_name: str, permissions) -> KubeProbe:
+def probe_kubernetes(client, node_name: str, permissions, driver: str | None = None) -> KubeProbe:
     """GET this node, then one SelfSubjectAccessReview per verb of ``permissions``.
 
     ``client``: a ``kube_client.CommandClient``; ``permissions``: (group,
@@ -86,8 +92,11 @@ def probe_kubernetes(client, node_name: str, permissions) -> KubeProbe:
         node, found = None, replace(found, node_error=str(e))
     checked, denied = [], []
     for group, resource, verbs in permissions:
-        # The adapter reads and patches only its own Node: ask about that one.
+        # The adapter reads and patches only its own Node: ask about that one; the DRA
+        # driver's claim status, by its driver name.
         name = node_name if resource.partition("/")[0] == "nodes" else ""
+        if resource == "resourceclaims/driver" and driver:
+            name = driver
         for verb in verbs:
             try:
                 allowed, _ = client.can_i(verb, group, resource, name)
@@ -173,8 +182,8 @@ def kubernetes_result(probe: KubeProbe) -> Result:
             FAIL,
             detail,
             "apply the ClusterRole and binding of deploy/: `python deploy/render.py rbac | "
-            "kubectl apply -f -` (deploy/README.md); if they are applied, the kubeconfig is not "
-            "that of their service account",
+            "kubectl apply -f -` (and `render.py dra` with dra.enabled; deploy/README.md); if "
+            "they are applied, the kubeconfig is not that of their service account",
         )
     allowed = f"RBAC allows every request gpushare-node makes ({_verbs_on(probe.checked)})"
     if probe.node is None:  # refused although the reviews allow it: another authorizer

@@ -44,6 +44,7 @@ import yaml
 
 from mps.layout import MpsLayout
 from nodemgr.config.schema import (
+    DraSettings,
     EnforcementSettings,
     GpuSettings,
     KubeletSettings,
@@ -237,6 +238,7 @@ def _default_config(env: jinja2.Environment, target: Target) -> str:
         status=StatusSettings(),
         metrics=MetricsSettings(),
         kubernetes=KubernetesSettings(),
+        dra=DraSettings(),
     )
 
 

@@ -27,7 +27,14 @@ from nodemgr.allocation import ledger as ledger_module
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import LEDGER_FILE, Ledger
 from nodemgr.domain.deviceids import ResourceKind
-from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
+from nodemgr.domain.model import (
+    Allocation,
+    CgroupKey,
+    ClaimRef,
+    ClaimResult,
+    ContainerRef,
+    Registration,
+)
 from nodemgr.domain.violations import MEMORY, UNALLOCATED, Violation
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
@@ -43,6 +50,43 @@ def test_round_trip_and_survives_reopen(tmp_path):
     ledger.close()
     again = Ledger(str(tmp_path))
     assert again.load() == [first]
+
+
+def test_a_claims_allocation_round_trips_and_goes_with_its_allocation(tmp_path):
+    """The DRA claim an allocation was made for (UID, name, results with and without a
+    share ID) survives reopening, also read-only; deleting the allocation drops it."""
+    ledger = Ledger(str(tmp_path))
+    claim = ClaimRef(
+        "uid-1",
+        "ns",
+        "c1",
+        (
+            ClaimResult("gpu", "node-a", "gpu-0", "s-1"),
+            ClaimResult("gpu/x", "node-a", "gpu-1", None),
+        ),
+    )
+    held = dataclasses.replace(allocation("ga-1"), claim=claim)
+    ledger.commit(put=[held])
+    ledger.close()
+    assert Ledger(str(tmp_path)).load() == [held]
+    assert Ledger(str(tmp_path), read_only=True).load() == [held]
+    again = Ledger(str(tmp_path))
+    again.commit(delete=["ga-1"])
+    assert again._db.execute("SELECT count(*) FROM claims").fetchone() == (0,)
+
+
+def test_a_schema_1_ledger_is_upgraded_and_read_only_opens_still_read_it(tmp_path):
+    """A ledger of the version before DRA (no claims table, schema_version 1) opens
+    read-only as it is, and for writing is upgraded to 2 with its allocations kept."""
+    ledger = Ledger(str(tmp_path))
+    ledger.commit(put=[allocation("ga-1")])
+    ledger._db.execute("DROP TABLE claims")
+    ledger.set_meta("schema_version", "1")
+    ledger.close()
+    assert [a.id for a in Ledger(str(tmp_path), read_only=True).load()] == ["ga-1"]
+    upgraded = Ledger(str(tmp_path))
+    assert upgraded.get_meta("schema_version") == "2"
+    assert [a.id for a in upgraded.load()] == ["ga-1"]
 
 
 def test_update_and_delete_in_one_transaction(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from nodemgr.config import loading, reload, schema
 from nodemgr.config.loading import config_error_line, load_settings, settings_from_mapping
 from nodemgr.config.schema import (
+    DraSettings,
     GpuSettings,
     KubeletSettings,
     ResourceSettings,
@@ -148,6 +149,7 @@ def test_empty_mapping_or_section_gives_defaults(data):
 def test_public_names():
     """The package's public names, one module each: the schema, loading and reload."""
     assert set(schema.__all__) == {
+        "DraSettings",
         "EnforcementSettings",
         "GpuSettings",
         "KubeletSettings",
@@ -345,6 +347,45 @@ def test_placement_trust_and_public_key():
 def test_kubernetes_label_prefix_refused(prefix):
     err = refused({"kubernetes": {"label_prefix": prefix}})
     assert err.key == "kubernetes.label_prefix"
+
+
+def test_dra_section_defaults_and_values():
+    """The DRA plugin is off by default; its driver, kubelet's plugin directories and the
+    CDI directory load, and the sockets are where kubelet looks for them."""
+    assert load({}).dra == DraSettings()
+    assert DraSettings().enabled is False and DraSettings().driver == "gpushare.aliyun.com"
+    dra = load({"dra": {"enabled": True, "driver": "gpu.example.com",
+                        "plugins_registry_dir": "/k/plugins_registry",
+                        "plugins_dir": "/k/plugins", "cdi_dir": "/etc/cdi"}}).dra  # fmt: skip
+    assert dra.registration_socket == "/k/plugins_registry/gpu.example.com-reg.sock"
+    assert dra.service_socket == "/k/plugins/gpu.example.com/dra.sock"
+    assert dra.cdi_dir == "/etc/cdi"
+
+
+@pytest.mark.parametrize(
+    ("dra", "key", "problem"),
+    [
+        ({"enabled": "yes"}, "dra.enabled", "true or false"),
+        ({"driver": "Gpu_Share"}, "dra.driver", "DNS subdomain"),
+        ({"driver": "1gpu.example.com"}, "dra.driver", "starting with a letter"),
+        ({"driver": "a" * 64}, "dra.driver", "at most 63"),
+        ({"plugins_dir": "plugins"}, "dra.plugins_dir", "absolute"),
+        ({"cdi_dir": ""}, "dra.cdi_dir", "empty"),
+        ({"plugins_dir": "/p" * 50}, "dra.plugins_dir", "at most 107"),
+        ({"plugins_registry_dir": "/r" * 50}, "dra.plugins_registry_dir", "at most 107"),
+        ({"socket": "/x"}, "dra.socket", "unknown key"),
+    ],
+)
+def test_bad_dra_values_name_the_key(dra, key, problem):
+    """Each bad DRA value is refused naming its key."""
+    err = refused({"dra": dra})
+    assert err.key == key and problem in err.problem
+
+
+def test_dra_needs_the_kubernetes_api():
+    """Prepare reads claims from the API server: dra.enabled without it is refused."""
+    err = refused({"dra": {"enabled": True}, "kubernetes": {"enabled": False}})
+    assert err.key == "dra.enabled" and "kubernetes.enabled" in err.problem
 
 
 def test_kubernetes_kubeconfig_must_be_absolute():

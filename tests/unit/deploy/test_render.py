@@ -11,7 +11,10 @@ Pins:
 - the KubeSchedulerConfiguration matches the v1 schema written down below
   (the client has no model for it) and configures the gpushare extender;
 - the examples ask for the resources their docs state, in limits;
-- the rendered kubeconfig is one the ``kubernetes`` client loads.
+- the rendered kubeconfig is one the ``kubernetes`` client loads;
+- the DRA template's ClusterRole grants exactly what the daemon's DRA side requests
+  (``DRA_API_PERMISSIONS``), its DeviceClasses select the driver, and the DRA examples
+  ask what their comments say through claim templates.
 
 Why this module is longer than 400 lines: it pins every template the operator applies
 (RBAC verbs against what the code requests, kubeconfigs, the scheduler configurations
@@ -79,6 +82,14 @@ MODELS: dict[tuple[str, str], str] = {
     ("batch/v1", "Job"): "V1Job",
     ("rbac.authorization.k8s.io/v1", "ClusterRole"): "V1ClusterRole",
     ("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"): "V1ClusterRoleBinding",
+    ("resource.k8s.io/v1", "DeviceClass"): "V1DeviceClass",
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"): "V1ResourceClaimTemplate",
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicy"): (
+        "V1ValidatingAdmissionPolicy"
+    ),
+    ("admissionregistration.k8s.io/v1", "ValidatingAdmissionPolicyBinding"): (
+        "V1ValidatingAdmissionPolicyBinding"
+    ),
 }
 
 MODELS_WITH_PODS = {"Pod", "StatefulSet", "Job"}  # the kinds whose pods ask for GPUs
@@ -331,6 +342,8 @@ def test_every_file_in_deploy_is_checked():
     assert manifests == set(_example_files())
     assert {path.name for path in _example_files()} == {
         "binpack-statefulset.yaml",
+        "dra-job-mem-core.yaml",
+        "dra-whole-card-pod.yaml",
         "job-mem-core.yaml",
         "multi-container-pod.yaml",
         "whole-card-pod.yaml",
@@ -581,6 +594,81 @@ def test_example_gpu_resources_are_whole_units_in_limits(path):
                 assert amount > 0 and amount == int(amount), f"{container.name}: {name}={value}"
 
 
+# ---------------------------------------------------------------- DRA
+
+
+DRA_VALUE_SETS = {**VALUE_SETS, "driver": {"driver": "gpu.example.com"}}
+
+
+@pytest.mark.parametrize("values", DRA_VALUE_SETS.values(), ids=DRA_VALUE_SETS.keys())
+def test_the_dra_template_is_valid_objects_granting_exactly_the_dra_verbs(values):
+    """DeviceClasses, ClusterRole and binding, ResourceSlice policy and its binding: valid
+    objects; the role grants exactly what the daemon's DRA side declares it requests
+    (the 1.36 claim-status check for its own driver's name only), to its account."""
+    from nodemgr.kubernetes.dra import DRA_API_PERMISSIONS
+
+    namespace = values.get("namespace", render.DEFAULTS["namespace"])
+    account = values.get("service_account", render.DEFAULTS["service_account"])
+    driver = values.get("driver", render.DEFAULTS["driver"])
+    docs = _rendered("dra", values)
+    kinds = _by_kind(docs)
+    for doc in docs:
+        to_model(doc)
+    (role,) = (to_model(doc) for doc in kinds["ClusterRole"])
+    (binding,) = (to_model(doc) for doc in kinds["ClusterRoleBinding"])
+    granted: dict[tuple[str, str], set[str]] = {}
+    for rule in role.rules:
+        assert rule.resource_names in (None, [driver]), rule
+        assert rule.resource_names is None or rule.resources == ["resourceclaims/driver"]
+        for group in rule.api_groups:
+            for resource in rule.resources:
+                granted.setdefault((group, resource), set()).update(rule.verbs)
+    assert granted == {(g, r): set(verbs) for g, r, verbs in DRA_API_PERMISSIONS}
+    assert binding.role_ref.name == role.metadata.name
+    assert [(s.kind, s.namespace, s.name) for s in binding.subjects] == [
+        ("ServiceAccount", namespace, account)
+    ]
+    classes = {doc["metadata"]["name"]: doc for doc in kinds["DeviceClass"]}
+    assert set(classes) == {f"gpu.{driver}", f"whole-gpu.{driver}"}
+    shared = classes[f"gpu.{driver}"]["spec"]["selectors"][0]["cel"]["expression"]
+    assert shared == f'device.driver == "{driver}"'
+    whole = classes[f"whole-gpu.{driver}"]["spec"]["selectors"][0]["cel"]["expression"]
+    assert f'!device.attributes["{driver}"].devicePluginInUse' in whole
+    (policy,) = kinds["ValidatingAdmissionPolicy"]
+    condition = policy["spec"]["matchConditions"][0]["expression"]
+    assert f"system:serviceaccount:{namespace}:{account}" in condition
+    assert f'variables.slice.spec.driver == "{driver}"' in [
+        v["expression"] for v in policy["spec"]["validations"]
+    ]
+    (policy_binding,) = kinds["ValidatingAdmissionPolicyBinding"]
+    assert policy_binding["spec"]["policyName"] == policy["metadata"]["name"]
+
+
+def test_the_dra_job_asks_4_gib_and_30_percent_through_its_claim_template():
+    """The DRA twin of the extended-resource Job: the template asks memory 4Gi and cores
+    30 of the shared class; the container names the pod's claim; no extended resource."""
+    kinds = _by_kind(_example("dra-job-mem-core.yaml"))
+    (template,) = (to_model(doc) for doc in kinds["ResourceClaimTemplate"])
+    (job,) = (to_model(doc) for doc in kinds["Job"])
+    (request,) = template.spec.spec.devices.requests
+    assert request.exactly.device_class_name == "gpu.gpushare.aliyun.com"
+    assert request.exactly.capacity.requests == {"memory": "4Gi", "cores": "30"}
+    pod = job.spec.template.spec
+    (claim,) = pod.resource_claims
+    assert claim.resource_claim_template_name == template.metadata.name
+    (container,) = pod.containers
+    assert [c.name for c in container.resources.claims] == [claim.name]
+    assert _gpu_limits(container) == {}
+
+
+def test_the_dra_whole_card_pod_asks_no_capacity_of_the_whole_class():
+    kinds = _by_kind(_example("dra-whole-card-pod.yaml"))
+    (template,) = (to_model(doc) for doc in kinds["ResourceClaimTemplate"])
+    (request,) = template.spec.spec.devices.requests
+    assert request.exactly.device_class_name == "whole-gpu.gpushare.aliyun.com"
+    assert request.exactly.capacity is None
+
+
 # ---------------------------------------------------------------- kubeconfig
 
 
@@ -635,6 +723,8 @@ def test_kubeconfig_takes_the_token_decoded_and_stripped():
         ("kubeconfig", {"token": "two words"}, "token"),
         ("kubeconfig", {"token": "  \n"}, "token"),
         ("kubeconfig", {"token": base64.b64encode(TEST_TOKEN.encode()).decode()}, "base64 -d"),
+        ("dra", {"driver": "Gpushare_Aliyun"}, "DRA driver name"),
+        ("dra", {"driver": "1gpu.example.com"}, "DRA driver name"),
         ("nope", {}, "unknown template"),
     ],
 )

@@ -89,3 +89,19 @@ def test_kubelet_record_must_match_after_a_reconcile():
     text = " | ".join(check_invariants([held, stale], CARDS, 1024, kubelet_record=record))
     assert f"kubelet says {ref} holds {memory_device_id(GPU0, 2)} (memory), but no" in text
     assert "allocation b (ns/q/c) was confirmed by kubelet but kubelet no longer reports" in text
+
+
+def test_a_claims_allocation_must_hold_the_cards_its_results_name_once():
+    """A claim's allocation on another card than its results name, or two allocations of
+    one claim: each named."""
+    from dataclasses import replace
+
+    from nodemgr.domain.deviceids import ResourceKind
+    from nodemgr.domain.model import Allocation, ClaimRef, ClaimResult
+
+    claim = ClaimRef("u1", "ns", "c", (ClaimResult("gpu", "node-a", "gpu-b", None),))
+    held = Allocation("ga-1", {ResourceKind.WHOLE: ("GPU-A",)}, 0, 1.0, claim=claim)
+    twice = replace(held, id="ga-2", devices={ResourceKind.WHOLE: ("GPU-B",)})
+    problems = check_invariants([held, twice], None, 1024)
+    assert any("holds cards GPU-A but its results name devices gpu-b" in p for p in problems)
+    assert any("claim ns/c (UID u1) has two allocations, ga-1 and ga-2" in p for p in problems)

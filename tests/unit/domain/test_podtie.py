@@ -166,3 +166,54 @@ def test_a_hook_reading_another_identity_is_not_believed():
         "the hook read the pod identity default/victim/main from annotations that give "
         "default/train/main"
     )
+
+
+# --- DRA claims: tied through the record's dynamic_resources part ---------------------
+
+
+def claimed(share_id="s-1"):
+    from dataclasses import replace
+
+    from nodemgr.domain.model import ClaimRef, ClaimResult
+
+    ref = ClaimRef("u1", "ml", "c1", (ClaimResult("gpu", "node-a", GPU0.lower(), share_id),))
+    return replace(shared(), claim=ref)
+
+
+def claim_record(ref, namespace="ml", name="c1", share="s-1", device=None):
+    from nodemgr.domain.podtie import CLAIMS_RECORD, claim_record_id
+
+    device = device or GPU0.lower()
+    return {ref: {CLAIMS_RECORD: [claim_record_id(namespace, name, "node-a", device, share)]}}
+
+
+@pytest.mark.parametrize("share", ["s-1", ""])
+def test_a_claims_container_is_held_by_its_claim_device_not_its_device_ids(share):
+    """A claim's holders are the containers kubelet lists with its device (share ID equal,
+    or none reported: kubelet before 1.35); its memory IDs under the device plugin's names
+    are not the claim's."""
+    allocation = claimed()
+    assert holders(allocation, claim_record(MAIN, share=share), NAMES) == {MAIN}
+    assert holders(allocation, record_of(allocation), NAMES) == set()
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"share": "s-2"}, {"name": "c2"}, {"namespace": "other"}, {"device": "gpu-x"}],
+)
+def test_another_claim_or_share_does_not_hold_it(changes):
+    """Another share of the card, another claim (name or namespace), another device."""
+    assert holders(claimed(), claim_record(MAIN, **changes), NAMES) == set()
+
+
+def test_a_claim_shared_by_two_pods_ties_both_and_no_third():
+    """A claim reserved for two pods: each pod's containers are tied; a third pod is not."""
+    allocation = claimed()
+    other = ContainerRef("default", "eval", "main")
+    record = claim_record(MAIN) | claim_record(other)
+    holding = holders(allocation, record, NAMES)
+    assert pod_tie_problem(MAIN, allocation, holding) is None
+    assert pod_tie_problem(other, allocation, holding) is None
+    assert "not to pod default/third" in pod_tie_problem(
+        ContainerRef("default", "third", "main"), allocation, holding
+    )

@@ -114,6 +114,7 @@ def test_allocation_rows():
         "violations": 0,
         "created_at": 1000.0,
         "isolation": None,  # no node facts given: not known
+        "claim": None,  # a device plugin allocation
     }
     assert (w1["whole"], w1["gpu_index"], w1["memory_mib"], w1["core_percent"]) == (
         True,
@@ -261,3 +262,22 @@ def test_table_shows_isolation_levels_and_their_reasons():
     unknown = render_table(status(allocations[:1]), now=1065.0)
     assert "?" in next(line for line in unknown.splitlines() if line.startswith("ns/p1"))
     assert "isolation (README" not in unknown
+
+
+def test_claims_and_device_plugin_allocations_share_one_table_with_isolation():
+    """A DRA claim's allocation is a row of the same table: named by its claim (JSON
+    ``claim``), with its quota and isolation levels next to the device plugin's rows."""
+    from dataclasses import replace
+
+    from nodemgr.domain.model import ClaimRef
+
+    claim = replace(shared("c1", GPU0, 2, 10), claim=ClaimRef("u-1", "ml", "train-gpu", ()))
+    doc = status([shared("a1", GPU0, 4, 30, ContainerRef("ns", "p1", "main")), claim],
+                 isolation=KILLING)  # fmt: skip
+    rows = {a["id"]: a for a in doc["allocations"]}
+    assert rows["c1"]["claim"] == {"namespace": "ml", "name": "train-gpu", "uid": "u-1"}
+    assert rows["a1"]["claim"] is None
+    lines = render_table(doc, now=1065.0).splitlines()
+    claim_row = next(line for line in lines if line.startswith("claim ml/train-gpu"))
+    assert "2.0G /" in claim_row and "10%" in claim_row and "enforced/advisory" in claim_row
+    assert any(line.startswith("ns/p1") and "enforced/advisory" in line for line in lines)

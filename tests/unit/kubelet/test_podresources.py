@@ -143,3 +143,37 @@ def test_an_answer_that_is_no_record_is_kubelet_unavailable(client, monkeypatch)
     monkeypatch.setattr(client, "_list", lambda request, timeout: b"\xff\xff\xff")
     with pytest.raises(KubeletUnavailable, match="not a ListPodResourcesResponse"):
         client.list()
+
+
+def test_claims_devices_of_this_driver_join_the_record_once_each(root):
+    """With dra_driver: each container's dynamic_resources devices of that driver are in
+    the record under the claims pseudo resource (kubelet's repeats and other drivers'
+    devices left out; no share ID reported is an empty one)."""
+    from nodemgr.domain.podtie import CLAIMS_RECORD, claim_record_id
+    from nodemgr.kubelet.api import podresources_v1_pb2 as pr
+
+    response = pr.ListPodResourcesResponse()
+    pod = response.pod_resources.add(name="p", namespace="ns")
+    container = pod.containers.add(name="main")
+    claim = container.dynamic_resources.add(claim_name="c1", claim_namespace="ns")
+    for driver, device, share in [
+        ("gpushare.aliyun.com", "gpu-a", "s-1"),
+        ("gpushare.aliyun.com", "gpu-a", "s-1"),  # kubelet records a retried device again
+        ("other.example.com", "gpu-a", "s-1"),
+    ]:
+        claim.claim_resources.add(driver_name=driver, pool_name="node-a", device_name=device,
+                                  share_id=share)  # fmt: skip
+    claim.claim_resources.add(driver_name="gpushare.aliyun.com", pool_name="node-a",
+                              device_name="gpu-b")  # fmt: skip
+    client = PodResourcesClient(os.path.join(root, "none.sock"), dra_driver="gpushare.aliyun.com")
+    client._list = lambda request, timeout: response.SerializeToString()
+    record = client.list()
+    assert record[ContainerRef("ns", "p", "main")][CLAIMS_RECORD] == [
+        claim_record_id("ns", "c1", "node-a", "gpu-a", "s-1"),
+        claim_record_id("ns", "c1", "node-a", "gpu-b", ""),
+    ]
+    client.close()
+    plain = PodResourcesClient(os.path.join(root, "none.sock"))
+    plain._list = lambda request, timeout: response.SerializeToString()
+    assert plain.list() == {}
+    plain.close()

@@ -729,3 +729,27 @@ def test_isolation_is_an_info_gauge_per_allocation(exporter):
     s = exporter.scrape()
     pending = {got["memory"] for got, v in s["gpushare_allocation_isolation"] if not got["pod"]}
     assert pending == {"advisory", "watched"}
+
+
+def test_claims_have_series_of_their_own_and_prepare_its_histogram(exporter):
+    """A DRA claim's allocation is exported by namespace and claim name (not summed into
+    the device plugin's unknown-owner series); NodePrepareResources has its histogram;
+    the plugin's registration is a gauge."""
+    claim = copy.deepcopy(exporter.doc["allocations"][1])
+    claim |= {"id": "alloc-3", "claim": {"namespace": "ml", "name": "train-gpu", "uid": "u"}}
+    exporter.doc["allocations"].append(claim)
+    exporter.doc["daemon"]["dra"] = {"driver": "gpushare.aliyun.com", "serving": True,
+                                     "registered": True, "registration_error": None}  # fmt: skip
+    exporter.metrics.observe_prepare(0.004, True)
+    exporter.metrics.observe_prepare(0.2, False)
+    s = exporter.scrape()
+    labels = {"namespace": "ml", "claim": "train-gpu", "gpu": GPU0, "mode": "shared"}
+    assert value(s, "gpushare_claim_memory_quota_bytes", **labels) == 2048 * 1024 * 1024
+    assert value(s, "gpushare_claim_core_quota_ratio", **labels) == 0.1
+    assert value(s, "gpushare_claim_isolation", memory="advisory", **labels) == 1
+    # alloc-2 alone in the unknown-owner series: the claim is not added into it.
+    assert value(s, "gpushare_allocation_memory_quota_bytes", pod="") == 2048 * 1024 * 1024
+    assert value(s, "gpushare_dra_prepare_duration_seconds_count", result="ok") == 1
+    assert value(s, "gpushare_dra_prepare_duration_seconds_count", result="refused") == 1
+    assert absent(s, "gpushare_allocate_duration_seconds_count", result="ok")
+    assert value(s, "gpushare_dra_registered") == 1 and value(s, "gpushare_dra_serving") == 1
