@@ -27,7 +27,7 @@ import time
 from hooks import protocol
 from hooks.gpuenv import GPU_ENV_NAMES
 from hooks.specfacts import MAX_ENTRIES
-from nodemgr.common.unixserver import UnixServer
+from nodemgr.common.unixserver import UnixServer, refusal_reason
 from nodemgr.domain.model import ContainerRef
 from nodemgr.domain.speccheck import DeviceFact, MountFact, RuleFact, SpecFacts
 from nodemgr.enforcement.registry import ContainerRegistry
@@ -72,6 +72,8 @@ class HookServer(UnixServer):
             request = protocol.read_message(sock, deadline=time.monotonic() + READ_TIMEOUT_SECONDS)
             answer = _answer(self._registry, request)
         except (protocol.ProtocolError, OSError) as e:
+            if not self.budget.was_cut(sock):  # a cut is counted as one already
+                self.budget.refuse(refusal_reason(e))
             answer = _refusal(f"unreadable hook request ({e})")
         except Exception as e:  # a bug must still answer (and refuse), not hang the hook
             log.exception("runtime hook request failed")
