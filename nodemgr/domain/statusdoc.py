@@ -20,12 +20,15 @@ Document (JSON keys are a public contract: extend, never rename)::
                       "isolation": {"memory", "memory_detail", "compute",
                                     "compute_detail"}|null}],
      "enforcement": {"action", "violations": {kind: count}, "kills",
-                     "unreadable_processes"}|null}
+                     "unreadable_processes", "judging", "problem"|null,
+                     "failed_scans"}|null}
 
 ``daemon`` (from the status socket) carries ``pid``, ``version``, ``started_at``,
 ``uptime_seconds``, ``ready``, ``registered``, ``metrics_address``, ``healthy``
-(false while a background worker is down) and ``workers`` ({name: {"up",
-"restarts", "failure"}}).
+(false while a background worker is down or cannot do its job), ``problems``
+(why not healthy, one line each), ``workers`` ({name: {"up", "restarts",
+"failure", "problem"}}) and ``listeners`` ({name: {"connections"|null,
+"max_connections", "deadline_seconds"|null, "refused": {reason: count}}}).
 
 ``isolation`` (nodemgr.domain.isolation) is what this node really enforces for
 the allocation now, computed from the watchdog, the card's MPS state and
@@ -307,6 +310,8 @@ def _header(status: dict[str, Any], now: float) -> str:
             "(no health, usage or MPS state)"
         )
     state = "ready" if daemon.get("ready") else "starting (not registered with kubelet yet)"
+    if daemon.get("healthy") is False:
+        state = "NOT HEALTHY (" + "; ".join(daemon.get("problems") or ["unknown"]) + ")"
     head = (
         f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
     )
