@@ -158,9 +158,12 @@ class UnixServer:
         return self.budget.stats()
 
 
-def refusal_reason(error: Exception) -> str:
+def refusal_reason(error: Exception) -> str | None:
     """Why a request of the hook protocol (hooks.protocol, which the status socket speaks
-    too) could not be read: the reason the listener's refusals are counted under."""
+    too) could not be read: the reason the listener's refusals are counted under; None
+    for a client that closed before sending anything (nothing to refuse)."""
+    if isinstance(error, protocol.ClosedError):
+        return None
     if isinstance(error, TimeoutError):
         return SLOW
     if isinstance(error, protocol.TooLargeError):

@@ -72,8 +72,9 @@ class HookServer(UnixServer):
             request = protocol.read_message(sock, deadline=time.monotonic() + READ_TIMEOUT_SECONDS)
             answer = _answer(self._registry, request)
         except (protocol.ProtocolError, OSError) as e:
-            if not self.budget.was_cut(sock):  # a cut is counted as one already
-                self.budget.refuse(refusal_reason(e))
+            reason = refusal_reason(e)
+            if reason is not None and not self.budget.was_cut(sock):  # a cut counts already
+                self.budget.refuse(reason)
             answer = _refusal(f"unreadable hook request ({e})")
         except Exception as e:  # a bug must still answer (and refuse), not hang the hook
             log.exception("runtime hook request failed")

@@ -171,8 +171,9 @@ class StatusServer(UnixServer):
             else:
                 answer = self._status.document()
         except (protocol.ProtocolError, OSError) as e:
-            if not self.budget.was_cut(sock):  # a cut is counted as one already
-                self.budget.refuse(refusal_reason(e))
+            reason = refusal_reason(e)
+            if reason is not None and not self.budget.was_cut(sock):  # a cut counts already
+                self.budget.refuse(reason)
             answer = {"error": f"unreadable request ({e})"}
         except Exception as e:  # a bug must answer, not leave the operator hanging
             log.exception("status request failed")
