@@ -39,16 +39,25 @@ def tcp(host: str, port: int, first: bytes = b"") -> Connect:
 
 
 def unix(path: str) -> Connect:
+    """A connection to the unix socket ``path``, tried again while its listen queue is full
+    (a unix connect says EAGAIN then, it does not wait), for at most ``CONNECT_SECONDS``."""
+
     def connect() -> socket.socket:
+        deadline = time.monotonic() + CONNECT_SECONDS
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            sock.settimeout(CONNECT_SECONDS)
-            sock.connect(path)
             sock.setblocking(False)
+            while True:
+                try:
+                    sock.connect(path)
+                    return sock
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise
+                    time.sleep(0.005)
         except OSError:
             sock.close()
             raise
-        return sock
 
     return connect
 
@@ -60,13 +69,16 @@ DIALERS = 16  # connects under way at once
 
 
 def closed_by_peer(sock: socket.socket) -> bool:
-    """Whether the other end closed or reset the connection (reads nothing it sent)."""
+    """Whether the other end closed or reset the connection (what it sent is read away: a
+    gRPC server sends its HTTP/2 settings first, an HTTP server its answer)."""
     try:
-        return sock.recv(65536, socket.MSG_PEEK) == b""
+        while sock.recv(65536):
+            pass
     except BlockingIOError:
         return False
     except OSError as e:
         return e.errno != errno.EAGAIN
+    return True
 
 
 class Flood:
@@ -234,29 +246,29 @@ def trickle(connect: Connect, connections: int, data: bytes, every_seconds: floa
     return Trickled(connections, max(closed.values(), default=0.0), connections - len(closed))
 
 
-def send_and_read(connect: Connect, data: bytes, seconds: float = 10.0) -> tuple[int, bytes]:
-    """Send ``data`` (as much as the daemon reads before it closes) and read its answer
-    until it closes: (bytes it took, what it answered)."""
+def send_and_read(connect: Connect, data: bytes, seconds: float = 10.0) -> tuple[bytes, bool]:
+    """Send ``data`` (as much as the daemon takes before it closes) and read its answer
+    until it closes: (what it answered, whether it closed within ``seconds``)."""
     sock = connect()
     sock.setblocking(True)
     sock.settimeout(seconds)
-    taken = 0
     answer = b""
     try:
-        view = memoryview(data)
-        while taken < len(data):
+        view, sent = memoryview(data), 0
+        while sent < len(data):
             try:
-                taken += sock.send(view[taken : taken + 65536])
+                sent += sock.send(view[sent : sent + 65536])
             except OSError:
-                break  # the daemon closed it: what it had read is what it took
+                break  # the daemon closed it (or stopped reading for ``seconds``)
         while True:
             try:
                 chunk = sock.recv(65536)
+            except TimeoutError:
+                return answer, False
             except OSError:
-                break
+                return answer, True  # reset: closed with our bytes unread
             if not chunk:
-                break
+                return answer, True
             answer += chunk
     finally:
         sock.close()
-    return taken, answer
