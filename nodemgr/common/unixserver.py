@@ -17,7 +17,6 @@ connection cut ``deadline_seconds`` after it was accepted, whatever its handler 
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import socketserver
@@ -36,8 +35,6 @@ from nodemgr.common.connbudget import (
     ListenerStats,
 )
 from nodemgr.common.serveloop import ServeLoop
-
-log = logging.getLogger(__name__)
 
 SOCKET_MODE = 0o600
 # Defaults: a request and its answer take milliseconds; these bound hostile clients.
