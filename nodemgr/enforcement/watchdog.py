@@ -236,8 +236,9 @@ class Watchdog(ThreadWorker):
                 if time.monotonic() >= next_scan and not stop.is_set():
                     try:
                         self.scan()
-                    except Exception:
+                    except Exception as e:  # a bug: no judgement this time, and said so
                         log.exception("watchdog scan failed; retrying at the next interval")
+                        self._cannot_judge(f"the scan failed ({type(e).__name__}: {e})")
                     next_scan = time.monotonic() + self._scan_interval(events is not None)
         finally:
             self._events = None
@@ -378,8 +379,9 @@ class Watchdog(ThreadWorker):
         """Every GPU process as /proc shows it; CannotJudge when the node cannot be seen."""
         try:
             usage = self._inventory.process_usage()
-        except GpushareError as e:
-            raise CannotJudge(f"cannot read per-process GPU memory: {e}") from e
+        except Exception as e:  # NVML's own errors, or anything its binding lets through
+            why = e if isinstance(e, GpushareError) else f"{type(e).__name__}: {e}"
+            raise CannotJudge(f"cannot read per-process GPU memory: {why}") from e
         self._raw_usage = usage
         servers: Collection[tuple[int, int]] | None = None
         processes = []

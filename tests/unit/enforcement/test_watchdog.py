@@ -14,6 +14,7 @@ spares no offender, and a run that still dies is restarted."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -471,3 +472,51 @@ def test_a_kill_that_cannot_be_done_makes_the_watchdog_unhealthy(parts, stray, m
     monkeypatch.undo()
     dog.scan()
     assert gone(stray) and dog.problem is None
+
+
+def test_a_usage_source_failing_unexpectedly_fails_the_scan_closed(parts):
+    """Not only InventoryError: whatever the usage source raises (an OSError from below
+    NVML's binding) is a scan that cannot judge, with the error named."""
+    usage = Usage()
+
+    def broken():
+        raise OSError(24, "Too many open files")
+
+    usage.process_usage = broken
+    dog = watchdog(parts, usage)
+    assert dog.scan() == []
+    assert dog.problem == (
+        "enforcement cannot judge: cannot read per-process GPU memory: "
+        "OSError: [Errno 24] Too many open files"
+    )
+
+
+def test_a_scan_that_raises_is_a_problem_until_one_judges(parts, monkeypatch):
+    """A scan that fails with a bug is logged and retried, and meanwhile the watchdog has a
+    problem (no silent pause); the next scan that judges clears it."""
+    from nodemgr.enforcement import watchdog as module
+
+    usage = Usage()
+    usage.processes = [ProcessUsage(os.getpid(), GPU0, 100)]
+    dog = watchdog(parts, usage, action="log")
+    dog._settings = EnforcementSettings(action="log", interval_seconds=0.05)
+
+    def bug(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(module, "find_violations", bug)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 5
+        while dog.problem is None:
+            assert time.monotonic() < deadline, "no problem reported"
+            time.sleep(0.01)
+        assert dog.problem == "enforcement cannot judge: the scan failed (KeyError: 'a bug')"
+        assert dog.alive
+        monkeypatch.undo()
+        while dog.problem is not None:
+            assert time.monotonic() < deadline + 5, "the problem was never cleared"
+            time.sleep(0.01)
+    finally:
+        dog.stop()
+        dog.join(5)
