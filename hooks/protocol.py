@@ -67,13 +67,17 @@ class ClosedError(ProtocolError):
     """The peer closed the connection before sending anything."""
 
 
+class TooLargeError(ProtocolError):
+    """The peer sent more than one message may hold."""
+
+
 def encode(message: dict) -> bytes:
     return wirejson.dumps(message).encode() + b"\n"
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     if len(data) > max_bytes:
-        raise ProtocolError(f"message over {max_bytes} bytes")
+        raise TooLargeError(f"message over {max_bytes} bytes")
     try:
         message = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
@@ -106,7 +110,7 @@ def read_message(
         if chunk.endswith(b"\n"):
             break
         if size > max_bytes:
-            raise ProtocolError(f"message over {max_bytes} bytes")
+            raise TooLargeError(f"message over {max_bytes} bytes")
     if not chunks:
         raise ClosedError("connection closed before a message")
     return decode(b"".join(chunks), max_bytes)

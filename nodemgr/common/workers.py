@@ -16,6 +16,11 @@ lasted ``RESTART_RESET_SECONDS`` starts the steps over). Past the last step
 it stays dead: ``Workers.dead`` names it, the run loop stops pinging
 systemd's watchdog (so systemd restarts the whole daemon) and the status
 document and metrics say which worker is down (``Workers.health``).
+
+A ThreadWorker that runs but cannot do its job (the enforcement watchdog unable to
+judge the node's GPU processes) says so in ``problem``: it is then up but not healthy,
+``Workers.problems`` names it with the reason, and the run loop treats it as it treats
+a dead worker (no watchdog ping to systemd; STATUS= says why) until the worker clears it.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class WorkerHealth(TypedDict):
     up: bool  # alive: started, not stopped, not dead or waiting to be restarted
     restarts: int  # times it was run again after dying, since the daemon started
     failure: str | None  # "<ExceptionType>: <message>" of its last death; None if none
+    problem: str | None  # why it cannot do its job while up; None when it can
 
 
 class Worker(Protocol):
@@ -103,6 +109,8 @@ class ThreadWorker:
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
         self.failure: BaseException | None = None  # what ended run() last
+        # Why the worker, running, cannot do its job now (it sets and clears it itself).
+        self.problem: str | None = None
         self.restarts = 0  # times run() was started again after it died
         self._down = False  # dead, or waiting out a backoff before its restart
         self._restart_backoff: tuple[float, ...] = ()  # none unless supervised
@@ -153,6 +161,7 @@ class ThreadWorker:
             "up": self.alive,
             "restarts": self.restarts,
             "failure": None if failure is None else f"{type(failure).__name__}: {failure}",
+            "problem": self.problem,
         }
 
     def _body(self) -> None:
@@ -248,14 +257,28 @@ class Workers:
         """Names of started workers that are no longer alive (died, or stopped early)."""
         return [worker.name for worker in self._started if not worker.alive]
 
+    def problems(self) -> list[str]:
+        """``<name>: <problem>`` of each running worker that cannot do its job now."""
+        return [
+            f"{worker.name}: {worker.problem}"
+            for worker in self._started
+            if isinstance(worker, ThreadWorker) and worker.alive and worker.problem
+        ]
+
     def health(self) -> dict[str, WorkerHealth]:
-        """Each started worker by name: up, restarts, last failure (the status document)."""
+        """Each started worker by name: up, restarts, last failure, problem (the status
+        document)."""
         health: dict[str, WorkerHealth] = {}
         for worker in self._started:
             if isinstance(worker, ThreadWorker):
                 health[worker.name] = worker.health()
             else:
-                health[worker.name] = {"up": worker.alive, "restarts": 0, "failure": None}
+                health[worker.name] = {
+                    "up": worker.alive,
+                    "restarts": 0,
+                    "failure": None,
+                    "problem": None,
+                }
         return health
 
     def _request_stop_all(self) -> None:

@@ -21,12 +21,15 @@ Document (JSON keys are a public contract: extend, never rename)::
                                     "compute_detail"}|null,
                       "claim": {"namespace", "name", "uid"}|null}],
      "enforcement": {"action", "violations": {kind: count}, "kills",
-                     "unreadable_processes"}|null}
+                     "unreadable_processes", "judging", "problem"|null,
+                     "failed_scans"}|null}
 
 ``daemon`` (from the status socket) carries ``pid``, ``version``, ``started_at``,
 ``uptime_seconds``, ``ready``, ``registered``, ``metrics_address``, ``healthy``
-(false while a background worker is down) and ``workers`` ({name: {"up",
-"restarts", "failure"}}).
+(false while a background worker is down or cannot do its job), ``problems``
+(why not healthy, one line each), ``workers`` ({name: {"up", "restarts",
+"failure", "problem"}}) and ``listeners`` ({name: {"connections"|null,
+"max_connections", "deadline_seconds"|null, "refused": {reason: count}}}).
 
 ``claim`` names the DRA ResourceClaim an allocation was made for (null: a device
 plugin allocation, whose owner is namespace/pod/container); ``daemon.dra`` is the
@@ -325,6 +328,8 @@ def _header(status: dict[str, Any], now: float) -> str:
         state = "registered, waiting for MPS"
     else:
         state = "ready"
+    if daemon.get("healthy") is False:
+        state = "NOT HEALTHY (" + "; ".join(daemon.get("problems") or ["unknown"]) + ")"
     head = (
         f"{node}: gpushare-node pid {daemon['pid']}, up {_age(now - daemon['started_at'])}, {state}"
     )

@@ -30,7 +30,7 @@ import time
 from hooks import podidentity, protocol
 from hooks.gpuenv import GPU_ENV_NAMES
 from hooks.specfacts import MAX_ENTRIES
-from nodemgr.common.unixserver import UnixServer
+from nodemgr.common.unixserver import UnixServer, refusal_reason
 from nodemgr.domain.model import ContainerRef
 from nodemgr.domain.podtie import runtime_identity
 from nodemgr.domain.speccheck import DeviceFact, MountFact, RuleFact, SpecFacts
@@ -76,6 +76,9 @@ class HookServer(UnixServer):
             request = protocol.read_message(sock, deadline=time.monotonic() + READ_TIMEOUT_SECONDS)
             answer = _answer(self._registry, request)
         except (protocol.ProtocolError, OSError) as e:
+            reason = refusal_reason(e)
+            if reason is not None and not self.budget.was_cut(sock):  # a cut counts already
+                self.budget.refuse(reason)
             answer = _refusal(f"unreadable hook request ({e})")
         except Exception as e:  # a bug must still answer (and refuse), not hang the hook
             log.exception("runtime hook request failed")

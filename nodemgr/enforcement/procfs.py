@@ -14,10 +14,17 @@ UTF-8, larger than its cap, malformed, unreadable for another reason than
 the process being gone) raises :class:`ProcfsError` naming the file; nothing
 else escapes a read. The caller decides what an unreadable process is (the
 watchdog: one it cannot tie to any container, which fails closed).
+
+A read or kill that fails for want of this daemon's own resources (no file
+descriptor left: EMFILE, ENFILE; no memory) raises :class:`Exhausted`, a
+ProcfsError that says nothing about the process: every caller that refuses an
+unreadable process refuses it too, and the watchdog, for which an unreadable
+process is one to kill, fails the whole scan instead of judging anyone on it.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 from dataclasses import dataclass
@@ -39,6 +46,15 @@ _open = open  # the reading seam (tests make a file vanish or fail mid-read)
 class ProcfsError(Exception):
     """/proc/PID/<file> is there but cannot be read as what the kernel writes (the message
     names the file and why). The process may still run: it is not "gone"."""
+
+
+class Exhausted(ProcfsError):
+    """This daemon has no file descriptor (or memory) left to read /proc or kill with: the
+    failure is ours, not the process's."""
+
+
+# errno values that mean the daemon itself is out of a resource.
+_OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 
 
 @dataclass(frozen=True)
@@ -106,16 +122,23 @@ def kill(pid: int, start_ticks: int) -> bool:
     """SIGKILL the process if it is still the one that started at ``start_ticks``.
 
     False when it is gone, is another process now, or its start time cannot be
-    read (nothing is killed that could not be checked)."""
+    read (nothing is killed that could not be checked); Exhausted when this daemon
+    has no descriptor left to check and kill with (nothing was killed)."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
         return False
+    except OSError as e:
+        if e.errno in _OWN_LIMITS:
+            raise Exhausted(f"cannot open a pidfd for process {pid}: {e.strerror}") from None
+        raise
     try:
         if read_start_ticks(pid) != start_ticks:
             return False
         signal.pidfd_send_signal(pidfd, signal.SIGKILL)
         return True
+    except Exhausted:
+        raise
     except (ProcessLookupError, ProcfsError):
         return False
     finally:
@@ -196,5 +219,7 @@ def _read(pid: int, name: str, limit: int) -> bytes | None:
     except (FileNotFoundError, ProcessLookupError):
         return None  # gone, also when it exits in the middle of the read
     except OSError as e:
+        if e.errno in _OWN_LIMITS:
+            raise Exhausted(f"{path} cannot be read: {e.strerror}") from None
         raise ProcfsError(f"{path} cannot be read: {e.strerror or e}") from None
     return b"".join(chunks)

@@ -16,7 +16,9 @@ reconcile; kubelet's record knows at once, so a freed allocation is refused
 then too (and a reconcile asked for, which releases it). Every GPU container
 is refused while kubelet cannot answer: kubelet creates every pod's
 containers, so while it is down no pod container is being made anyway, and an
-allocation nobody can vouch for grants nothing (fail closed).
+allocation nobody can vouch for grants nothing (fail closed). Likewise every GPU
+container is refused while the watchdog cannot judge the node's GPU processes
+(``enforcement_problem``): a container started then would run unpoliced.
 
 What it must not do: parse the wire protocol (the hook server does) or act
 on running processes (the watchdog does).
@@ -112,6 +114,9 @@ class ContainerRegistry:
         self._gpus = node_gpus(allocator.cards, mps_layout, daemon_paths)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
+        # Why enforcement cannot judge now (the watchdog's problem), or None; the daemon
+        # wires the watchdog's in once it exists (it is made after the registry).
+        self.enforcement_problem: Callable[[], str | None] = lambda: None
 
     def admit(
         self,
@@ -135,7 +140,7 @@ class ContainerRegistry:
             log.warning("%s", message)
             return False, message
         allocation, record, alias = self._judged_allocation(who, identity, env)
-        problem = self._env_problem(env, allocation, spec, alias)
+        problem = self._unpoliced() or self._env_problem(env, allocation, spec, alias)
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
         if problem is None and allocation is not None:
@@ -205,6 +210,16 @@ class ContainerRegistry:
         if problem is not None and allocation is not None and alias is not None:
             problem = f"{alias}; judged against its pod's own allocation {allocation.id}: {problem}"
         return problem
+
+    def _unpoliced(self) -> str | None:
+        """Why a GPU container started now would run unpoliced (the watchdog cannot judge)."""
+        blind = self.enforcement_problem()
+        if blind is None:
+            return None
+        return (
+            f"{blind}; a GPU container would run unpoliced (the watchdog tries again at "
+            "every scan; `nodemgr status` says why)"
+        )
 
     def _no_gpu_answer(self, who: str, spec: SpecFacts | None) -> tuple[bool, str]:
         """A container without GPU env: refused if its spec touches a GPU all the same."""

@@ -19,6 +19,15 @@ no quota env), each violation is reported and acted on on its own, and
 each process event is handled on its own. What still escapes ``run`` is
 the worker supervision's (nodemgr.common.workers): logged, restarted.
 
+A scan that cannot judge never passes in silence. When the per-process GPU memory
+cannot be read, or /proc cannot be read or a process killed for want of the daemon's
+own resources (procfs.Exhausted: no descriptor left), nobody is judged on half a
+picture: the scan fails closed. The watchdog then has a ``problem`` (the worker's, see
+nodemgr.common.workers) that makes the whole daemon unhealthy: no WATCHDOG=1 to
+systemd (which restarts it once WatchdogSec passes), STATUS=, ``nodemgr status`` and the
+metrics say why, and the runtime hook refuses new GPU containers (ContainerRegistry);
+it tries again at every interval and clears the problem at the first scan that judged.
+
 The MPS servers of the cards' verified control daemons are the only GPU
 processes outside containers it spares: exactly the (PID, start time) pairs the
 MPS supervisor names (``mps_servers``, read once per scan), never a process
@@ -96,6 +105,10 @@ HOLD_REPEAT_SECONDS = 600.0
 MAX_EXECS_JUDGED = 64
 
 
+class CannotJudge(Exception):
+    """This scan cannot judge the node's GPU processes (the message says why)."""
+
+
 class ProcessEventBatch(Protocol):
     """What one read of the process events says (nodemgr.enforcement.procevents.Events)."""
 
@@ -164,6 +177,7 @@ class Watchdog(ThreadWorker):
         self._counts: Counter[str] = Counter()  # violation onsets by kind
         self._kills = 0
         self._unreadable = 0  # processes whose /proc files could not be read, each once
+        self._failed_scans = 0  # scans that could not judge (fail closed)
         # (pid, start ticks) of the unreadable processes already logged and counted.
         self._unreadable_seen: set[tuple[int, int]] = set()
         # Told of each violation onset: (violation, card label, action); posts a pod Event.
@@ -174,7 +188,6 @@ class Watchdog(ThreadWorker):
         # cannot leave its container's cgroup, but it can exec itself with
         # another env, so environ is read again at every scan.
         self._cache: dict[tuple[int, int], dict[str, str]] = {}
-        self._usage_problem: str | None = None
         # Memory really used, from the last scan that could read it (nodemgr status, metrics).
         self._last_usage: UsageView | None = None
         self._events: ProcessEventSource | None = None  # open while run() reads it
@@ -210,6 +223,9 @@ class Watchdog(ThreadWorker):
                 "violations": violations,
                 "kills": self._kills,
                 "unreadable_processes": self._unreadable,
+                "judging": self.problem is None,
+                "problem": self.problem,
+                "failed_scans": self._failed_scans,
             }
 
     @property
@@ -255,8 +271,9 @@ class Watchdog(ThreadWorker):
                 if time.monotonic() >= next_scan and not stop.is_set():
                     try:
                         self.scan()
-                    except Exception:
+                    except Exception as e:  # a bug: no judgement this time, and said so
                         log.exception("watchdog scan failed; retrying at the next interval")
+                        self._cannot_judge(f"the scan failed ({type(e).__name__}: {e})")
                     next_scan = time.monotonic() + self._scan_interval(events is not None)
         finally:
             self._events = None
@@ -306,15 +323,30 @@ class Watchdog(ThreadWorker):
                 log.exception("pruning the registered containers failed")
         held, starts = self._held_violations()
         violations = list(held)
-        processes = self._gpu_processes()
+        try:
+            processes: list[GpuProcess] | None = self._gpu_processes()
+        except CannotJudge as e:
+            self._cannot_judge(str(e))
+            processes = None
         if processes is not None:
             violations += self._process_violations(processes)
             starts.update((p.pid, p.start_ticks) for p in processes)
         # Where usage could not be read, the process violations seen before still last.
         kept = set() if processes is not None else {k for k in self._active if k[0] != MPS_CONTROL}
-        active = kept
+        active = kept | {violation.key for violation in violations}
+        unkilled = self._act(violations, starts)
+        self._active = active
+        if unkilled is not None:
+            self._cannot_judge(unkilled)
+        elif processes is not None:
+            self._judged()
+        return violations
+
+    def _act(self, violations: list[Violation], starts: dict[int, int]) -> str | None:
+        """Report each new violation and, with action kill, act on each. Returns why a kill
+        could not be done for want of the daemon's own resources (None: all done)."""
+        unkilled: str | None = None
         for violation in violations:
-            active.add(violation.key)
             # Each on its own: a report that fails spares neither this offender nor the others.
             if violation.key not in self._active:
                 try:
@@ -324,10 +356,11 @@ class Watchdog(ThreadWorker):
             if self._settings.action == "kill":
                 try:
                     self._kill(violation, starts)
+                except procfs.Exhausted as e:
+                    unkilled = unkilled or f"cannot kill ({violation.kind} violation): {e}"
                 except Exception:
                     log.exception("acting on a %s violation failed", violation.kind)
-        self._active = active
-        return violations
+        return unkilled
 
     def _process_violations(self, processes: list[GpuProcess]) -> list[Violation]:
         """The violations of the GPU processes of one snapshot (and the usage it shows)."""
@@ -395,6 +428,27 @@ class Watchdog(ThreadWorker):
             problem = str(e)
         return HolderProcess(pid, start_ticks, cgroups, problem, procfs.in_our_mount_ns(pid))
 
+    def _cannot_judge(self, reason: str) -> None:
+        """A scan that failed closed: counted, the daemon unhealthy, logged once per reason."""
+        problem = f"enforcement cannot judge: {reason}"
+        with self._stats_lock:
+            self._failed_scans += 1
+        self._set_last_usage(None)  # unknown, not zero
+        if problem != self.problem:
+            log.error(
+                "%s; gpushare-node reports itself unhealthy (no watchdog ping to systemd, "
+                "nodemgr status, metrics), refuses new GPU containers and tries again at "
+                "every scan",
+                problem,
+            )
+        self.problem = problem
+
+    def _judged(self) -> None:
+        """A scan that judged every GPU process: a problem of earlier scans is over."""
+        if self.problem is not None:
+            log.warning("enforcement judges the GPU processes again (%s: over)", self.problem)
+            self.problem = None
+
     @property
     def action(self) -> str:
         return self._settings.action
@@ -417,24 +471,21 @@ class Watchdog(ThreadWorker):
         )
         return UsageView(dict(card_used), allocation_used)
 
-    def _gpu_processes(self) -> list[GpuProcess] | None:
+    def _gpu_processes(self) -> list[GpuProcess]:
+        """Every GPU process as /proc shows it; CannotJudge when the node cannot be seen."""
         try:
             usage = self._inventory.process_usage()
-        except GpushareError as e:
-            if str(e) != self._usage_problem:
-                log.error("cannot read per-process GPU memory: %s; enforcement is paused", e)
-                self._usage_problem = str(e)
-            self._set_last_usage(None)  # unknown, not zero
-            return None
+        except Exception as e:  # NVML's own errors, or anything its binding lets through
+            why = e if isinstance(e, GpushareError) else f"{type(e).__name__}: {e}"
+            raise CannotJudge(f"cannot read per-process GPU memory: {why}") from e
         self._raw_usage = usage
-        if self._usage_problem is not None:
-            log.info("per-process GPU memory readable again; enforcement resumes")
-            self._usage_problem = None
         servers: Collection[tuple[int, int]] | None = None
         processes = []
         for entry in usage:
             try:
                 process = self._gpu_process(entry.pid, entry.gpu_uuid, entry.used_mib)
+            except procfs.Exhausted as e:  # ours, not the process's: nobody judged on it
+                raise CannotJudge(f"cannot read /proc: {e}") from e
             except Exception:  # a bug on one process must not stop the scan of the others
                 log.exception("process %d: cannot be judged; skipped in this scan", entry.pid)
                 continue
@@ -462,6 +513,7 @@ class Watchdog(ThreadWorker):
         try:
             start_ticks = procfs.read_start_ticks(pid)
         except procfs.ProcfsError as e:
+            _ours_to_raise(e)
             # No start time, no safe kill (a reused PID could be hit): it cannot be judged.
             self._unreadable_once(pid, -1, str(e), "not judged (no safe kill without it)")
             return None
@@ -476,6 +528,7 @@ class Watchdog(ThreadWorker):
                     return None
                 cgroups = parse_cgroups(text)
             except (procfs.ProcfsError, CgroupError) as e:
+                _ours_to_raise(e)
                 cgroups, cgroup_problem = {}, str(e)
                 self._unreadable_once(pid, start_ticks, cgroup_problem, "judged as in no container")
             else:
@@ -484,6 +537,7 @@ class Watchdog(ThreadWorker):
         try:
             env = procfs.read_gpu_env(pid)
         except procfs.ProcfsError as e:
+            _ours_to_raise(e)
             env, env_problem = {}, str(e)
             self._unreadable_once(pid, start_ticks, env_problem, "judged as without quota env")
         if env is None:
@@ -563,3 +617,10 @@ class Watchdog(ThreadWorker):
                     violation.container_id or "none",
                     violation.owner or "unknown",
                 )
+
+
+def _ours_to_raise(error: Exception) -> None:
+    """Raise ``error`` again when the failure is the daemon's own (no descriptor left):
+    it says nothing about the process, which must not be judged on it."""
+    if isinstance(error, procfs.Exhausted):
+        raise error

@@ -17,6 +17,20 @@ take the allocator's lock, which serialises them anyway; kubelet admits one
 container at a time); ListAndWatch waits for device changes on an asyncio event
 that the change counter sets.
 
+Only kubelet may talk to these sockets, and only root can: each socket is bound in a
+private (0700) directory next to its final path, made 0600 there, and only then renamed
+into place, so at no moment does the device plugin directory hold one of ours that
+another user could connect to, whatever the umask. That is the authentication (kubelet
+runs as root; the gRPC server has none of its own). On top of it each server has a
+budget (README, Device plugin sockets), because root clients can misbehave too:
+``MAX_CONNECTIONS`` connections (the rest closed at once by gRPC), a connection that has
+not finished its HTTP/2 handshake in ``HANDSHAKE_SECONDS`` or has had no call for
+``IDLE_SECONDS`` is closed, ``MAX_STREAMS`` calls per connection and ``MAX_CALLS`` per
+server at once (kubelet needs its ListAndWatch stream and one call at a time), and
+messages of at most ``MAX_RECEIVE_BYTES``. No budget is a per-connection deadline:
+kubelet's ListAndWatch stream lives as long as kubelet, and none of these arms a timer
+while kubelet's stream is open and nothing happens.
+
 What it must not do: decide anything or hold state beyond one stream's last sent list;
 block the loop on anything slower than the allocation state's own calls.
 """
@@ -26,6 +40,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -35,6 +51,7 @@ import grpc
 import grpc.aio
 
 from nodemgr.allocation.resources import DeviceInfo, ResourceManager
+from nodemgr.common.connbudget import ListenerStats
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.errors import (
     AllocationError,
@@ -245,13 +262,25 @@ class PluginServer:
         self._inode = os.stat(self.socket_path).st_ino
 
     async def _serve(self) -> grpc.aio.Server:
-        server = grpc.aio.server()
+        server = grpc.aio.server(options=GRPC_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS)
         servicer = DevicePluginServicer(
             self._resources, self.kind, self._stopping, self._observe_allocate
         )
         dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
-        server.add_insecure_port(f"unix://{self.socket_path}")
-        await server.start()
+        staging = tempfile.mkdtemp(  # 0700, on the socket's file system: rename works
+            prefix=".gs", dir=os.path.dirname(self.socket_path)
+        )
+        try:
+            bound = os.path.join(staging, "s")
+            server.add_insecure_port(f"unix://{bound}")
+            await server.start()
+            os.chmod(bound, SOCKET_MODE)
+            os.rename(bound, self.socket_path)
+        except BaseException:
+            await server.stop(None)
+            raise
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
         return server
 
     def socket_present(self) -> bool:
@@ -282,6 +311,38 @@ class PluginServer:
 
 # How long starting a server, or stopping one beyond its grace, may take on the loop.
 START_TIMEOUT_SECONDS = 10.0
+
+SOCKET_MODE = 0o600
+# The budget of each device plugin server (README, Device plugin sockets). kubelet holds
+# one connection per plugin (two for a moment when it restarts).
+MAX_CONNECTIONS = 8
+HANDSHAKE_SECONDS = 5.0
+IDLE_SECONDS = 30.0
+MAX_STREAMS = 16
+MAX_CALLS = 32
+# kubelet's own limit for what it reads; an Allocate or GetPreferredAllocation names at
+# most every device of the resource (devicelists keeps that list under 1 MiB).
+MAX_RECEIVE_BYTES = 4 * 1024 * 1024
+MAX_METADATA_BYTES = 16 * 1024
+GRPC_OPTIONS = (
+    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
+    ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_SECONDS * 1000)),
+    ("grpc.max_connection_idle_ms", int(IDLE_SECONDS * 1000)),
+    ("grpc.max_concurrent_streams", MAX_STREAMS),
+    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
+    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+)
+
+
+def budget_stats() -> ListenerStats:
+    """A device plugin server's budget; gRPC does not say how many connections are open
+    or what it refused (unknown, never zero)."""
+    return {
+        "connections": None,
+        "max_connections": MAX_CONNECTIONS,
+        "deadline_seconds": None,
+        "refused": {},
+    }
 
 
 def _remove(path: str) -> None:

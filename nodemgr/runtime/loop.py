@@ -11,8 +11,9 @@ Under systemd (``Type=notify``) it says READY=1 once every resource is
 registered with kubelet and every shared card's MPS is healthy, keeps
 STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
 iteration (none while a background worker is down: the enforcement
-watchdog, the MPS supervisor, a server; STATUS= then names it, and systemd
-restarts the daemon once its WatchdogSec passes), and wraps a reload in
+watchdog, the MPS supervisor, a server; nor while a running worker has a
+problem: the enforcement watchdog unable to judge; STATUS= then names it and
+why, and systemd restarts the daemon once its WatchdogSec passes), and wraps a reload in
 RELOADING=1 / READY=1. The reload's outcome
 (applied, needs a restart, refused) stays in STATUS= for
 ``RELOAD_STATUS_SECONDS`` or until the summary changes, so that ``systemctl
@@ -84,6 +85,8 @@ class RunLoop:
     clock: Callable[[], float] = time.monotonic
     # Names of the background workers that are down (nodemgr.common.workers.Workers.dead).
     dead_workers: Callable[[], list[str]] = list
+    # "<worker>: <why>" of running workers that cannot do their job (Workers.problems).
+    worker_problems: Callable[[], list[str]] = list
     # Ledger.check_file: a ledger file deleted, replaced or damaged under us is rewritten
     # at once (from its open copy, or rebuilt from what the daemon committed).
     check_ledger_file: Callable[[], str | None] = lambda: None
@@ -181,9 +184,9 @@ class RunLoop:
                     waiting = f"waiting for kubelet: {e}"
                     next_try = time.monotonic() + delay
                     delay = min(delay * 2, REGISTER_RETRY_MAX_SECONDS)
-            dead = self._dead_workers()
-            if dead:
-                notifier.status(_down_status(dead, waiting or "waiting for kubelet"))
+            unhealthy = self._unhealthy()
+            if unhealthy:
+                notifier.status(_down_status(unhealthy, waiting or "waiting for kubelet"))
             else:
                 if waiting is not None:
                     notifier.status(waiting)
@@ -206,10 +209,10 @@ class RunLoop:
                 f"{allocator.card_label(uuid)}: {problem}"
                 for uuid, problem in sorted(problems.items())
             )
-        dead = self._dead_workers()
-        if dead:
+        unhealthy = self._unhealthy()
+        if unhealthy:
             # Not healthy: no READY, no WATCHDOG=1; systemd restarts us after WatchdogSec.
-            notifier.status(_down_status(dead, summary))
+            notifier.status(_down_status(unhealthy, summary))
             return
         # facts.ready is what is true now (status, doctor); READY=1 is told systemd once.
         facts.ready = not problems
@@ -231,12 +234,15 @@ class RunLoop:
         except Exception:  # the next write checks again; serving goes on
             log.exception("checking the ledger file failed")
 
-    def _dead_workers(self) -> list[str]:
+    def _unhealthy(self) -> list[str]:
+        """Why the daemon is not healthy now: workers down, workers with a problem."""
         try:
-            return self.dead_workers()
+            dead = self.dead_workers()
+            problems = self.worker_problems()
         except Exception:  # cannot tell: not healthy either
             log.exception("cannot tell which workers are running")
             return ["(unknown: the check failed)"]
+        return ([f"{', '.join(dead)} not running"] if dead else []) + problems
 
     def _reload_outcome(self, summary: str) -> str | None:
         """The last reload's outcome while it is still shown instead of ``summary``."""
@@ -303,9 +309,9 @@ class RunLoop:
         return WATCH_PERIOD_SECONDS if interval is None else min(WATCH_PERIOD_SECONDS, interval / 4)
 
 
-def _down_status(dead: list[str], summary: str) -> str:
-    """STATUS= while workers are down: their names first (STATUS= may be cut short)."""
-    return f"NOT HEALTHY: {', '.join(dead)} not running; {summary}"
+def _down_status(unhealthy: list[str], summary: str) -> str:
+    """STATUS= while the daemon is not healthy: why first (STATUS= may be cut short)."""
+    return f"NOT HEALTHY: {'; '.join(unhealthy)}; {summary}"
 
 
 def _inode(path: str) -> int | None:

@@ -4,8 +4,13 @@ Parses argv, loads the config (a bad one: one line on stderr, exit 2), turns
 SIGTERM/SIGINT into a stop request and SIGHUP into a reload request, then
 hands over to :func:`nodemgr.runtime.wiring.run`.
 
+Before anything is started, the open-file limit is raised to the hard limit and checked
+against the listeners' connection caps and the enforcement reserve
+(:mod:`nodemgr.runtime.fdlimit`).
+
 Exit codes: 0 stopped by signal; 1 cannot start (no GPUs/NVML, ledger); 2 bad
-configuration (one line on stderr naming the key).
+configuration (one line on stderr naming the key), or an open-file limit too small
+for the listeners and the enforcement reserve (one line saying how much is needed).
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from nodemgr.common import logline
 from nodemgr.common.version import package_version
 from nodemgr.config.loading import config_error_line, load_settings
 from nodemgr.errors import ConfigError, GpushareError
-from nodemgr.runtime.wiring import run
+from nodemgr.runtime import fdlimit
+from nodemgr.runtime.wiring import listener_caps, run
 
 log = logging.getLogger("gpushare-node")
 
@@ -53,6 +59,11 @@ def main(argv: list[str] | None = None) -> int:
         print(config_error_line(e), file=sys.stderr)
         return 2
     logline.configure(args.log_level)
+    try:
+        fdlimit.prepare(listener_caps(settings))
+    except fdlimit.FdLimitError as e:
+        print(f"gpushare-node: cannot start: {e}", file=sys.stderr)
+        return 2
     stop, reload_requested = threading.Event(), threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())

@@ -24,6 +24,7 @@ from mps.layout import CONTAINER_PIPE_DIRECTORY
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.allocation.recovery import recover_registrations
+from nodemgr.common.connbudget import ListenerStats
 from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
@@ -32,6 +33,7 @@ from nodemgr.dra.cdifiles import CdiDirectory
 from nodemgr.dra.driver import DraDriver, node_devices
 from nodemgr.dra.plugin import DraPlugin
 from nodemgr.dra.recovery import recover_claims
+from nodemgr.enforcement import hookserver
 from nodemgr.enforcement.cgroupmarks import CgroupMarks
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.procevents import ProcEvents
@@ -40,6 +42,7 @@ from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import BindError
 from nodemgr.inventory import Inventory, open_inventory
 from nodemgr.inventory.driverversion import read_driver_version
+from nodemgr.kubelet import servicer
 from nodemgr.kubelet.devicelists import check_device_list_size
 from nodemgr.kubelet.podresources import PodResourcesClient
 from nodemgr.kubernetes.dra import META_SLICE, ClaimEvents, DraPublisher, remove_slice
@@ -52,6 +55,9 @@ from nodemgr.kubernetes.sync import (
 )
 from nodemgr.runtime.loop import RunLoop
 from nodemgr.runtime.notify import ServiceNotifier
+from nodemgr.status import http
+from nodemgr.status import server as status_server
+from nodemgr.status.http import MetricsServer
 from nodemgr.status.metrics import Metrics
 from nodemgr.status.nodefacts import dmem_regions
 from nodemgr.status.server import DaemonFacts, LiveStatus, StatusServer
@@ -124,7 +130,7 @@ def run(
             marks=marks,
             daemon_paths=DaemonPaths(settings.own_paths(), settings.own_directories()),
         )
-        workers.start(HookServer(registry, settings.hook_socket))
+        hook_server = workers.start(HookServer(registry, settings.hook_socket))
         watchdog = workers.start(
             Watchdog(
                 settings.enforcement,
@@ -138,6 +144,8 @@ def run(
                 control_holds=supervisor.control_holds if supervisor is not None else tuple,
             )
         )
+        # No GPU container starts while the watchdog cannot judge (it would run unpoliced).
+        registry.enforcement_problem = lambda: watchdog.problem
         status = LiveStatus(
             settings.node_name,
             facts,
@@ -150,8 +158,11 @@ def run(
             dmem_regions=dmem_regions(card.uuid for card in cards),
         )
         status.remember_cards()
-        workers.start(StatusServer(status, settings.status_socket))
-        metrics = _metrics(workers, settings, status, facts)
+        status_listener = workers.start(StatusServer(status, settings.status_socket))
+        metrics, metrics_server = _metrics(workers, settings, status, facts)
+        facts.listener_stats = partial(
+            _listener_stats, settings, hook_server, status_listener, metrics_server
+        )
         if kube is not None:
             unit_mib, labels = settings.resources.memory_unit_mib, settings.kubernetes.label_prefix
             workers.start(
@@ -168,6 +179,7 @@ def run(
             facts,
             *parts,
             dead_workers=workers.dead,
+            worker_problems=workers.problems,
             check_ledger_file=ledger.check_file,
         )
         loop.run(stop, reload_requested or threading.Event())
@@ -270,21 +282,52 @@ def _prepared_supervisor(
 
 def _metrics(
     workers: Workers, settings: Settings, status: LiveStatus, facts: DaemonFacts
-) -> Metrics:
-    """The metrics of the status document, served when metrics.enabled."""
+) -> tuple[Metrics, MetricsServer | None]:
+    """The metrics of the status document, and their server when metrics.enabled."""
     metrics = Metrics(status.document)
     if not settings.metrics.enabled:
-        return metrics
+        return metrics, None
     address = settings.metrics.address
     try:
         server = workers.start(metrics.bind(address))
     except BindError as e:
         # The device plugin matters more than its metrics: run on, say it loudly.
         log.error("%s; running on without metrics", e)
-        return metrics
+        return metrics, None
     facts.metrics_address = _host_port(address, server.port)
     log.info("metrics at http://%s/metrics", facts.metrics_address)
-    return metrics
+    return metrics, server
+
+
+def listener_caps(settings: Settings) -> dict[str, int]:
+    """The connection cap of each listener the daemon serves with ``settings``: what they
+    may hold open at once (nodemgr.runtime.fdlimit checks the open-file limit holds it)."""
+    caps = {"hook": hookserver.MAX_CONNECTIONS, "status": status_server.MAX_CONNECTIONS}
+    if settings.metrics.enabled:
+        caps["metrics"] = http.MAX_CONNECTIONS
+    for name in _plugin_resources(settings):
+        caps[f"device-plugin:{name}"] = servicer.MAX_CONNECTIONS
+    return caps
+
+
+def _plugin_resources(settings: Settings) -> list[str]:
+    resources = settings.resources
+    return [name for name in (resources.memory, resources.core, resources.whole) if name]
+
+
+def _listener_stats(
+    settings: Settings,
+    hook: HookServer,
+    status: StatusServer,
+    metrics: MetricsServer | None,
+) -> dict[str, ListenerStats]:
+    """Each listener's budget and what it refused (the status document, the metrics)."""
+    stats = {"hook": hook.stats(), "status": status.stats()}
+    if metrics is not None:
+        stats["metrics"] = metrics.stats()
+    for name in _plugin_resources(settings):
+        stats[f"device-plugin:{name}"] = servicer.budget_stats()
+    return stats
 
 
 def _host_port(address: str, port: int) -> str:

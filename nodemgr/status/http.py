@@ -5,20 +5,51 @@ lookup at bind, no request log, and bind failures translated into one
 sentence saying which address and what to do. It follows the worker
 lifecycle of :mod:`nodemgr.common.workers`. What it must not do: know what
 the metrics are (``nodemgr.status.metrics`` hands it a WSGI app).
+
+The port is reachable by every local user and hostNetwork pod (on loopback; more when
+``metrics.address`` says so), so it has a budget (:mod:`nodemgr.common.connbudget`):
+``MAX_CONNECTIONS`` served at once, the rest closed at once, unread; the request head
+(request line and headers: a scrape's is a few hundred bytes) must arrive whole within
+``HEAD_SECONDS`` and be at most ``MAX_HEAD_BYTES``, else the connection is closed (431
+when too large); a body is never read; and each connection is cut ``DEADLINE_SECONDS``
+after it was accepted, answer sent or not.
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import socket
 import socketserver
 import threading
+import time
 from typing import Any, cast
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from wsgiref.types import WSGIApplication
 
+from nodemgr.common.connbudget import (
+    MALFORMED,
+    SLOW,
+    TOO_LARGE,
+    BudgetedServer,
+    ConnectionBudget,
+    ListenerStats,
+)
 from nodemgr.common.serveloop import ServeLoop
 from nodemgr.errors import BindError
+
+# The budget (README, Metrics). A scrape is one short request answered in milliseconds;
+# Prometheus scrapes every 15 s or so, one connection at a time.
+MAX_CONNECTIONS = 16
+HEAD_SECONDS = 2.0  # the whole request head, in all (not per read)
+MAX_HEAD_BYTES = 8 * 1024
+DEADLINE_SECONDS = 10.0  # accepted to closed, the answer to a slow reader included
+# Connections the kernel queues for accept: a burst of scrapers waits there, not in us.
+LISTEN_BACKLOG = 64
+_TOO_LARGE_ANSWER = (
+    b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n"
+    b"Connection: close\r\n\r\nrequest head over %d bytes\n" % MAX_HEAD_BYTES
+)
 
 
 def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
@@ -38,9 +69,10 @@ def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
         ) from e
     server_class = type("_Server", (ThreadingServer,), {"address_family": family})
     try:
-        httpd: WSGIServer = make_server(host, port, app, server_class, QuietHandler)
+        httpd = cast("ThreadingServer", make_server(host, port, app, server_class, QuietHandler))
     except OSError as e:
         raise BindError(f"cannot serve metrics on {address}: {_why(e)}") from e
+    httpd.budget = ConnectionBudget("metrics-http", MAX_CONNECTIONS, DEADLINE_SECONDS)
     server = MetricsServer(httpd)
     server.url_host_port = join_host_port(host, server.port)
     return server
@@ -49,7 +81,7 @@ def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
 class MetricsServer:
     """The running endpoint: ``.port`` (the bound port) and ``.stop()``."""
 
-    def __init__(self, httpd: WSGIServer):
+    def __init__(self, httpd: ThreadingServer):
         self.name = "metrics-http"
         self._httpd = httpd
         self.port: int = httpd.server_address[1]
@@ -61,7 +93,15 @@ class MetricsServer:
     def start(self) -> None:
         """Serve on the socket ``Metrics.bind`` bound (once; later calls do nothing)."""
         if not self._thread.is_alive() and not self._stopped:
+            self._httpd.budget.start()
             self._thread.start()
+
+    @property
+    def budget(self) -> ConnectionBudget:
+        return self._httpd.budget
+
+    def stats(self) -> ListenerStats:
+        return self._httpd.budget.stats()
 
     def stop(self) -> None:
         """Stop serving and close the listening socket (the port is free on return)."""
@@ -73,6 +113,7 @@ class MetricsServer:
             self._thread.join()  # the loop ends at once: no request is mid-accept on close
         else:
             self._loop.close()
+        self._httpd.budget.stop()
         self._httpd.server_close()
 
     def join(self, timeout_seconds: float) -> bool:
@@ -112,9 +153,10 @@ def _why(e: OSError) -> str:
     return f"{e.strerror or e}; set metrics.address"
 
 
-class ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+class ThreadingServer(BudgetedServer, socketserver.ThreadingMixIn, WSGIServer):
     # A slow scraper must not hold up the next one, nor our shutdown.
     daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
 
     def server_bind(self) -> None:
         # HTTPServer.server_bind resolves the bound host with socket.getfqdn,
@@ -127,6 +169,73 @@ class ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
 
 
 class QuietHandler(WSGIRequestHandler):
+    """wsgiref's handler, given a request head it read itself within its budget."""
+
+    server: ThreadingServer
+    timeout = DEADLINE_SECONDS  # each send of the answer (the deadline bounds them all)
+
+    def handle(self) -> None:
+        head = self._read_head()
+        if head is None:
+            return
+        self.rfile = io.BytesIO(head)  # wsgiref parses what was read; a body is never read
+        self.connection.settimeout(self.timeout)
+        super().handle()
+
+    def _read_head(self) -> bytes | None:
+        """The request line and headers, whole within HEAD_SECONDS and MAX_HEAD_BYTES;
+        None when the connection is to be closed (counted, and answered 431 if too large)."""
+        budget, sock = self.server.budget, self.connection
+        deadline = time.monotonic() + HEAD_SECONDS
+        data = b""
+        while True:
+            end = _head_end(data)
+            if end is not None:
+                return data[:end]
+            if len(data) > MAX_HEAD_BYTES:
+                budget.refuse(TOO_LARGE)
+                self._answer_at_once(_TOO_LARGE_ANSWER)
+                return None
+            left = deadline - time.monotonic()
+            if left <= 0:
+                budget.refuse(SLOW)
+                return None
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(4096)
+            except TimeoutError:
+                budget.refuse(SLOW)
+                return None
+            except OSError:
+                return None  # reset by the client, or cut at the deadline (counted there)
+            if not chunk:
+                if data and not budget.was_cut(sock):
+                    budget.refuse(MALFORMED)  # closed halfway through a request head
+                return None
+            data += chunk
+
+    def _answer_at_once(self, answer: bytes) -> None:
+        try:
+            self.connection.settimeout(1.0)
+            self.connection.sendall(answer)
+        except OSError:
+            pass  # the client does not read: it is closed anyway
+
+    def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+        # BaseHTTPRequestHandler answers 400, 414 and 505 to what is not HTTP/1.x.
+        if code < 500 or code == 505:
+            self.server.budget.refuse(MALFORMED)
+        super().send_error(code, message, explain)
+
     def log_message(self, format: str, *args: Any) -> None:
         # wsgiref writes every request to stderr; a scrape every 15 s is not news.
         pass
+
+
+def _head_end(data: bytes) -> int | None:
+    """Where the request head ends in ``data`` (after its blank line), or None."""
+    for blank in (b"\r\n\r\n", b"\n\n"):
+        at = data.find(blank)
+        if at >= 0:
+            return at + len(blank)
+    return None

@@ -283,6 +283,7 @@ def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
         yield from _workers(daemon)
         if daemon.get("dra") is not None:
             yield from _dra(daemon["dra"])
+        yield from _listeners(daemon.get("listeners") or {})
     yield from _cards(doc["gpus"])
     plugin = [a for a in doc["allocations"] if not a.get("claim")]
     yield from _allocations(plugin)
@@ -296,8 +297,10 @@ def _workers(daemon: Mapping[str, Any]) -> Iterator[Metric]:
     if daemon.get("healthy") is not None:
         yield GaugeMetricFamily(
             "gpushare_daemon_healthy",
-            "1 while every background worker runs; 0 while one is down (systemd then gets "
-            "no watchdog ping and restarts the daemon).",
+            "1 while every background worker runs and can do its job; 0 while one is down "
+            "or cannot (the enforcement watchdog unable to judge); systemd then gets no "
+            "watchdog ping and restarts the daemon. The status document's daemon.problems "
+            "says why.",
             value=int(bool(daemon["healthy"])),
         )
     workers = daemon.get("workers")
@@ -319,6 +322,37 @@ def _workers(daemon: Mapping[str, Any]) -> Iterator[Metric]:
         restarts.add_metric((str(name),), health["restarts"])
     yield up
     yield restarts
+
+
+def _listeners(listeners: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
+    """Each listener's connections, its cap, and the connections it refused, by reason."""
+    if not listeners:
+        return
+    connections = _gauge(
+        "gpushare_listener_connections",
+        "Connections the listener serves now (absent when not known: the device plugin sockets).",
+        ("listener",),
+    )
+    cap = _gauge(
+        "gpushare_listener_max_connections",
+        "The listener's connection cap: more at once are closed at once, unread.",
+        ("listener",),
+    )
+    refused = CounterMetricFamily(
+        "gpushare_listener_refused",
+        "Connections the listener closed without serving them whole, by reason: cap (over "
+        "its connection cap, closed unread), deadline (cut at its per-connection deadline), "
+        "slow (the request did not arrive whole in time), too_large (over its byte limit), "
+        "malformed (not a request).",
+        labels=("listener", "reason"),
+    )
+    for name, stats in sorted(listeners.items()):
+        if stats["connections"] is not None:
+            connections.add_metric((str(name),), stats["connections"])
+        cap.add_metric((str(name),), stats["max_connections"])
+        for reason, count in sorted(stats["refused"].items()):
+            refused.add_metric((str(name), str(reason)), count)
+    yield from (connections, cap, refused)
 
 
 def _cards(cards: list[Mapping[str, Any]]) -> Iterator[Metric]:
@@ -570,6 +604,20 @@ def _enforcement(enforcement: Mapping[str, Any]) -> Iterator[Metric]:
         "Processes the watchdog killed since the daemon started.",
         value=enforcement["kills"],
     )
+    if enforcement.get("judging") is not None:
+        yield GaugeMetricFamily(
+            "gpushare_enforcement_judging",
+            "1 when the watchdog's last scan judged every GPU process; 0 when it could not "
+            "(per-process GPU memory or /proc unreadable, a kill impossible): the daemon is "
+            "then unhealthy and refuses new GPU containers until a scan judges again.",
+            value=int(bool(enforcement["judging"])),
+        )
+    if enforcement.get("failed_scans") is not None:
+        yield CounterMetricFamily(
+            "gpushare_enforcement_failed_scans",
+            "Watchdog scans that could not judge the GPU processes and failed closed.",
+            value=enforcement["failed_scans"],
+        )
     if enforcement.get("unreadable_processes") is not None:
         yield CounterMetricFamily(
             "gpushare_enforcement_unreadable_processes",

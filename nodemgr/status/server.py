@@ -5,6 +5,11 @@ JSON line ``{"command": "status"}``, the daemon answers the status document
 of :mod:`nodemgr.domain.statusdoc` as one JSON line (or ``{"error": "..."}``) and
 closes. ``LiveStatus`` gathers the live state for that document and for
 the metrics endpoint; it reads, it never changes anything.
+
+The socket's budget (README, ``nodemgr status``): ``MAX_CONNECTIONS`` served at once (the
+rest closed at once, unread), the request whole within ``READ_TIMEOUT_SECONDS`` and at
+most ``MAX_REQUEST_BYTES``, each connection cut ``DEADLINE_SECONDS`` after it was accepted
+(the answer to a slow reader included), see :mod:`nodemgr.common.unixserver`.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ from typing import Any
 from hooks import protocol
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
-from nodemgr.common.unixserver import UnixServer
+from nodemgr.common.connbudget import ListenerStats
+from nodemgr.common.unixserver import UnixServer, refusal_reason
 from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.statusdoc import MpsView, UsageView, build_status
 from nodemgr.enforcement.registry import ContainerRegistry
@@ -29,7 +35,10 @@ from nodemgr.errors import GpushareError
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_SECONDS = 2.0
+READ_TIMEOUT_SECONDS = 2.0  # the whole request, in all (not per read)
+MAX_REQUEST_BYTES = 4096  # {"command": "status"} is 22 bytes
+MAX_CONNECTIONS = 16  # nodemgr status, doctor, an agent: one at a time each
+DEADLINE_SECONDS = 30.0  # a 64 MiB answer to a slow reader included
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a node with thousands of allocations still fits
 CARDS_META_KEY = "cards"  # the ledger keeps the card list for `nodemgr status` with us down
 # The watchdog's worker name (nodemgr.enforcement.watchdog): its health says whether
@@ -47,10 +56,13 @@ class DaemonFacts:
     ready: bool = False  # every resource registered with kubelet and MPS healthy
     registered: bool = False  # every resource registered with the current kubelet
     metrics_address: str | None = None  # host:port actually bound, None when off or failed
-    # Each background worker by name: {"up", "restarts", "failure"} (Workers.health).
+    # Each background worker by name: {"up", "restarts", "failure", "problem"}
+    # (Workers.health).
     worker_health: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
     # The DRA plugin's state (nodemgr.dra.plugin.DraPlugin.state); None: DRA not enabled.
     dra: Callable[[], Mapping[str, Any]] | None = None
+    # Each listener by name: its budget and what it refused (ConnectionBudget.stats).
+    listener_stats: Callable[[], Mapping[str, ListenerStats]] | None = None
 
 
 class LiveStatus:
@@ -98,6 +110,12 @@ class LiveStatus:
             violations = {}
         facts = self.facts
         workers = {} if facts.worker_health is None else dict(facts.worker_health())
+        listeners = {} if facts.listener_stats is None else dict(facts.listener_stats())
+        problems = [
+            f"{name}: not running" if not w["up"] else f"{name}: {w['problem']}"
+            for name, w in sorted(workers.items())
+            if not w["up"] or w.get("problem")
+        ]
         usage, enforcement = self._usage(), self._enforcement()
         watchdog = WatchdogFacts(
             running=bool(workers.get(WATCHDOG_WORKER, {}).get("up")),
@@ -124,17 +142,22 @@ class LiveStatus:
                 "ready": facts.ready,
                 "registered": facts.registered,
                 "metrics_address": facts.metrics_address,
-                # False while any worker is down (systemd gets no WATCHDOG=1 then).
-                "healthy": all(w["up"] for w in workers.values()),
+                # False while any worker is down or cannot do its job (systemd gets no
+                # WATCHDOG=1 then); ``problems`` says which and why.
+                "healthy": not problems,
+                "problems": problems,
                 "workers": workers,
                 **({} if facts.dra is None else {"dra": dict(facts.dra())}),
+                "listeners": listeners,
             },
         )
 
 
 class StatusServer(UnixServer):
     def __init__(self, status: LiveStatus, socket_path: str):
-        super().__init__(socket_path, self._handle, "status-server")
+        super().__init__(
+            socket_path, self._handle, "status-server", MAX_CONNECTIONS, DEADLINE_SECONDS
+        )
         self._status = status
 
     def start(self) -> None:
@@ -142,19 +165,24 @@ class StatusServer(UnixServer):
         log.info("status socket ready at %s", self.socket_path)
 
     def _handle(self, sock: socket.socket) -> None:
-        sock.settimeout(READ_TIMEOUT_SECONDS)
         try:
-            request = protocol.read_message(sock)
+            request = protocol.read_message(
+                sock, MAX_REQUEST_BYTES, deadline=time.monotonic() + READ_TIMEOUT_SECONDS
+            )
             if request.get("command") != "status":
                 answer = {"error": f"unknown command {request.get('command')!r} (known: status)"}
             else:
                 answer = self._status.document()
         except (protocol.ProtocolError, OSError) as e:
+            reason = refusal_reason(e)
+            if reason is not None and not self.budget.was_cut(sock):  # a cut counts already
+                self.budget.refuse(reason)
             answer = {"error": f"unreadable request ({e})"}
         except Exception as e:  # a bug must answer, not leave the operator hanging
             log.exception("status request failed")
             answer = {"error": f"internal error in gpushare-node ({e}); see its log"}
         try:
+            sock.settimeout(DEADLINE_SECONDS)  # the deadline cuts a slow reader before
             sock.sendall(protocol.encode(answer))
         except OSError:
             pass  # the client gave up

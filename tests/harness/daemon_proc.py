@@ -81,8 +81,10 @@ class Node:
             yaml.safe_dump(config, f)
         self.process: subprocess.Popen | None = None
 
-    def start(self, env: dict[str, str] | None = None) -> None:
-        """Start gpushare-node; ``env`` adds to (or, with "", removes from) our environment."""
+    def start(self, env: dict[str, str] | None = None, nofile: int | None = None) -> None:
+        """Start gpushare-node; ``env`` adds to (or, with "", removes from) our environment;
+        ``nofile`` sets its RLIMIT_NOFILE, soft and hard (``prlimit``, which execs it: the
+        daemon keeps the PID), as a unit without LimitNOFILE= gets systemd's soft 1024."""
         environ = dict(os.environ)
         for name, value in (env or {}).items():
             if value:
@@ -90,8 +92,9 @@ class Node:
             else:
                 environ.pop(name, None)
         log = open(self.log_path, "a")
+        limit = [] if nofile is None else ["prlimit", f"--nofile={nofile}:{nofile}", "--"]
         self.process = subprocess.Popen(
-            [*_console_script("gpushare-node"), "--config", self.config_path],
+            [*limit, *_console_script("gpushare-node"), "--config", self.config_path],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=environ,

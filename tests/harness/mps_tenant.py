@@ -33,8 +33,8 @@ class MpsNode(runc_env.EnforcementNode):
     """runc_env.EnforcementNode, with the control binary given (it always runs the
     stand-in): the daemon, the test kubelet, runc with the hook."""
 
-    def __init__(self, control_binary: str, action: str = "kill"):
-        super().__init__(action, control_binary)
+    def __init__(self, control_binary: str, action: str = "kill", nofile: int | None = None):
+        super().__init__(action, control_binary, nofile)
         self.binary = control_binary
 
     def pipe_dir(self) -> str:

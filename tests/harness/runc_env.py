@@ -263,8 +263,16 @@ def running(pid: int) -> bool:
 class EnforcementNode:
     """One node (daemon + test kubelet) and a runc runtime with the hook configured."""
 
-    def __init__(self, action: str = "kill", control_binary: str = MPS_STANDIN):
-        """``control_binary``: the MPS control binary (the stand-in, or NVIDIA's real one)."""
+    def __init__(
+        self,
+        action: str = "kill",
+        control_binary: str = MPS_STANDIN,
+        nofile: int | None = None,
+        env: dict[str, str] | None = None,
+    ):
+        """``control_binary``: the MPS control binary (the stand-in, or NVIDIA's real one);
+        ``nofile``: the daemon's RLIMIT_NOFILE (Node.start), None: this process's; ``env``:
+        added to the daemon's environment (Node.start)."""
         require()
         self.node = Node(control_binary)
         self.usage_file = os.path.join(self.node.root, "usage.json")
@@ -278,7 +286,7 @@ class EnforcementNode:
         self.hook_socket = os.path.join(self.node.root, "run", "hook.sock")
         self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
         self.kubelet.start()
-        self.node.start()
+        self.node.start(env=env, nofile=nofile)
         self.kubelet.wait_for_resource(MEMORY, timeout=30)
         self.kubelet.wait_for_resource(CORE, timeout=30)
         guards = load_settings(self.node.config_path).hook_guards()

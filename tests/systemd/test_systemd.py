@@ -4,8 +4,9 @@ What the units and the notify protocol do with systemd itself, not with a
 stand-in of it: ``systemctl enable --now`` returns only once the daemon sent
 READY=1, which waits for the test kubelet; ``systemctl status`` shows STATUS=;
 ``systemctl reload`` applies a change and a refused file stays visible in
-StatusText; ``systemctl stop`` leaves the MPS control daemons running and the
-next start adopts them; a hung (SIGSTOPped) daemon is killed by the watchdog
+StatusText; the unit's LimitNOFILE= is the daemon's open-file limit;
+``systemctl stop`` leaves the MPS control daemons running and the next start
+adopts them; a hung (SIGSTOPped) daemon is killed by the watchdog
 and restarted; ``gpushare-mps@<uuid>`` runs a card's control daemon in its own
 unit; ``nodemgr uninstall`` refuses while the unit is enabled.
 
@@ -98,6 +99,57 @@ def test_status_shows_the_status_line_and_the_mps_daemons(running):
         assert pid is not None
         # A line of the CGroup tree ("├─ 99 python3 .../nvidia-cuda-mps-control -d").
         assert re.search(rf"─\s*{pid} \S*python3 \S*nvidia-cuda-mps-control -d", status), status
+
+
+def _open_files_limit(node, pid: int) -> list[int]:
+    """[soft, hard] RLIMIT_NOFILE of ``pid`` in the container (/proc/PID/limits)."""
+    limits = node.c.run("cat", f"/proc/{pid}/limits").stdout
+    [line] = [x for x in limits.splitlines() if x.startswith("Max open files")]
+    return [int(v) for v in line.split()[3:5]]
+
+
+def test_the_units_open_file_limit_is_the_daemons(running):
+    """The unit's LimitNOFILE= is what systemd starts the daemon with, not systemd's
+    default soft 1024: the shipped 65536, or as close as the container's PID 1 may give
+    (systemd sets the closest limit it can; here PID 1's own hard limit can be lower); a
+    drop-in's 4096 exactly, and the daemon logs the limit it checked its listeners against.
+    A drop-in too small for the listeners' caps and the enforcement reserve: the daemon
+    exits 2 naming the LimitNOFILE= it needs, and systemd does not restart it."""
+    node = running
+    assert node.show("LimitNOFILE", "LimitNOFILESoft") == {
+        "LimitNOFILE": "65536",
+        "LimitNOFILESoft": "65536",
+    }
+    ceiling = _open_files_limit(node, 1)[1]  # what PID 1 may hand out
+    expected = min(65536, ceiling)
+    assert _open_files_limit(node, node.main_pid()) == [expected, expected]
+    drop_in = "/etc/systemd/system/gpushare-node.service.d/50-test-nofile.conf"
+    try:
+        node.c.write_text(drop_in, "[Service]\nLimitNOFILE=4096\n")
+        node.c.systemctl("daemon-reload")
+        cursor = node.cursor()
+        node.c.systemctl("restart", UNIT, timeout=90)
+        assert _open_files_limit(node, node.main_pid()) == [4096, 4096]
+        assert "open-file limit 4096 (hard 4096)" in node.journal_since(cursor)
+
+        node.c.write_text(drop_in, "[Service]\nLimitNOFILE=200\n")
+        node.c.systemctl("daemon-reload")
+        cursor = node.cursor()
+        node.c.systemctl("restart", UNIT, check=False, timeout=90)
+        node.wait_for(
+            lambda: node.show("ActiveState")["ActiveState"] == "failed", 30, "the unit failed"
+        )
+        assert node.show("ExecMainStatus", "NRestarts") == {
+            "ExecMainStatus": "2",
+            "NRestarts": "0",
+        }
+        journal = node.journal_since(cursor)
+        assert "cannot start: the open-file limit (RLIMIT_NOFILE) is 200, under the" in journal
+        assert "raise LimitNOFILE= of the unit" in journal
+    finally:
+        node.c.run("rm", "-f", drop_in)
+        node.c.systemctl("daemon-reload")
+        node.ensure_running()
 
 
 def test_reload_applies_a_change_and_shows_a_refusal(running):

@@ -4,7 +4,8 @@
 container ID no runtime can produce, so the daemon finds nothing to
 unregister and writes nothing) and the status socket for the status document
 ``nodemgr status`` shows; ``daemon_result`` says whether the daemon is down,
-hung, not ready (and why: kubelet registration, a card's MPS health) or ready.
+hung, not healthy (a worker down, or the enforcement watchdog unable to judge: FAIL,
+naming why), not ready (and why: kubelet registration, a card's MPS health) or ready.
 ``check_ledger`` opens the ledger read-only and counts what it holds.
 """
 
@@ -121,6 +122,15 @@ def daemon_result(
         )
     daemon = document.get("daemon") or {}
     who = f"running (pid {daemon.get('pid', '?')}, version {daemon.get('version', '?')})"
+    if daemon.get("healthy") is False:
+        problems = "; ".join(daemon.get("problems") or ["a background worker is down"])
+        return Result(
+            name,
+            FAIL,
+            f"{who} but NOT HEALTHY: {problems}; systemd restarts it once its WatchdogSec "
+            f"passes; {answering}",
+            "see `nodemgr status` and `journalctl -u gpushare-node`: the line above says why",
+        )
     if daemon.get("ready") and daemon.get("registered"):
         return Result(
             name, PASS, f"{who}, ready: registered with kubelet, MPS healthy; {answering}"

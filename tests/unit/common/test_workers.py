@@ -241,6 +241,29 @@ def test_dead_names_the_workers_no_longer_alive():
         assert first.alive
 
 
+def test_problems_name_running_workers_that_cannot_do_their_job():
+    """A running ThreadWorker with a ``problem`` is named with it by ``problems`` (up, not
+    dead) and its health says it; cleared, it is no longer named."""
+    with contextlib.ExitStack() as stack:
+        group = Workers(stack)
+        worker = group.start(Looping("watchdog"))
+        group.start(Looping("supervisor"))
+        group.stop_all_first()
+        assert worker.began.wait(5)
+        assert group.problems() == []
+        worker.problem = "enforcement cannot judge: cannot read /proc: Too many open files"
+        assert group.problems() == [f"watchdog: {worker.problem}"]
+        assert group.dead() == []
+        assert group.health()["watchdog"] == {
+            "up": True,
+            "restarts": 0,
+            "failure": None,
+            "problem": worker.problem,
+        }
+        worker.problem = None
+        assert group.problems() == []
+
+
 def test_a_worker_stuck_past_the_stop_budget_is_left_behind_and_said(caplog):
     """One budget for all stops: a worker that ignores its stop (stuck in a hung command)
     is left behind with a warning naming it, so the daemon still exits on time."""
@@ -310,6 +333,7 @@ def test_a_worker_that_dies_is_restarted_with_backoff_and_logged(caplog):
             "up": True,
             "restarts": 2,
             "failure": "KeyboardInterrupt: death 2",
+            "problem": None,
         }
     deaths = [r.getMessage() for r in caplog.records if r.levelno == logging.CRITICAL]
     assert len(deaths) == 2 and all("restarting it in" in m for m in deaths)
@@ -329,6 +353,7 @@ def test_a_worker_dead_beyond_its_restarts_stays_dead_and_is_named():
             "up": False,
             "restarts": 2,
             "failure": "ValueError: death 3",
+            "problem": None,
         }
 
 

@@ -3,7 +3,8 @@ zombie or a missing pid reads as gone (None), /proc/PID/stat is split after the 
 command names do not shift fields, only GPU env names are read (the first of a repeated name, as
 getenv sees it), and kill() stops a process only when its start time still matches. Hostile
 contents (a real cgroup named with 0xff, an environ over 1 MiB, a GPU env value that is not
-UTF-8) raise procfs.ProcfsError or read as replaced text, never a decode error."""
+UTF-8) raise procfs.ProcfsError or read as replaced text, never a decode error. A read or kill
+with no descriptor left raises procfs.Exhausted: the daemon's failure, not the process's."""
 
 import contextlib
 import os
@@ -15,6 +16,7 @@ import time
 import pytest
 
 from nodemgr.enforcement import procfs
+from tests.harness.fdexhaust import no_descriptors_left
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 
@@ -279,3 +281,35 @@ def test_an_environ_value_that_is_not_utf8_is_read_without_raising(children):
     child = children([sys.executable, "-c", script])
     wait_until(lambda: procfs.read_gpu_env(child.pid))
     assert procfs.read_gpu_env(child.pid) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "3\ufffd0"}
+
+
+# --- out of descriptors: the daemon's problem, not the process's --------------------------------
+
+
+def test_a_read_without_a_descriptor_left_is_exhausted_not_a_process_fault(children):
+    """With no file descriptor left (EMFILE), reading a live process raises Exhausted (a
+    ProcfsError saying the daemon, not the process, failed), never None or plain ProcfsError
+    from which the process would be judged."""
+    child = children()
+    with no_descriptors_left():
+        with pytest.raises(procfs.Exhausted, match="Too many open files"):
+            procfs.read_cgroups_text(child.pid)
+        with pytest.raises(procfs.Exhausted):
+            procfs.read_start_ticks(child.pid)
+    assert procfs.read_start_ticks(child.pid) is not None
+
+
+def test_a_kill_without_a_descriptor_left_is_exhausted_and_kills_nothing(children):
+    """kill() with no descriptor for the pidfd raises Exhausted (not False: the caller must
+    know it could not act) and the process runs on."""
+    child = children()
+    start = procfs.read_start_ticks(child.pid)
+    with no_descriptors_left():
+        with pytest.raises(procfs.Exhausted, match="pidfd"):
+            procfs.kill(child.pid, start)
+    assert child.poll() is None
+    with no_descriptors_left(spare=1):  # the pidfd opens; the start time cannot be read
+        with pytest.raises(procfs.Exhausted):
+            procfs.kill(child.pid, start)
+    assert child.poll() is None
+    assert procfs.kill(child.pid, start) is True

@@ -8,7 +8,8 @@ ledger that cannot record refuses the container; ``release`` and ``prune`` forge
 containers (pruning those whose init process is gone or whose PID was reused). Only a
 container cgroup is registered (a host cgroup such as the runtime's own service is refused).
 With kubelet's record to ask, an allocation kubelet no longer reports (its pod is gone) is
-refused at once, and so is every GPU container while kubelet cannot be asked (fail closed).
+refused at once, and so is every GPU container while kubelet cannot be asked, or while the
+watchdog cannot judge the node's GPU processes (fail closed).
 An allocation is its pod's: a GPU container without a pod identity is refused, one of another
 pod than the one kubelet's record shows holding it is refused, any container of that pod
 (init containers and sidecars too) is admitted, and one two pods hold parts of is refused."""
@@ -513,3 +514,22 @@ def test_the_registry_asks_the_allocation_state_only_through_its_narrow_view(tmp
         assert state.reconciles_requested == 1
     finally:
         ledger.close()
+
+
+def test_gpu_containers_are_refused_while_enforcement_cannot_judge(node, child):
+    """While the watchdog cannot judge the node's GPU processes, a GPU container that would
+    otherwise be admitted is refused, naming why (it would run unpoliced), and nothing is
+    registered; a container asking for no GPU still passes; once the watchdog judges
+    again the GPU container is admitted."""
+    allocation = node.allocate()
+    why = "enforcement cannot judge: cannot read /proc: Too many open files"
+    problem: list[str | None] = [why]
+    node.registry.enforcement_problem = lambda: problem[0]
+    allowed, message = node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)
+    assert allowed is False
+    assert message.startswith(f"gpushare-node refused container c1 (default/a/main): {why}; ")
+    assert "unpoliced" in message and node.registry.registrations() == []
+    no_gpu = {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert node.registry.admit("c2", child.pid, no_gpu, POD_A, CGROUP)[0] is True
+    problem[0] = None
+    assert node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0] is True

@@ -2,9 +2,11 @@
 process on a shared card outside any container is killed with action kill
 and only recorded (once per onset, in the ledger too) with action log; exactly
 the MPS servers the supervisor names (PID and start time) are exempt; a stray process
-on a card given out whole is killed too; a failing usage source
-pauses enforcement with one log line; and without the netlink connector the
-periodic scan still runs. One hostile process never stops it: a process in a cgroup
+on a card given out whole is killed too; a failing usage source, /proc
+unreadable for want of a descriptor, or a kill that cannot be done fail the scan
+closed (nobody judged on half a picture; a problem that makes the daemon unhealthy,
+logged once, cleared by the next scan that judges); and without the netlink
+connector the periodic scan still runs. One hostile process never stops it: a process in a cgroup
 named with 0xff is unallocated (fail closed) while the scan goes on, its exec does not
 end the thread, an unreadable environ is an env violation counted once, a failing report
 spares no offender, and a run that still dies is restarted."""
@@ -12,6 +14,7 @@ spares no offender, and a run that still dies is restarted."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -29,6 +32,7 @@ from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import ProcessUsage, open_inventory
 from tests.harness.cards import GPU0, GPU1
+from tests.harness.fdexhaust import no_descriptors_left
 
 
 class Usage:
@@ -152,17 +156,30 @@ def test_a_stray_process_on_a_card_given_out_whole_is_killed(parts, stray):
     assert gone(stray)
 
 
-def test_unreadable_usage_pauses_enforcement_with_one_line(parts, caplog):
+def test_unreadable_usage_fails_closed_and_says_why_until_a_scan_judges(parts, caplog):
+    """Per-process GPU memory that cannot be read is no silent pause: each such scan is
+    counted, the watchdog has a problem naming why (the daemon is unhealthy then), the
+    log says it once; the first scan that judges clears it and says so."""
     usage = Usage()
     usage.error = "NVML: GPU is lost"
     dog = watchdog(parts, usage)
     with caplog.at_level(logging.INFO):
         assert dog.scan() == [] and dog.scan() == []
+        summary = dog.summary()
+        why = "cannot read per-process GPU memory: NVML: GPU is lost"
+        assert dog.problem == f"enforcement cannot judge: {why}"
+        assert (summary["judging"], summary["problem"], summary["failed_scans"]) == (
+            False,
+            dog.problem,
+            2,
+        )
+        assert dog.health()["problem"] == dog.problem and dog.last_usage is None
         usage.error = None
         dog.scan()
     messages = [r.getMessage() for r in caplog.records]
-    assert sum("enforcement is paused" in m for m in messages) == 1
-    assert any("enforcement resumes" in m for m in messages)
+    assert sum("enforcement cannot judge" in m and "unhealthy" in m for m in messages) == 1
+    assert any("judges the GPU processes again" in m for m in messages)
+    assert dog.problem is None and dog.summary()["judging"] is True
 
 
 def test_without_process_events_the_periodic_scan_runs(parts, stray, caplog):
@@ -448,3 +465,93 @@ def test_the_watchdog_asks_the_allocation_state_only_through_its_narrow_view(
     [violation] = dog.scan()
     assert violation.kind == "unallocated" and violation.pids == (stray.pid,)
     assert gone(stray)
+
+
+# --- out of descriptors: fail closed, never a silent pause ---------------------------------------
+
+
+def test_a_scan_without_a_descriptor_left_judges_nobody_and_says_so(parts, stray, caplog):
+    """With no descriptor left the scan cannot read /proc: it judges nobody (the stray is not
+    taken for a process of no container, nor skipped in silence), the watchdog has a problem
+    naming EMFILE (the daemon is unhealthy then) and the scan is counted as failed; with
+    descriptors back, the next scan kills the stray and clears the problem."""
+    usage = Usage()
+    usage.processes = [ProcessUsage(stray.pid, GPU0, 300)]
+    dog = watchdog(parts, usage)
+    with caplog.at_level(logging.WARNING), no_descriptors_left():
+        violations = dog.scan()
+    assert violations == [] and stray.poll() is None
+    assert dog.problem is not None and "cannot read /proc" in dog.problem, dog.problem
+    assert "Too many open files" in dog.problem
+    assert dog.summary()["failed_scans"] == 1 and dog.summary()["judging"] is False
+    [violation] = dog.scan()
+    assert violation.kind == "unallocated" and gone(stray)
+    assert dog.problem is None and dog.summary()["judging"] is True
+
+
+def test_a_kill_that_cannot_be_done_makes_the_watchdog_unhealthy(parts, stray, monkeypatch):
+    """A violation whose kill fails for want of a descriptor is not a logged shrug: the
+    watchdog has a problem (cannot kill) until a scan acts again."""
+    usage = Usage()
+    usage.processes = [ProcessUsage(stray.pid, GPU0, 300)]
+    dog = watchdog(parts, usage)
+
+    def exhausted(pid, start_ticks):
+        raise procfs.Exhausted(f"cannot open a pidfd for process {pid}: Too many open files")
+
+    monkeypatch.setattr(procfs, "kill", exhausted)
+    [violation] = dog.scan()
+    assert stray.poll() is None
+    assert dog.problem is not None and dog.problem.startswith("enforcement cannot judge: ")
+    assert "cannot kill (unallocated violation): cannot open a pidfd" in dog.problem
+    monkeypatch.undo()
+    dog.scan()
+    assert gone(stray) and dog.problem is None
+
+
+def test_a_usage_source_failing_unexpectedly_fails_the_scan_closed(parts):
+    """Not only InventoryError: whatever the usage source raises (an OSError from below
+    NVML's binding) is a scan that cannot judge, with the error named."""
+    usage = Usage()
+
+    def broken():
+        raise OSError(24, "Too many open files")
+
+    usage.process_usage = broken
+    dog = watchdog(parts, usage)
+    assert dog.scan() == []
+    assert dog.problem == (
+        "enforcement cannot judge: cannot read per-process GPU memory: "
+        "OSError: [Errno 24] Too many open files"
+    )
+
+
+def test_a_scan_that_raises_is_a_problem_until_one_judges(parts, monkeypatch):
+    """A scan that fails with a bug is logged and retried, and meanwhile the watchdog has a
+    problem (no silent pause); the next scan that judges clears it."""
+    from nodemgr.enforcement import watchdog as module
+
+    usage = Usage()
+    usage.processes = [ProcessUsage(os.getpid(), GPU0, 100)]
+    dog = watchdog(parts, usage, action="log")
+    dog._settings = EnforcementSettings(action="log", interval_seconds=0.05)
+
+    def bug(*args, **kwargs):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(module, "find_violations", bug)
+    dog.start()
+    try:
+        deadline = time.monotonic() + 5
+        while dog.problem is None:
+            assert time.monotonic() < deadline, "no problem reported"
+            time.sleep(0.01)
+        assert dog.problem == "enforcement cannot judge: the scan failed (KeyError: 'a bug')"
+        assert dog.alive
+        monkeypatch.undo()
+        while dog.problem is not None:
+            assert time.monotonic() < deadline + 5, "the problem was never cleared"
+            time.sleep(0.01)
+    finally:
+        dog.stop()
+        dog.join(5)

@@ -4,13 +4,18 @@ NUMA) at once and again only when it changed; GetPreferredAllocation, Allocate a
 PreStartContainer pass kubelet's IDs through and answer per container (envs, mounts);
 our errors reach kubelet as gRPC codes with the allocator's message (NoFitError ->
 RESOURCE_EXHAUSTED, ...), a bug as INTERNAL; each Allocate is observed, refused or not;
-stop ends the watch streams and removes the socket, unless kubelet replaced it."""
+stop ends the watch streams and removes the socket, unless kubelet replaced it. The
+socket is root-only and never wider while it is made; the server keeps to its budget
+(connection cap, handshake deadline, message limit)."""
 
 import os
 import queue
 import shutil
+import socket
+import stat
 import tempfile
 import threading
+import time
 
 import grpc
 import pytest
@@ -27,6 +32,7 @@ from nodemgr.errors import (
     NoFitError,
     UnknownDeviceError,
 )
+from nodemgr.kubelet import servicer
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
@@ -381,3 +387,105 @@ def test_an_open_watch_stream_wakes_nothing_while_nothing_changes(stub, resource
     resources.device_changes.bump()
     assert [d.health for d in next(stream).devices] == ["Unhealthy"]
     stream.cancel()
+
+
+# --- the socket's permissions and the server's budget ----------------------------------------
+
+
+def _umask_now() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    pytest.skip("this kernel does not show Umask in /proc/self/status")
+
+
+def test_the_socket_is_root_only_whatever_the_umask_and_never_wider(resources, socket_dir):
+    """With umask 0 the socket is 0600, and while the server starts no socket of wider mode
+    is ever at its path or in its directory (it is bound in a private directory and renamed
+    into place): only root (kubelet) can connect; no staging directory is left behind."""
+    path = os.path.join(socket_dir, "gpushare-memory.sock")
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for name in os.listdir(socket_dir):
+                try:
+                    mode = os.lstat(os.path.join(socket_dir, name)).st_mode
+                except FileNotFoundError:
+                    continue
+                if stat.S_ISSOCK(mode):
+                    seen.add(stat.S_IMODE(mode))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    old = os.umask(0)
+    try:
+        server = PluginServer(resources, MEM, path)
+        server.start()
+    finally:
+        os.umask(old)
+        done.set()
+        watcher.join()
+    try:
+        assert _umask_now() == old
+        assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+        assert seen <= {0o600}, {oct(m) for m in seen}
+        assert os.listdir(socket_dir) == ["gpushare-memory.sock"]
+        with grpc.insecure_channel(f"unix://{path}") as channel:
+            options = dp_grpc.DevicePluginStub(channel).GetDevicePluginOptions(
+                dp.Empty(), timeout=5
+            )
+        assert options.pre_start_required
+    finally:
+        server.stop()
+
+
+def test_connections_over_the_cap_are_closed_and_idle_ones_cut_at_the_handshake(server):
+    """40 connections that never speak HTTP/2: at most MAX_CONNECTIONS are kept, the rest
+    closed at once; those kept are closed once HANDSHAKE_SECONDS passed; kubelet's own
+    channel, opened before, still answers meanwhile."""
+    with grpc.insecure_channel(f"unix://{server.socket_path}") as channel:
+        stub = dp_grpc.DevicePluginStub(channel)
+        stub.GetDevicePluginOptions(dp.Empty(), timeout=5)  # kubelet's connection, open
+        raw = []
+        for _ in range(40):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(server.socket_path)
+            raw.append(sock)
+        try:
+            time.sleep(1.0)
+            assert stub.GetDevicePluginOptions(dp.Empty(), timeout=5).pre_start_required
+            open_now = [s for s in raw if not _closed(s)]
+            assert len(open_now) <= servicer.MAX_CONNECTIONS, len(open_now)
+            time.sleep(servicer.HANDSHAKE_SECONDS + 1.0)
+            assert [s for s in raw if not _closed(s)] == []
+        finally:
+            for sock in raw:
+                sock.close()
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed it (what it sent first, its HTTP/2 settings, is read away)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def test_a_request_over_the_message_limit_is_refused_unread(stub, resources):
+    """An Allocate of 8 MiB is refused by gRPC (RESOURCE_EXHAUSTED) before the servicer
+    sees it; the server answers the next call."""
+    ids = [f"GPU-a-_-{i}-" + "x" * 100 for i in range(80_000)]
+    request = dp.AllocateRequest(container_requests=[dp.ContainerAllocateRequest(devices_ids=ids)])
+    assert request.ByteSize() > servicer.MAX_RECEIVE_BYTES
+    error = refusal(stub.Allocate, request)
+    assert error.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, error
+    assert resources.calls == []
+    assert stub.GetDevicePluginOptions(dp.Empty(), timeout=5).pre_start_required

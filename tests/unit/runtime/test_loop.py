@@ -434,6 +434,25 @@ def test_no_watchdog_ping_while_a_worker_is_dead_and_status_names_it(daemon):
     assert {"WATCHDOG": "1"} in daemon.told()
 
 
+def test_no_watchdog_ping_while_a_worker_cannot_do_its_job_and_status_says_why(daemon):
+    """A running worker with a problem (the enforcement watchdog unable to judge): no
+    WATCHDOG=1, no READY=1, STATUS= says NOT HEALTHY with the worker and why; once the
+    problem is gone, the pings resume."""
+    why = "watchdog: enforcement cannot judge: cannot read /proc: Too many open files"
+    problems = [why]
+    daemon.loop.worker_problems = lambda: list(problems)
+    daemon.loop._tell_systemd(3)
+    told = daemon.told()
+    assert not [m for m in told if "WATCHDOG" in m or "READY" in m]
+    statuses = [m["STATUS"] for m in told if "STATUS" in m]
+    assert statuses and statuses[-1].startswith(f"NOT HEALTHY: {why}; serving 3 resources")
+    assert not daemon.loop.facts.ready
+    problems.clear()
+    daemon.loop._tell_systemd(3)
+    told = daemon.told()
+    assert {"WATCHDOG": "1"} in told and any("READY" in m for m in told)
+
+
 def test_no_watchdog_ping_while_waiting_for_kubelet_with_a_dead_worker(make_daemon):
     """Waiting for kubelet pings systemd too: not while a worker is dead."""
     import contextlib

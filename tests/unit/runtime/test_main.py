@@ -1,8 +1,10 @@
 """Pins ``gpushare-node``'s command line (nodemgr.runtime.main): --help describes the
 options and exits 0; a bad config file, or a config the node cannot serve, exits 2 with
 exactly one line on stderr naming the key; a start that fails for another reason (the
-ledger) exits 1 with one log line saying why; an unknown option or log level is refused
-by argparse; and ``python -m nodemgr.runtime.main`` runs the same code as the script."""
+ledger) exits 1 with one log line saying why; an open-file limit too small for the
+listeners and the enforcement reserve exits 2 before anything starts; an unknown option
+or log level is refused by argparse; and ``python -m nodemgr.runtime.main`` runs the same
+code as the script."""
 
 import os
 import subprocess
@@ -52,6 +54,22 @@ def run_daemon(args, module=False, timeout=60) -> subprocess.CompletedProcess:
     return subprocess.run(
         command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def test_an_open_file_limit_too_small_exits_2_before_anything_starts(tmp_path):
+    """RLIMIT_NOFILE 200 cannot hold the listeners' caps and the enforcement reserve: exit 2
+    with one line on stderr saying how much is needed and how to fix it; nothing was
+    started (no run directory, no ledger)."""
+    done = subprocess.run(
+        ["prlimit", "--nofile=200:200", "--", sys.executable, "-m", "nodemgr.runtime.main",
+         "--config", config(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    [line] = [x for x in done.stderr.splitlines() if "cannot start" in x]
+    assert line.startswith("gpushare-node: cannot start: the open-file limit (RLIMIT_NOFILE) ")
+    assert "is 200, under the" in line and "LimitNOFILE=" in line
+    assert not os.path.exists(tmp_path / "run") and not os.path.exists(tmp_path / "state")
 
 
 def test_help_describes_the_options(capsys):

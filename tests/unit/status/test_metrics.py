@@ -11,7 +11,8 @@ port; the gRPC servicer reporting each Allocate's latency and result; and the
 Grafana dashboard referring only to metric and label names the exporter really
 exposes (so the dashboard cannot drift from the code).
 Worker health: gpushare_worker_up and restarts per worker, gpushare_daemon_healthy, and
-the watchdog's unreadable processes.
+the watchdog's unreadable processes; enforcement that cannot judge; each listener's
+connections, cap and refusals.
 
 Why this module is longer than 400 lines: it pins every metric family and label the
 Grafana dashboard and operators depend on (a public interface).
@@ -663,6 +664,47 @@ def test_each_worker_is_up_or_down_with_its_restarts(exporter):
     assert value(s, "gpushare_worker_restarts_total", worker="mps-supervisor") == 0
     assert value(s, "gpushare_daemon_healthy") == 0
     assert value(s, "gpushare_enforcement_unreadable_processes_total") == 3
+
+
+def test_enforcement_that_cannot_judge_is_exported(exporter):
+    """gpushare_enforcement_judging is 0 while the watchdog cannot judge (1 otherwise), the
+    failed scans are counted, and gpushare_daemon_healthy is 0 (the document says so)."""
+    exporter.doc["daemon"]["healthy"] = False
+    exporter.doc["enforcement"].update(
+        judging=False, problem="enforcement cannot judge: ...", failed_scans=7
+    )
+    s = exporter.scrape()
+    assert value(s, "gpushare_enforcement_judging") == 0
+    assert value(s, "gpushare_enforcement_failed_scans_total") == 7
+    assert value(s, "gpushare_daemon_healthy") == 0
+    exporter.doc["enforcement"]["judging"] = True
+    assert value(exporter.scrape(), "gpushare_enforcement_judging") == 1
+
+
+def test_each_listener_shows_its_connections_cap_and_refusals(exporter):
+    """gpushare_listener_connections (absent when unknown: gRPC), _max_connections, and
+    gpushare_listener_refused_total by listener and reason."""
+    exporter.doc["daemon"]["listeners"] = {
+        "metrics": {
+            "connections": 16,
+            "max_connections": 16,
+            "deadline_seconds": 10.0,
+            "refused": {"cap": 1184, "deadline": 0, "slow": 16},
+        },
+        "device-plugin:aliyun.com/gpu-mem": {
+            "connections": None,
+            "max_connections": 8,
+            "deadline_seconds": None,
+            "refused": {},
+        },
+    }
+    s = exporter.scrape()
+    assert value(s, "gpushare_listener_connections", listener="metrics") == 16
+    assert absent(s, "gpushare_listener_connections", listener="device-plugin:aliyun.com/gpu-mem")
+    plugin = "device-plugin:aliyun.com/gpu-mem"
+    assert value(s, "gpushare_listener_max_connections", listener=plugin) == 8
+    assert value(s, "gpushare_listener_refused_total", listener="metrics", reason="cap") == 1184
+    assert value(s, "gpushare_listener_refused_total", listener="metrics", reason="slow") == 16
 
 
 def test_a_document_without_worker_health_still_scrapes(exporter):

@@ -4,7 +4,9 @@ each, the daemon's own facts); an unknown command or an unreadable request is an
 with an error, never a hang; a bug while building the document is answered as an
 internal error; ``query`` returns the document and raises on an error answer; the card
 list is kept in the ledger for when the daemon is down; the daemon section names each worker,
-up or down, and is not ``healthy`` while one is down; each allocation's isolation follows the
+up or down, and is not ``healthy`` while one is down or has a problem (``problems`` says
+why); the socket keeps to its budget (request size, whole-request read time, connection
+cap); each allocation's isolation follows the
 live watchdog (worker up, action, per-process memory readable) and the kernel facts given."""
 
 import json
@@ -14,6 +16,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -26,6 +29,7 @@ from nodemgr.domain.statusdoc import MpsView, UsageView
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
+from nodemgr.status import server as server_module
 from nodemgr.status.server import CARDS_META_KEY, DaemonFacts, LiveStatus, StatusServer, query
 from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
 
@@ -195,6 +199,86 @@ def test_the_daemon_section_names_each_worker_and_whether_all_are_up(node):
     assert daemon["healthy"] is False
     health["watchdog"]["up"] = True
     assert query(node.server.socket_path)["daemon"]["healthy"] is True
+
+
+def test_a_worker_with_a_problem_makes_the_daemon_unhealthy_and_says_why(node):
+    """A running worker that cannot do its job (the watchdog unable to judge): ``healthy``
+    false and ``problems`` names it and why; a dead worker is named too; the listeners'
+    budgets are in the daemon section."""
+    why = "enforcement cannot judge: cannot read /proc: Too many open files"
+    health = {
+        "watchdog": {"up": True, "restarts": 0, "failure": None, "problem": why},
+        "hook-server": {"up": False, "restarts": 0, "failure": None, "problem": None},
+    }
+    node.facts.worker_health = lambda: health
+    node.facts.listener_stats = lambda: {"status": node.server.stats()}
+    daemon = query(node.server.socket_path)["daemon"]
+    assert daemon["healthy"] is False
+    assert daemon["problems"] == ["hook-server: not running", f"watchdog: {why}"]
+    assert daemon["listeners"]["status"]["max_connections"] == server_module.MAX_CONNECTIONS
+    health["watchdog"]["problem"] = None
+    health["hook-server"]["up"] = True
+    daemon = query(node.server.socket_path)["daemon"]
+    assert (daemon["healthy"], daemon["problems"]) == (True, [])
+
+
+def test_a_request_over_its_limit_is_refused_unread(node):
+    """A 16 MiB request is answered with an error once MAX_REQUEST_BYTES are read (the
+    rest is never read) and counted as too large; the socket serves on."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5)
+        sock.connect(node.server.socket_path)
+        try:
+            sock.sendall(b'{"command": "' + b"x" * (16 * 1024 * 1024))
+        except OSError:
+            pass  # closed under it
+        answer = protocol.read_message(sock)
+    assert f"over {server_module.MAX_REQUEST_BYTES} bytes" in answer["error"]
+    assert node.server.stats()["refused"]["too_large"] == 1
+    assert query(node.server.socket_path)["node"] == "node-a"
+
+
+def test_a_trickled_request_is_cut_at_the_read_deadline_in_all(node):
+    """A client sending its request a byte every 0.5 s (each in time for a per-read
+    timeout) is answered with an error READ_TIMEOUT_SECONDS after it connected."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(node.server.socket_path)
+        started = time.monotonic()
+        answer = None
+        for byte in b'{"command": "status"}':
+            sock.sendall(bytes([byte]))
+            sock.settimeout(0.5)
+            try:
+                answer = protocol.read_message(sock)
+                break
+            except TimeoutError:
+                continue
+        took = time.monotonic() - started
+    assert answer is not None and "unreadable request" in answer["error"], answer
+    assert took < server_module.READ_TIMEOUT_SECONDS + 1.0, took
+    assert node.server.stats()["refused"]["slow"] == 1
+
+
+def test_idle_connections_over_the_cap_are_closed_at_once(node):
+    """MAX_CONNECTIONS idle connections are held; the next one is closed at once, unread;
+    once the held ones are cut (nothing came within the read time), status answers."""
+    held = []
+    for _ in range(server_module.MAX_CONNECTIONS):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(node.server.socket_path)
+        held.append(sock)
+    deadline = time.monotonic() + 5
+    while node.server.stats()["connections"] < server_module.MAX_CONNECTIONS:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as extra:
+        extra.settimeout(1)
+        extra.connect(node.server.socket_path)
+        assert extra.recv(10) == b""
+    assert node.server.stats()["refused"]["cap"] == 1
+    for sock in held:
+        sock.close()
+    assert query(node.server.socket_path)["node"] == "node-a"
 
 
 def test_isolation_follows_the_live_watchdog_and_the_kernel_facts(node):

@@ -1,7 +1,8 @@
 """Pins doctor's daemon and ledger checks: the daemon verdicts (down, stale socket, not the
-protocol, no status socket, ready or not and why); the hook probe answered by the real hook
-server, which it must leave unchanged, and refused by something that is not the daemon; and
-the ledger (none yet, opens read-only with its counts, corrupt with the recovery as fix)."""
+protocol, no status socket, not healthy and why, ready or not and why); the hook probe
+answered by the real hook server, which it must leave unchanged, and refused by something
+that is not the daemon; and the ledger (none yet, opens read-only with its counts, corrupt
+with the recovery as fix)."""
 
 from __future__ import annotations
 
@@ -63,6 +64,21 @@ def test_daemon_readiness_from_its_status_document():
     assert "not ready: not registered with kubelet; GPU1: MPS control daemon down" in (
         not_ready.detail
     )
+
+
+def test_a_daemon_that_is_not_healthy_fails_naming_why():
+    """A daemon whose watchdog cannot judge (or a worker is down) FAILs with the reason from
+    the status document's daemon.problems, even while ready."""
+    hook, status, ok = "/run/gpushare/hook.sock", "/run/gpushare/status.sock", SocketProbe("ok")
+    why = "watchdog: enforcement cannot judge: cannot read /proc: Too many open files"
+    daemon = {"pid": 42, "version": "0.4.0", "ready": True, "registered": True}
+    daemon.update(healthy=False, problems=[why])
+    sick = daemon_checks.daemon_result(hook, ok, status, ok, {"daemon": daemon, "gpus": []})
+    assert sick.status == FAIL
+    assert sick.detail.startswith(f"running (pid 42, version 0.4.0) but NOT HEALTHY: {why}; ")
+    daemon.update(healthy=True, problems=[])
+    well = daemon_checks.daemon_result(hook, ok, status, ok, {"daemon": daemon, "gpus": []})
+    assert well.status == PASS
 
 
 def test_ledger_verdicts():
