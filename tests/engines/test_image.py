@@ -338,17 +338,18 @@ def post_plain(url: str, document: dict) -> tuple[int, str]:
 
 
 def wait_healthy(url: str, logs, timeout: float = 60.0) -> None:
+    """Until ``url`` (the readiness probe's) answers 200, as kubelet's probe waits."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
         try:
-            last = get(url + "/healthz")
+            last = get(url)
             if last[0] == 200:
                 return
         except OSError as e:
             last = e
         time.sleep(0.2)
-    raise AssertionError(f"no 200 from {url}/healthz ({last}); the container's log:\n{logs()}")
+    raise AssertionError(f"no 200 from {url} ({last}); the container's log:\n{logs()}")
 
 
 GPUS = {
@@ -509,6 +510,7 @@ class Deployed:
     container: dict  # its one container
     args: list[str]  # its args, the two listen addresses moved to free loopback ports
     health_url: str  # the plain port, where kubelet probes
+    probe_url: str  # what its readinessProbe asks there
     mounts: list[Mount]  # its Secret volumes (as kubelet makes them) and the service account
     env: dict[str, str]  # what kubelet sets for in-cluster credentials
     scheduler: ClientTls  # kube-scheduler's client, from the rendered tlsConfig
@@ -562,6 +564,11 @@ def deploy(image: Image, api: TestApiServer, front: TlsFront, directory: Path) -
         mounts.append(Mount(mount["mountPath"], str(host), mount.get("readOnly", False)))
     mounts.append(Mount(SERVICE_ACCOUNT_DIR, service_account(directory, front, api)))
 
+    # kubelet probes the container port the readinessProbe names: the one --health-address
+    # listens on (moved below with it).
+    probe = container["readinessProbe"]["httpGet"]
+    [probed] = [p["containerPort"] for p in container["ports"] if p["name"] == probe["port"]]
+    assert f"--health-address=0.0.0.0:{probed}" in container["args"], (probed, container["args"])
     port, health_port = free_port(), free_port()
     moved = {"--address": f"127.0.0.1:{port}", "--health-address": f"127.0.0.1:{health_port}"}
     args = []
@@ -585,6 +592,7 @@ def deploy(image: Image, api: TestApiServer, front: TlsFront, directory: Path) -
         container=container,
         args=args,
         health_url=f"http://127.0.0.1:{health_port}",
+        probe_url=f"http://127.0.0.1:{health_port}{probe['path']}",
         mounts=mounts,
         env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(front.port)},
         scheduler=client_from_config(config, str(directory)),
@@ -729,7 +737,7 @@ def test_podman_loads_the_archive_and_runs_the_extender(image, podman, api, fron
     def logs() -> str:
         return podman.podman("logs", "extender").stderr
 
-    wait_healthy(run.health_url, logs)
+    wait_healthy(run.probe_url, logs)
     check_only_kube_scheduler_is_answered(api, run)
     check_extender(api, run)
     assert "credentials from in-cluster" in logs()
@@ -814,7 +822,7 @@ def test_containerd_imports_the_archive_and_runs_the_deployments_container(
     def logs() -> str:
         return container_log(sandbox, name)
 
-    wait_healthy(run.health_url, logs)
+    wait_healthy(run.probe_url, logs)
     check_only_kube_scheduler_is_answered(api, run)
     check_extender(api, run)
     assert "credentials from in-cluster" in logs()
