@@ -8,24 +8,35 @@ GPUSHARE_REQUIRE_REAL_PARTS=1 (CI), where they fail.
 Pins: the image's entrypoint is the rendered Deployment's command, it runs as UID 65534
 by default (the Deployment's runAsUser, and what kubelet reads from the CRI's
 ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none); it
-holds the extender and the libraries it imports, not the node daemon's (gRPC, NVML,
-psutil, prometheus_client, jinja2) nor the kubernetes client's parts needing libraries
-left out (pydantic, aiohttp); the archive is reproducible (the same inputs give the
+holds the extender and the libraries it imports (cryptography and cffi's backend
+included: it signs placements), not the node daemon's (gRPC, NVML, psutil,
+prometheus_client, jinja2) nor the kubernetes client's parts needing libraries left out
+(pydantic, aiohttp) nor cffi's C parser; every shared object in it finds its libraries
+in it (its own loader says so); the archive is reproducible (the same inputs give the
 same digest). ``podman load`` and ``ctr -n k8s.io images import`` (a private
 containerd) both take the archive under its name; in each engine ``gpushare-scheduler
---help`` runs, and the extender in the container, on the host network against the test
-API server, answers ``/healthz`` and a filter, as UID 65534 with a read-only root file
-system and no capabilities: under podman with a kubeconfig; under containerd through
-the CRI as kubelet runs the rendered Deployment (its image name, command, args but the
-address, security context) with in-cluster credentials (a service account token and CA,
-the API server behind TLS). README's ways to a registry work: ``skopeo copy
-oci-archive:... docker://...`` (the registry serves the archive's manifest digest) and
-``podman load`` + ``podman push``, into a real registry (``scripts/setup-registry``:
-Debian's docker-registry) from which containerd pulls and runs the image.
+--help`` runs, and the extender runs exactly as the rendered Deployment runs it: its
+command and args (only the two listen addresses moved to free loopback ports), its TLS
+and signing Secrets made by ``deploy/render.py tls`` / ``placement-keys`` and rendered
+by ``scheduler-tls-secret`` / ``scheduler-signing-secret``, laid out as kubelet lays out
+a Secret volume (readable by UID 65534 through fsGroup only) and mounted read-only where
+the Deployment mounts them, in-cluster credentials (the API server behind TLS), on the
+host network, as UID 65534 with a read-only root and no capabilities: under podman, and
+through containerd's CRI as kubelet makes the pod (its security context too).
+``/healthz`` answers on the plain port (which serves no verb); filter and bind answer
+over mutual TLS only to the client kube-scheduler builds from the rendered
+``gpushare-scheduler-config`` tlsConfig (no answer without its certificate, none to
+plain HTTP); the bind leaves the pod bound with a placement that a node holding
+``placement.pub`` believes (``nodemgr.kubernetes.podwatch``) and one holding another
+key does not. README's ways to a registry work: ``skopeo copy oci-archive:...
+docker://...`` (the registry serves the archive's manifest digest) and ``podman load`` +
+``podman push``, into a real registry (``scripts/setup-registry``: Debian's
+docker-registry) from which containerd pulls and runs the image.
 """
 
 from __future__ import annotations
 
+import base64
 import functools
 import gzip
 import io
@@ -43,15 +54,26 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 
+from nodemgr.config.schema import KubernetesSettings
+from nodemgr.kubernetes.podwatch import placement_trust, pod_info
 from tests.engines.conftest import PODMAN_RLIMITS, Podman, new_uid
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.cri import configs
 from tests.harness.cri.api import runtime_v1_pb2 as cri
 from tests.harness.cri.containerd import Containerd
+from tests.harness.extender_tls import (
+    ClientTls,
+    client_from_config,
+    https_request,
+    post_json,
+    secret_volume,
+)
 from tests.harness.paths import REPO
 from tests.harness.setup_script import run_setup
 
@@ -61,7 +83,8 @@ BUILD = os.path.join(REPO, "scripts", "build-image")
 SETUP_REGISTRY = os.path.join(REPO, "scripts", "setup-registry")
 BUILD_TIMEOUT_SECONDS = 900  # a cold build from nothing (Debian packages, wheels) included
 NON_ROOT = 65534  # the Deployment's runAsUser: nobody
-KUBECONFIG_IN_CONTAINER = "/etc/gpushare/kubeconfig"
+RENDER = os.path.join(REPO, "deploy", "render.py")
+LOADER = "/lib64/ld-linux-x86-64.so.2"  # glibc's dynamic loader, the image's own
 SERVICE_ACCOUNT_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 # Distributions the extender never imports: none of their files may be in the image.
 LEFT_OUT = (
@@ -76,12 +99,21 @@ LEFT_OUT = (
     "dateutil",  # its generated ApiClient
     "websocket",  # its stream API
     "pip",  # installs the wheels at build time only
+    "pycparser",  # cffi's C parser: cryptography's bindings are compiled already
 )
 # Parts of the kubernetes client that import what is left out.
 UNUSABLE = ("kubernetes/aio", "kubernetes/client/models", "kubernetes/client/api")
 # What the extender imports: these must be there.
-NEEDED = ("nodemgr/extender/main.py", "kubernetes/client/rest.py", "yaml", "urllib3", "requests")
-LAYER_BUDGET_BYTES = 32 * 1024 * 1024  # compressed; about 18 MiB when written
+NEEDED = (
+    "nodemgr/extender/main.py",
+    "kubernetes/client/rest.py",
+    "yaml",
+    "urllib3",
+    "requests",
+    "cryptography/hazmat/bindings/_rust.abi3.so",  # signs the placements (OpenSSL inside)
+    "_cffi_backend.cpython-311-x86_64-linux-gnu.so",  # cryptography's OpenSSL bindings load it
+)
+LAYER_BUDGET_BYTES = 32 * 1024 * 1024  # compressed; about 24 MiB when written
 
 
 @dataclass(frozen=True)
@@ -159,17 +191,6 @@ def image() -> Image:
     return require(build(), "the gpushare-scheduler image cannot be built here")
 
 
-def deployment(image_name: str) -> dict:
-    """The Deployment deploy/render.py renders for this image."""
-    done = subprocess.run(
-        [sys.executable, os.path.join(REPO, "deploy", "render.py"), "scheduler-deployment",
-         "--image", image_name],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    [found] = [d for d in yaml.safe_load_all(done.stdout) if d["kind"] == "Deployment"]
-    return found
-
-
 def resolve(image: Image, path: str) -> str:
     """Follow symbolic links inside the image; the path (no leading /) they end at."""
     path = path.lstrip("/")
@@ -236,6 +257,42 @@ def test_image_holds_the_extender_and_only_what_it_imports(image):
     assert size < LAYER_BUDGET_BYTES, size
 
 
+def unpack(image: Image, directory: Path) -> None:
+    """The image's layers, unpacked into ``directory`` as a runtime unpacks them."""
+    with tarfile.open(image.archive) as outer:
+        manifest = json.loads(outer.extractfile(f"blobs/sha256/{image.digest[7:]}").read())
+        for layer in manifest["layers"]:
+            blob = outer.extractfile(f"blobs/sha256/{layer['digest'][7:]}").read()
+            with tarfile.open(fileobj=io.BytesIO(gzip.decompress(blob))) as inner:
+                inner.extractall(directory, filter="fully_trusted")  # this project's own
+
+
+def test_every_shared_object_finds_its_libraries_in_the_image(image, tmp_path):
+    """The image's own loader (``ld.so --list``, what ldd runs), chrooted into the unpacked
+    image, loads every shared object of the venv (the wheels' native code: cryptography's
+    Rust and OpenSSL, cffi's backend, PyYAML's and charset-normalizer's) and of the
+    standard library's lib-dynload: nothing they link against is missing from the image."""
+    chroot = shutil.which("chroot")
+    if chroot is None:
+        pytest.fail("chroot is needed to run the image's loader")
+    tree = tmp_path / "tree"
+    unpack(image, tree)
+    objects = [
+        path
+        for path, entry in image.files.items()
+        if entry.isfile()
+        and (path.startswith("opt/gpushare/") or "/lib-dynload/" in path)
+        and (path.endswith(".so") or ".so." in posixpath.basename(path))
+    ]
+    assert any("cryptography" in p for p in objects) and any("_cffi_backend" in p for p in objects)
+    for path in objects:
+        done = subprocess.run(
+            [chroot, str(tree), LOADER, "--list", "/" + path],
+            capture_output=True, text=True, timeout=60, env={"PATH": "/usr/bin:/bin"},
+        )  # fmt: skip
+        assert done.returncode == 0 and "not found" not in done.stdout, (path, done)
+
+
 def test_the_archive_is_reproducible_and_named_for_both_engines(image):
     """Built again from the same inputs (--rebuild), the archive has the same digest; its
     index names the image for containerd and podman (io.containerd.image.name) and gives
@@ -269,26 +326,30 @@ def get(url: str) -> tuple[int, str]:
         return e.code, e.read().decode()
 
 
-def post(url: str, document: dict) -> tuple[int, dict]:
+def post_plain(url: str, document: dict) -> tuple[int, str]:
     request = urllib.request.Request(
         url, data=json.dumps(document).encode(), headers={"Content-Type": "application/json"}
     )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return answer.status, json.loads(answer.read())
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
 
 
 def wait_healthy(url: str, logs, timeout: float = 60.0) -> None:
+    """Until ``url`` (the readiness probe's) answers 200, as kubelet's probe waits."""
     deadline = time.monotonic() + timeout
     last: object = None
     while time.monotonic() < deadline:
         try:
-            last = get(url + "/healthz")
+            last = get(url)
             if last[0] == 200:
                 return
         except OSError as e:
             last = e
         time.sleep(0.2)
-    raise AssertionError(f"no 200 from {url}/healthz ({last}); the container's log:\n{logs()}")
+    raise AssertionError(f"no 200 from {url} ({last}); the container's log:\n{logs()}")
 
 
 GPUS = {
@@ -322,81 +383,6 @@ def api():
     api.add_pod("default", "big", containers=[{"name": "main", "requests": requests}])
     yield api
     api.stop()
-
-
-def check_extender(api: TestApiServer, url: str) -> None:
-    """Filters answered from inside the container from what it listed: node-a's card has
-    room for the small pod, not for the big one (with the reason)."""
-    for name, fits in (("cuda", True), ("big", False)):
-        args = {"Pod": api.pod("default", name), "Nodes": None, "NodeNames": ["node-a"]}
-        status, result = post(url + "/gpushare-scheduler/filter", args)
-        assert status == 200 and not result["Error"], result
-        if fits:
-            assert result["NodeNames"] == ["node-a"], result
-        else:
-            assert not result["NodeNames"], result
-            failed = {
-                **(result["FailedNodes"] or {}),
-                **(result["FailedAndUnresolvableNodes"] or {}),
-            }
-            assert "20 GiB" in failed["node-a"], failed
-
-
-def status_line(pid: int, key: str) -> list[str]:
-    with open(f"/proc/{pid}/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return line.split()[1:]
-    raise AssertionError(f"no {key} line for {pid}")
-
-
-def check_process(pid: int) -> None:
-    """Every UID of the process is 65534 and it holds no capability."""
-    assert status_line(pid, "Uid") == [str(NON_ROOT)] * 4
-    assert int(status_line(pid, "CapEff")[0], 16) == 0
-
-
-@pytest.fixture
-def podman(engines, tmp_path_factory):
-    # A short directory: podman's runroot must stay under 50 characters.
-    directory = tmp_path_factory.mktemp("pm", numbered=True)
-    (directory / "hooks").mkdir()
-    podman = Podman(str(directory / "s"), str(directory / "hooks"), engines.rootfs)
-    yield podman
-    podman.cleanup()
-
-
-def test_podman_loads_the_archive_and_runs_the_extender(image, podman, api, tmp_path):
-    """``podman load`` names the image; ``--help`` runs; on the host network, with a
-    kubeconfig only UID 65534 can read, the extender in the container lists the test API
-    server and answers /healthz and a filter, as UID 65534 (the image's default, no
-    --user) with a read-only root and no capabilities."""
-    done = podman.podman("load", "-i", image.archive, timeout=300)
-    assert done.returncode == 0, done.stderr
-    done = podman.podman("images", "--format", "{{.Repository}}:{{.Tag}}")
-    assert image.ref in done.stdout.split(), done.stdout
-
-    flags = ["--network", "host", *PODMAN_RLIMITS, "--read-only", "--cap-drop", "all"]
-    flags += ["--security-opt", "no-new-privileges"]
-    done = podman.podman("run", "--rm", *flags, image.ref, "--help")
-    assert done.returncode == 0, done.stderr
-    assert "usage: gpushare-scheduler" in done.stdout
-
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
-    os.chown(kubeconfig, NON_ROOT, NON_ROOT)
-    os.chmod(kubeconfig, 0o600)
-    port = free_port()
-    done = podman.podman(
-        "run", "-d", "--name", "extender", *flags,
-        "--volume", f"{kubeconfig}:{KUBECONFIG_IN_CONTAINER}:ro",
-        image.ref,
-        "--kubeconfig", KUBECONFIG_IN_CONTAINER, f"--address=127.0.0.1:{port}",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    url = f"http://127.0.0.1:{port}"
-    wait_healthy(url, lambda: podman.podman("logs", "extender").stderr)
-    check_extender(api, url)
-    check_process(podman.pid("extender"))
 
 
 class TlsFront:
@@ -461,6 +447,306 @@ class TlsFront:
 
 
 @pytest.fixture
+def front(api, tmp_path):
+    """The test API server behind TLS."""
+    directory = tmp_path / "apiserver"
+    directory.mkdir()
+    front = TlsFront(str(directory), int(api.url.rsplit(":", 1)[1]))
+    yield front
+    front.close()
+
+
+@dataclass(frozen=True)
+class Mount:
+    """What configs.container_config takes for a mount (a device plugin Mount's fields)."""
+
+    container_path: str
+    host_path: str
+    read_only: bool = True
+
+
+def kubelet_secret_volume(directory: Path, data: dict[str, str], mode: int, fs_group: int) -> None:
+    """A Secret's ``data`` laid out as kubelet lays out its volume: each key a file behind
+    the atomic writer's ``..data`` link, of the volume's ``defaultMode``, owned by root and
+    the pod's ``fsGroup`` (kubelet's volume ownership: the group set on every file and
+    directory, directories setgid and group-searchable). The extender's UID reads the files
+    through that group only: they are root's and not world-readable."""
+    source = directory.with_name(directory.name + ".source")
+    source.mkdir()
+    for key, value in data.items():
+        (source / key).write_bytes(base64.b64decode(value))
+    secret_volume(str(directory), str(source))
+    shutil.rmtree(source)
+    os.chown(directory, 0, fs_group)
+    os.chmod(directory, 0o2755)
+    for root, directories, files in os.walk(directory):
+        for name in directories + files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            os.chown(path, 0, fs_group)
+            os.chmod(path, 0o2755 if os.path.isdir(path) else mode)
+            if not os.path.isdir(path):
+                assert os.stat(path).st_mode & 0o044 == 0o040, (path, oct(mode))  # group only
+
+
+def service_account(directory: Path, front: TlsFront, api: TestApiServer) -> str:
+    """The service account's token and CA as kubelet's projected volume holds them."""
+    account = directory / "serviceaccount"
+    account.mkdir()
+    shutil.copy(front.ca, account / "ca.crt")
+    (account / "token").write_text(api.token)
+    (account / "namespace").write_text("kube-system")
+    for path in (account, *account.iterdir()):
+        os.chmod(path, 0o755 if path.is_dir() else 0o644)
+    return str(account)
+
+
+@dataclass(frozen=True)
+class Deployed:
+    """The rendered Deployment's container, ready to run here as kubelet runs it."""
+
+    pod: dict  # the pod template's spec
+    container: dict  # its one container
+    args: list[str]  # its args, the two listen addresses moved to free loopback ports
+    health_url: str  # the plain port, where kubelet probes
+    probe_url: str  # what its readinessProbe asks there
+    mounts: list[Mount]  # its Secret volumes (as kubelet makes them) and the service account
+    env: dict[str, str]  # what kubelet sets for in-cluster credentials
+    scheduler: ClientTls  # kube-scheduler's client, from the rendered tlsConfig
+    ca: str  # the extender's CA (ca.crt of render.py tls)
+    public_key: str  # placement.pub, what every node holds
+    other_public_key: str  # a key pair's public half that signed nothing here
+
+
+def render(*args: str) -> str:
+    """deploy/render.py run as an admin runs it: its stdout."""
+    done = subprocess.run(
+        [sys.executable, RENDER, *args], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, (args, done.stderr)
+    return done.stdout
+
+
+def deployment(image_name: str) -> dict:
+    """The Deployment deploy/render.py renders for this image."""
+    rendered = render("scheduler-deployment", "--image", image_name)
+    [found] = [d for d in yaml.safe_load_all(rendered) if d["kind"] == "Deployment"]
+    return found
+
+
+def deploy(image: Image, api: TestApiServer, front: TlsFront, directory: Path) -> Deployed:
+    """Everything the rendered manifests give the extender, made as deploy/README.md says:
+    ``render.py tls`` and ``placement-keys``, their Secrets rendered and laid out as the
+    Deployment's volumes, its args with only the addresses moved, and the client
+    kube-scheduler builds from the rendered ``gpushare-scheduler-config``."""
+    tls, keys, other = directory / "tls", directory / "keys", directory / "other-keys"
+    render("tls", "--dir", str(tls))
+    render("placement-keys", "--dir", str(keys))
+    render("placement-keys", "--dir", str(other))
+    secrets = {}
+    for command, source in (("scheduler-tls-secret", tls), ("scheduler-signing-secret", keys)):
+        secret = yaml.safe_load(render(command, "--dir", str(source)))
+        secrets[secret["metadata"]["name"]] = secret
+
+    pod = deployment(image.name)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    assert container["image"] == image.name
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    (directory / "volumes").mkdir()
+    mounts = []
+    for mount in container["volumeMounts"]:
+        secret = volumes[mount["name"]]["secret"]
+        assert set(secret) == {"secretName", "defaultMode"}, secret  # every key, required
+        host = directory / "volumes" / mount["name"]
+        data = secrets[secret["secretName"]]["data"]
+        kubelet_secret_volume(host, data, secret["defaultMode"], pod["securityContext"]["fsGroup"])
+        mounts.append(Mount(mount["mountPath"], str(host), mount.get("readOnly", False)))
+    mounts.append(Mount(SERVICE_ACCOUNT_DIR, service_account(directory, front, api)))
+
+    # kubelet probes the container port the readinessProbe names: the one --health-address
+    # listens on (moved below with it).
+    probe = container["readinessProbe"]["httpGet"]
+    [probed] = [p["containerPort"] for p in container["ports"] if p["name"] == probe["port"]]
+    assert f"--health-address=0.0.0.0:{probed}" in container["args"], (probed, container["args"])
+    port, health_port = free_port(), free_port()
+    moved = {"--address": f"127.0.0.1:{port}", "--health-address": f"127.0.0.1:{health_port}"}
+    args = []
+    for arg in container["args"]:
+        flag, equals, _ = arg.partition("=")
+        args.append(f"{flag}={moved.pop(flag)}" if equals and flag in moved else arg)
+    assert not moved, f"the Deployment's args have no {', '.join(moved)}"
+
+    prefix = next(a.split("=", 1)[1] for a in args if a.startswith("--url-prefix="))
+    config = yaml.safe_load(
+        render(
+            "gpushare-scheduler-config",
+            "--extender-url",
+            f"https://127.0.0.1:{port}{prefix}",
+            "--client-tls-dir",
+            str(tls),
+        )  # fmt: skip
+    )
+    return Deployed(
+        pod=pod,
+        container=container,
+        args=args,
+        health_url=f"http://127.0.0.1:{health_port}",
+        probe_url=f"http://127.0.0.1:{health_port}{probe['path']}",
+        mounts=mounts,
+        env={"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(front.port)},
+        scheduler=client_from_config(config, str(directory)),
+        ca=str(tls / "ca.crt"),
+        public_key=str(keys / "placement.pub"),
+        other_public_key=str(other / "placement.pub"),
+    )
+
+
+def verb_path(client: ClientTls, verb: str) -> str:
+    """Where kube-scheduler sends a verb: its urlPrefix's path, then the verb."""
+    return f"{urlsplit(client.url).path}/{verb}"
+
+
+def binding(api: TestApiServer, name: str) -> dict:
+    """kube-scheduler's ExtenderBindingArgs for the pod on node-a."""
+    uid = api.pod("default", name)["metadata"]["uid"]
+    return {"PodName": name, "PodNamespace": "default", "PodUID": uid, "Node": "node-a"}
+
+
+def check_only_kube_scheduler_is_answered(api: TestApiServer, run: Deployed) -> None:
+    """A bind of the small pod gets no answer on the verbs' port without kube-scheduler's
+    client certificate (a TLS client trusting the extender's CA, plain HTTP), and a 4xx on
+    the plain port: the pod stays unbound."""
+    body = json.dumps(binding(api, "cuda")).encode()
+    path = verb_path(run.scheduler, "bind")
+    anonymous = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    anonymous.load_verify_locations(cafile=run.ca)
+    no_certificate = ClientTls(anonymous, run.scheduler.server_name, run.scheduler.url)
+    try:
+        status, answer = https_request(no_certificate, "POST", path, body)
+    except OSError:  # ssl.SSLError, a reset or a closed connection: no HTTP answer
+        pass
+    else:
+        raise AssertionError(f"answered {status} without a client certificate: {answer!r}")
+    port = urlsplit(run.scheduler.url).port
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:
+        plain.sendall(b"POST %s HTTP/1.1\r\nContent-Length: %d\r\n\r\n%s"
+                      % (path.encode(), len(body), body))  # fmt: skip
+        assert plain.recv(100) == b""  # closed without an HTTP answer
+    status, text = post_plain(run.health_url + path, json.loads(body))
+    assert 400 <= status < 500, (status, text)  # 413: it takes no body at all
+    assert not api.pod("default", "cuda")["spec"].get("nodeName")
+
+
+def check_extender(api: TestApiServer, run: Deployed) -> None:
+    """Over mutual TLS with the client kube-scheduler builds from the rendered tlsConfig:
+    filters answered from what the extender listed (node-a's card has room for the small
+    pod, not for the big one, with the reason), then the bind of the small pod: it is bound
+    to node-a and carries a placement that a node holding placement.pub believes (card 0
+    for its container), and a node holding another public key does not."""
+    for name, fits in (("cuda", True), ("big", False)):
+        args = {"Pod": api.pod("default", name), "Nodes": None, "NodeNames": ["node-a"]}
+        status, result = post_json(run.scheduler, verb_path(run.scheduler, "filter"), args)
+        assert status == 200 and not result["Error"], result
+        if fits:
+            assert result["NodeNames"] == ["node-a"], result
+        else:
+            assert not result["NodeNames"], result
+            failed = {
+                **(result["FailedNodes"] or {}),
+                **(result["FailedAndUnresolvableNodes"] or {}),
+            }
+            assert "20 GiB" in failed["node-a"], failed
+
+    status, result = post_json(
+        run.scheduler, verb_path(run.scheduler, "bind"), binding(api, "cuda")
+    )
+    assert (status, result) == (200, {"Error": ""})
+    bound = api.pod("default", "cuda")
+    assert bound["spec"]["nodeName"] == "node-a"
+    node = pod_info(bound, placement_trust(KubernetesSettings(placement_public_key=run.public_key)))
+    assert node.choice is not None and node.choice.signed, node.choice_note
+    assert dict(node.choice.cards) == {0: 0} and node.choice_note == ""
+    other_key = KubernetesSettings(placement_public_key=run.other_public_key)
+    other = pod_info(bound, placement_trust(other_key))
+    assert other.choice is None and "signature" in other.choice_note, other.choice_note
+
+
+def status_line(pid: int, key: str) -> list[str]:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return line.split()[1:]
+    raise AssertionError(f"no {key} line for {pid}")
+
+
+def check_process(pid: int, fs_group: int) -> None:
+    """Every UID of the process is 65534, the pod's fsGroup is among its groups, it holds no
+    capability, cannot gain privileges and runs under a seccomp filter."""
+    assert status_line(pid, "Uid") == [str(NON_ROOT)] * 4
+    assert str(fs_group) in status_line(pid, "Groups")
+    assert int(status_line(pid, "CapEff")[0], 16) == 0
+    assert status_line(pid, "NoNewPrivs") == ["1"]
+    assert status_line(pid, "Seccomp") == ["2"]
+
+
+@pytest.fixture
+def podman(engines, tmp_path_factory):
+    # A short directory: podman's runroot must stay under 50 characters.
+    directory = tmp_path_factory.mktemp("pm", numbered=True)
+    (directory / "hooks").mkdir()
+    podman = Podman(str(directory / "s"), str(directory / "hooks"), engines.rootfs)
+    yield podman
+    podman.cleanup()
+
+
+def test_podman_loads_the_archive_and_runs_the_extender(image, podman, api, front, tmp_path):
+    """``podman load`` names the image; ``--help`` runs; the rendered Deployment's command
+    and args (the addresses moved to free loopback ports) on the host network, its Secrets
+    (render.py tls and placement-keys) mounted read-only where it mounts them, readable
+    through fsGroup only, and in-cluster credentials: /healthz is 200 on the plain port,
+    filter and bind are answered over mutual TLS to kube-scheduler's client only, the bind
+    writes a placement a node verifies, as UID 65534 (the image's default, no --user) with
+    a read-only root and no capabilities."""
+    done = podman.podman("load", "-i", image.archive, timeout=300)
+    assert done.returncode == 0, done.stderr
+    done = podman.podman("images", "--format", "{{.Repository}}:{{.Tag}}")
+    assert image.ref in done.stdout.split(), done.stdout
+
+    flags = ["--network", "host", *PODMAN_RLIMITS, "--read-only", "--cap-drop", "all"]
+    flags += ["--security-opt", "no-new-privileges"]
+    done = podman.podman("run", "--rm", *flags, image.ref, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "usage: gpushare-scheduler" in done.stdout
+
+    run = deploy(image, api, front, tmp_path)
+    fs_group = run.pod["securityContext"]["fsGroup"]
+    flags += ["--group-add", str(fs_group)]  # kubelet adds fsGroup to the process's groups
+    for mount in run.mounts:
+        flags += ["--volume", f"{mount.host_path}:{mount.container_path}:ro"]
+        assert mount.read_only, mount
+    for key, value in run.env.items():
+        flags += ["--env", f"{key}={value}"]
+    done = podman.podman(
+        "run", "-d", "--name", "extender", *flags,
+        "--entrypoint", json.dumps(run.container["command"]),
+        image.ref, *run.args,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+    def logs() -> str:
+        return podman.podman("logs", "extender").stderr
+
+    wait_healthy(run.probe_url, logs)
+    check_only_kube_scheduler_is_answered(api, run)
+    check_extender(api, run)
+    assert "credentials from in-cluster" in logs()
+    check_process(podman.pid("extender"), fs_group)
+    inspected = podman.inspect("extender")
+    assert [inspected["Path"], *inspected["Args"]] == [*run.container["command"], *run.args]
+
+
+@pytest.fixture
 def containerd(engines, image, tmp_path_factory):
     # Its config's paths and the socket (under 108 bytes) live here.
     directory = str(tmp_path_factory.mktemp("ctrd", numbered=True))
@@ -473,32 +759,41 @@ def containerd(engines, image, tmp_path_factory):
         containerd.cleanup()
 
 
-@dataclass(frozen=True)
-class Mount:
-    """What configs.container_config takes for a mount (a device plugin Mount's fields)."""
-
-    container_path: str
-    host_path: str
-    read_only: bool = True
+def kubelet_security_context(security, pod: dict, container: dict | None = None) -> None:
+    """Fill a CRI security context (the sandbox's, or a container's) from the pod's and the
+    container's securityContext as kubelet does: runAsUser, fsGroup among the
+    supplemental groups, the seccomp profile, and for a container its read-only root, no
+    privilege escalation and the capabilities dropped."""
+    wanted = pod["securityContext"]
+    security.run_as_user.value = wanted["runAsUser"]
+    security.supplemental_groups.append(wanted["fsGroup"])
+    assert wanted["seccompProfile"] == {"type": "RuntimeDefault"}
+    security.seccomp.SetInParent()
+    security.seccomp.profile_type = cri.SecurityProfile.RuntimeDefault
+    if container is not None:
+        own = container["securityContext"]
+        security.readonly_rootfs = own["readOnlyRootFilesystem"]
+        security.no_new_privs = not own["allowPrivilegeEscalation"]
+        security.capabilities.drop_capabilities.extend(own["capabilities"]["drop"])
 
 
 def test_containerd_imports_the_archive_and_runs_the_deployments_container(
-    image, containerd, api, tmp_path
+    image, containerd, api, front, tmp_path
 ):
     """``ctr -n k8s.io images import`` (the registry-less path) makes the image known
     under the Deployment's short name; the CRI reports UID 65534 for it (kubelet's
     runAsNonRoot check); ``ctr run`` runs ``--help``; through the CRI, a host-network pod
-    with the rendered Deployment's image, command, args (but the address) and security
-    context, and in-cluster credentials as kubelet gives them (the service account's
-    token and CA, $KUBERNETES_SERVICE_HOST/PORT, the API server behind TLS), lists the
-    test API server and answers /healthz and a filter, as UID 65534."""
+    as kubelet makes it from the rendered Deployment: its image, command, args (the
+    addresses moved), security context (runAsUser, fsGroup, RuntimeDefault seccomp,
+    read-only root, no capabilities), its two Secret volumes mounted read-only and the
+    service account's token and CA with $KUBERNETES_SERVICE_HOST/PORT (the API server
+    behind TLS): /healthz on the plain port, filter and bind over mutual TLS to
+    kube-scheduler's client only, a signed placement a node verifies."""
     containerd.ctr("images", "import", image.archive)
     assert image.ref in containerd.ctr("images", "ls", "-q").split()
-    wanted_pod = deployment(image.name)["spec"]["template"]["spec"]
-    [wanted] = wanted_pod["containers"]
-    assert wanted["image"] == image.name
+    run = deploy(image, api, front, tmp_path)
     status = containerd.images.ImageStatus(
-        cri.ImageStatusRequest(image=cri.ImageSpec(image=wanted["image"])), timeout=30
+        cri.ImageStatusRequest(image=cri.ImageSpec(image=run.container["image"])), timeout=30
     )
     assert status.image.id and status.image.uid.value == NON_ROOT
 
@@ -510,52 +805,34 @@ def test_containerd_imports_the_archive_and_runs_the_deployments_container(
     assert helped.returncode == 0, helped.stderr
     assert "usage: gpushare-scheduler" in helped.stdout
 
-    front = TlsFront(str(tmp_path), int(api.url.rsplit(":", 1)[1]))
-    try:
-        account = tmp_path / "serviceaccount"
-        account.mkdir()
-        shutil.copy(front.ca, account / "ca.crt")
-        (account / "token").write_text(api.token)
-        (account / "namespace").write_text("kube-system")
-        for path in (account, *account.iterdir()):
-            os.chmod(path, 0o755 if path.is_dir() else 0o644)  # as kubelet's projected volume
+    name = run.container["name"]
+    sandbox = configs.sandbox_config(
+        "kube-system", "gpushare-scheduler", new_uid(), containerd.log_root
+    )
+    kubelet_security_context(sandbox.linux.security_context, run.pod)
+    sandbox_id = containerd.run_pod_sandbox(sandbox)
+    config = configs.container_config(
+        sandbox, name, run.container["image"], run.container["command"], run.env, run.mounts
+    )
+    config.args.extend(run.args)
+    kubelet_security_context(config.linux.security_context, run.pod, run.container)
+    container_id = containerd.create_container(sandbox_id, sandbox, config)
+    containerd.start_container(container_id)
 
-        port = free_port()
-        args = [a for a in wanted["args"] if not a.startswith("--address=")]
-        args.append(f"--address=127.0.0.1:{port}")
-        sandbox = configs.sandbox_config(
-            "kube-system", "gpushare-scheduler", new_uid(), containerd.log_root
-        )
-        sandbox_id = containerd.run_pod_sandbox(sandbox)
-        config = configs.container_config(
-            sandbox,
-            wanted["name"],
-            wanted["image"],
-            wanted["command"],
-            envs={
-                "KUBERNETES_SERVICE_HOST": "127.0.0.1",
-                "KUBERNETES_SERVICE_PORT": str(front.port),
-            },
-            mounts=[Mount(SERVICE_ACCOUNT_DIR, str(account))],
-        )
-        config.args.extend(args)
-        security = config.linux.security_context
-        wanted_security = wanted["securityContext"]
-        security.readonly_rootfs = wanted_security["readOnlyRootFilesystem"]
-        security.no_new_privs = not wanted_security["allowPrivilegeEscalation"]
-        security.capabilities.drop_capabilities.extend(wanted_security["capabilities"]["drop"])
-        container_id = containerd.create_container(sandbox_id, sandbox, config)
-        containerd.start_container(container_id)
+    def logs() -> str:
+        return container_log(sandbox, name)
 
-        url = f"http://127.0.0.1:{port}"
-        wait_healthy(url, lambda: container_log(sandbox, wanted["name"]))
-        check_extender(api, url)
-        assert "credentials from in-cluster" in container_log(sandbox, wanted["name"])
-        check_process(containerd.pid(container_id))  # no runAsUser given: the image's user
-        _, info = containerd.container_status(container_id)
-        assert info["runtimeSpec"]["process"]["args"] == [*wanted["command"], *args]
-    finally:
-        front.close()
+    wait_healthy(run.probe_url, logs)
+    check_only_kube_scheduler_is_answered(api, run)
+    check_extender(api, run)
+    assert "credentials from in-cluster" in logs()
+    check_process(containerd.pid(container_id), run.pod["securityContext"]["fsGroup"])
+    _, info = containerd.container_status(container_id)
+    spec = info["runtimeSpec"]
+    assert spec["process"]["args"] == [*run.container["command"], *run.args]
+    mounted = {m["destination"]: m for m in spec["mounts"]}
+    for mount in run.mounts:
+        assert "ro" in mounted[mount.container_path]["options"], mounted[mount.container_path]
 
 
 def container_log(sandbox: cri.PodSandboxConfig, name: str) -> str:
