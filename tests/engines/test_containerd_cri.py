@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 import os
 import time
-from types import SimpleNamespace
 
 import grpc
 import pytest
 
 from nodemgr.cli.doctor import runtime_hook
 from nodemgr.cli.doctor.host import Host
+from nodemgr.config.loading import load_settings
 from tests.engines.conftest import leftover_cgroups, new_uid
 from tests.harness import runc_env
 from tests.harness.cri import configs
@@ -194,7 +194,7 @@ def test_doctor_reads_the_config_the_running_containerd_was_started_with(node, c
     /etc/containerd/config.toml: doctor's runtime hook check finds that file from the running
     process (its /proc/PID/cmdline), reads the base spec it names, sees the hooks calling this
     node's socket, and says which file it checked."""
-    settings = SimpleNamespace(hook_socket=node.hook_socket, gpus=SimpleNamespace(backend="nvml"))
+    settings = load_settings(node.node.config_path)  # the daemon's own: its socket, its paths
     result = runtime_hook.check_runtime_hook(settings, Host())
     # Other containerds may run on this machine; this one's part of the answer is checked.
     where = f"containerd ({containerd.config_path}, --config of pid {containerd.process.pid})"

@@ -29,7 +29,7 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from tests.faults.survival import CONTAINER, NAMESPACE, Pod, pod_from
+from tests.faults.survival import CONTAINER, MEMORY_FIRST, NAMESPACE, Pod, pod_from
 from tests.harness.daemon_proc import CORE, MEMORY
 from tests.harness.kubelet_sim import ContainerSpec
 
@@ -233,7 +233,7 @@ class AllocateBurst:
             name = f"{self.prefix}-{n}"
             n += 1
             spec = ContainerSpec(CONTAINER, {MEMORY: 1, CORE: 5})
-            result = self.kubelet.admit_pod(NAMESPACE, name, [spec])
+            result = self.kubelet.admit_pod(NAMESPACE, name, [spec], order=MEMORY_FIRST)
             if result.ok:
                 self.live.append(pod_from(name, result))
                 self.admitted += 1

@@ -17,7 +17,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from tests.faults import survival
 from tests.faults.injectors import Ext4Image
-from tests.faults.survival import CONTAINER, NAMESPACE, Pod
+from tests.faults.survival import CONTAINER, MEMORY_FIRST, NAMESPACE, Pod
 from tests.harness import runc_env
 from tests.harness.apiserver_sim import TestApiServer
 from tests.harness.daemon_proc import CORE, MEMORY
@@ -176,7 +176,7 @@ def ledger_cause(message: str) -> str:
 def allocate_refused(site: Site, tag: str) -> str:
     """Allocate's refusal of a new pod while the ledger cannot be written."""
     spec = ContainerSpec(CONTAINER, {MEMORY: 1, CORE: 5})
-    result = site.cluster.kubelet.admit_pod(NAMESPACE, f"{tag}-new", [spec])
+    result = site.cluster.kubelet.admit_pod(NAMESPACE, f"{tag}-new", [spec], order=MEMORY_FIRST)
     site.cluster.kubelet.remove_pod(NAMESPACE, f"{tag}-new")
     assert not result.ok, "Allocate succeeded although the ledger cannot be written"
     return result.error or ""

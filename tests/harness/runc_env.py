@@ -302,8 +302,14 @@ class EnforcementNode:
 
     def admit(self, pod: str, memory_gib: int = 4, core_percent: int = 30):
         """Admit a pod through kubelet; the env and mounts its container gets."""
+        # Memory first: this node runs without the Kubernetes API, where the daemon sees one
+        # resource at a time and a share placed first may leave no room for the memory
+        # (README, How it works); these tests are about enforcement, not that order.
         result = self.kubelet.admit_pod(
-            "default", pod, [ContainerSpec("main", {MEMORY: memory_gib, CORE: core_percent})]
+            "default",
+            pod,
+            [ContainerSpec("main", {MEMORY: memory_gib, CORE: core_percent})],
+            order=[MEMORY, CORE],
         )
         assert result.ok, result.error
         container = result.containers[0]
