@@ -13,7 +13,8 @@ Pins: every socket these processes listen on has a row (a listener that cannot b
 or a socket of a kind that cannot be judged, fails too), every row has a socket, in the
 process the row names; and who can reach each one is what its row says: as uid 65534 a
 connect (or, for the netlink socket, a send) to a `root only` listener is refused, to
-any other it goes through.
+any other it goes through. The status document lists the daemon's own listeners with
+the caps its open-file check counts.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import pytest
 from nodemgr.config.loading import load_settings
 from nodemgr.enforcement.procevents import CN_IDX_PROC, NETLINK_CONNECTOR
 from nodemgr.runtime.loop import SOCKET_NAMES
+from nodemgr.runtime.wiring import listener_caps
 from tests.harness import listeners, real_parts
 from tests.harness.daemon_proc import MPS_STANDIN
 from tests.harness.dra_node import DraCluster
@@ -243,3 +245,15 @@ def _searchable_down_to(path: str, root: str) -> None:
         directory = os.path.dirname(directory)
     for directory in chain:
         os.chmod(directory, os.stat(directory).st_mode & 0o7777 | 0o001)
+
+
+def test_the_status_document_shows_each_listener_of_the_daemon_with_its_cap(node):
+    """`nodemgr status --json` lists every listener of the daemon's own (the DRA sockets
+    with dra.enabled) with the connection cap the open-file check counts."""
+    cluster, _ = node
+    done = cluster.node.nodemgr("status", "--json")
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)["daemon"]["listeners"]
+    caps = listener_caps(load_settings(cluster.node.config_path))
+    assert {name: listener["max_connections"] for name, listener in shown.items()} == caps
+    assert {"dra-registration", "dra-service"} <= set(caps)
