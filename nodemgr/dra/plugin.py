@@ -18,10 +18,19 @@ kubelet finds the plugin by its registration socket (a plugin watcher), dials th
 service socket insecurely, and deregisters it when the socket goes. This worker's
 thread checks every second that both sockets are still the ones it bound, and binds
 them again when one was removed (kubelet then registers the plugin again). Both are
-mode 0600 (kubelet runs as root) and removed on stop.
+removed on stop.
 
-Budgets: kubelet is the only peer (both directories are root's); a request naming
-more than ``MAX_CLAIMS`` claims is refused as a whole (a pod has far fewer).
+Only root (kubelet) can connect: both sockets are bound as the device plugin sockets
+are (:func:`~nodemgr.kubelet.rootsocket.serve_root_only`: 0600, never wider, whatever
+the umask). Both servers keep to ``BUDGET``, the device plugin servers' budget but for
+the message size: ``MAX_CONNECTIONS`` connections, ``HANDSHAKE_SECONDS`` for the HTTP/2
+handshake, a connection without a call for ``IDLE_SECONDS`` closed, ``MAX_STREAMS`` calls
+per connection and ``MAX_CALLS`` per server at once, and requests of at most
+``MAX_RECEIVE_BYTES``: ``MAX_CLAIMS`` claims, each named as long as the API allows. A
+request naming more than ``MAX_CLAIMS`` claims is refused as a whole: kubelet sends one
+batch per pod, and ``MAX_CLAIMS`` claims of ``MAX_RESULTS`` devices each, every name as
+long as the API allows, make an answer under the 4 MiB a gRPC client reads unless told
+otherwise.
 """
 
 from __future__ import annotations
@@ -40,6 +49,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from nodemgr.common.connbudget import ListenerStats
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import DraSettings
 from nodemgr.dra.driver import ClaimKey, DraDriver, Prepared
@@ -47,20 +57,45 @@ from nodemgr.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dr
 from nodemgr.kubelet.api import pluginregistration_v1_pb2 as reg
 from nodemgr.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
+from nodemgr.kubelet.rootsocket import GrpcBudget, serve_root_only
 
 log = logging.getLogger(__name__)
 
 PLUGIN_TYPE = "DRAPlugin"
 V1, V1BETA1 = "v1.DRAPlugin", "v1beta1.DRAPlugin"
 SUPPORTED_VERSIONS = (V1, V1BETA1)  # most preferred first: kubelet takes the first it knows
-MAX_CLAIMS = 256
+# Claims in one call: kubelet sends one batch per pod, of the pod's claims for this driver.
+MAX_CLAIMS = 128
+# Devices of one claim in an answer: an allocation has at most 32 results.
+MAX_RESULTS = 32
+# One Claim of a request, framed: namespace (a DNS label, 63), UID (36), name (a DNS
+# subdomain, 253), with room to spare.
+CLAIM_BYTES = 512
+# The budget of both servers. kubelet holds one connection to the service socket (two
+# for a moment when it restarts), dials the registration socket for GetInfo and
+# NotifyRegistrationStatus, and makes one call per pod it starts.
+MAX_CONNECTIONS = 8
+HANDSHAKE_SECONDS = 5.0
+IDLE_SECONDS = 30.0
+MAX_STREAMS = 16
+MAX_CALLS = 32
+MAX_RECEIVE_BYTES = MAX_CLAIMS * CLAIM_BYTES
+MAX_METADATA_BYTES = 16 * 1024
+BUDGET = GrpcBudget(
+    max_connections=MAX_CONNECTIONS,
+    handshake_seconds=HANDSHAKE_SECONDS,
+    idle_seconds=IDLE_SECONDS,
+    max_streams=MAX_STREAMS,
+    max_calls=MAX_CALLS,
+    max_receive_bytes=MAX_RECEIVE_BYTES,
+    max_metadata_bytes=MAX_METADATA_BYTES,
+)
 # Kept from kubelet's deadline for the answer to travel back: claims still waiting then
 # are left out of it (kubelet asks again) rather than the whole call timing out.
 DEADLINE_MARGIN_SECONDS = 2.0
 CHECK_PERIOD_SECONDS = 1.0
 START_TIMEOUT_SECONDS = 10.0
 STOP_GRACE_SECONDS = 0.2
-SOCKET_MODE = 0o600
 
 
 class _DriverThread(Executor):
@@ -259,13 +294,11 @@ class DraPlugin(ThreadWorker):
         settings = self.settings
         os.makedirs(settings.plugins_registry_dir, mode=0o750, exist_ok=True)
         os.makedirs(os.path.dirname(settings.service_socket), mode=0o750, exist_ok=True)
-        for path in (settings.service_socket, settings.registration_socket):
-            _remove(path)  # a socket left by a crash would refuse the bind
         # The service first: kubelet dials it as soon as the registration socket appears.
+        # A socket left by a crash is replaced by the rename into place.
         self._servers.append(PLUGIN_LOOP.run(self._service_server(), START_TIMEOUT_SECONDS))
         self._servers.append(PLUGIN_LOOP.run(self._registration_server(), START_TIMEOUT_SECONDS))
         for path in (settings.service_socket, settings.registration_socket):
-            os.chmod(path, SOCKET_MODE)
             self._inodes[path] = os.stat(path).st_ino
         log.info(
             "DRA driver %s serving %s (registration %s)",
@@ -275,20 +308,18 @@ class DraPlugin(ThreadWorker):
         )
 
     async def _service_server(self) -> grpc.aio.Server:
-        server = grpc.aio.server()
+        server = BUDGET.server()
         dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(_v1(self.driver, self._executor), server)
         dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(
             _v1beta1(self.driver, self._executor), server
         )
-        server.add_insecure_port(f"unix://{self.settings.service_socket}")
-        await server.start()
+        await serve_root_only(server, self.settings.service_socket)
         return server
 
     async def _registration_server(self) -> grpc.aio.Server:
-        server = grpc.aio.server()
+        server = BUDGET.server()
         reg_grpc.add_RegistrationServicer_to_server(_Registration(self), server)
-        server.add_insecure_port(f"unix://{self.settings.registration_socket}")
-        await server.start()
+        await serve_root_only(server, self.settings.registration_socket)
         return server
 
     def _shutdown(self) -> None:
@@ -313,6 +344,17 @@ class DraPlugin(ThreadWorker):
             "registered": registered,
             "registration_error": error or None,
         }
+
+
+def budget_stats() -> ListenerStats:
+    """Either server's budget; gRPC does not say how many connections are open or what it
+    refused (unknown, never zero)."""
+    return {
+        "connections": None,
+        "max_connections": MAX_CONNECTIONS,
+        "deadline_seconds": None,
+        "refused": {},
+    }
 
 
 def _remove(path: str) -> None:

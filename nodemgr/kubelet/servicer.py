@@ -17,19 +17,18 @@ take the allocator's lock, which serialises them anyway; kubelet admits one
 container at a time); ListAndWatch waits for device changes on an asyncio event
 that the change counter sets.
 
-Only kubelet may talk to these sockets, and only root can: each socket is bound in a
-private (0700) directory next to its final path, made 0600 there, and only then renamed
-into place, so at no moment does the device plugin directory hold one of ours that
-another user could connect to, whatever the umask. That is the authentication (kubelet
-runs as root; the gRPC server has none of its own). On top of it each server has a
-budget (README, Device plugin sockets), because root clients can misbehave too:
-``MAX_CONNECTIONS`` connections (the rest closed at once by gRPC), a connection that has
-not finished its HTTP/2 handshake in ``HANDSHAKE_SECONDS`` or has had no call for
-``IDLE_SECONDS`` is closed, ``MAX_STREAMS`` calls per connection and ``MAX_CALLS`` per
-server at once (kubelet needs its ListAndWatch stream and one call at a time), and
-messages of at most ``MAX_RECEIVE_BYTES``. No budget is a per-connection deadline:
-kubelet's ListAndWatch stream lives as long as kubelet, and none of these arms a timer
-while kubelet's stream is open and nothing happens.
+Only kubelet may talk to these sockets, and only root can: each is served by
+:func:`~nodemgr.kubelet.rootsocket.serve_root_only` (bound in a private directory, made
+0600 there and renamed into place, so none wider is ever in the device plugin directory,
+whatever the umask). That is the authentication (kubelet runs as root; the gRPC server
+has none of its own). On top of it each server keeps to ``BUDGET`` (README, Device
+plugin sockets), because root clients can misbehave too: ``MAX_CONNECTIONS`` connections
+(the rest closed at once by gRPC), a connection that has not finished its HTTP/2
+handshake in ``HANDSHAKE_SECONDS`` or has had no call for ``IDLE_SECONDS`` is closed,
+``MAX_STREAMS`` calls per connection and ``MAX_CALLS`` per server at once (kubelet needs
+its ListAndWatch stream and one call at a time), and messages of at most
+``MAX_RECEIVE_BYTES``. No budget is a per-connection deadline: kubelet's ListAndWatch
+stream lives as long as kubelet.
 
 What it must not do: decide anything or hold state beyond one stream's last sent list;
 block the loop on anything slower than the allocation state's own calls.
@@ -40,8 +39,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -64,6 +61,7 @@ from nodemgr.errors import (
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
+from nodemgr.kubelet.rootsocket import GrpcBudget, serve_root_only
 
 log = logging.getLogger(__name__)
 
@@ -262,25 +260,12 @@ class PluginServer:
         self._inode = os.stat(self.socket_path).st_ino
 
     async def _serve(self) -> grpc.aio.Server:
-        server = grpc.aio.server(options=GRPC_OPTIONS, maximum_concurrent_rpcs=MAX_CALLS)
+        server = BUDGET.server()
         servicer = DevicePluginServicer(
             self._resources, self.kind, self._stopping, self._observe_allocate
         )
         dp_grpc.add_DevicePluginServicer_to_server(servicer, server)
-        staging = tempfile.mkdtemp(  # 0700, on the socket's file system: rename works
-            prefix=".gs", dir=os.path.dirname(self.socket_path)
-        )
-        try:
-            bound = os.path.join(staging, "s")
-            server.add_insecure_port(f"unix://{bound}")
-            await server.start()
-            os.chmod(bound, SOCKET_MODE)
-            os.rename(bound, self.socket_path)
-        except BaseException:
-            await server.stop(None)
-            raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
+        await serve_root_only(server, self.socket_path)
         return server
 
     def socket_present(self) -> bool:
@@ -312,7 +297,6 @@ class PluginServer:
 # How long starting a server, or stopping one beyond its grace, may take on the loop.
 START_TIMEOUT_SECONDS = 10.0
 
-SOCKET_MODE = 0o600
 # The budget of each device plugin server (README, Device plugin sockets). kubelet holds
 # one connection per plugin (two for a moment when it restarts).
 MAX_CONNECTIONS = 8
@@ -324,13 +308,14 @@ MAX_CALLS = 32
 # most every device of the resource (devicelists keeps that list under 1 MiB).
 MAX_RECEIVE_BYTES = 4 * 1024 * 1024
 MAX_METADATA_BYTES = 16 * 1024
-GRPC_OPTIONS = (
-    ("grpc.max_allowed_incoming_connections", MAX_CONNECTIONS),
-    ("grpc.server_handshake_timeout_ms", int(HANDSHAKE_SECONDS * 1000)),
-    ("grpc.max_connection_idle_ms", int(IDLE_SECONDS * 1000)),
-    ("grpc.max_concurrent_streams", MAX_STREAMS),
-    ("grpc.max_receive_message_length", MAX_RECEIVE_BYTES),
-    ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+BUDGET = GrpcBudget(
+    max_connections=MAX_CONNECTIONS,
+    handshake_seconds=HANDSHAKE_SECONDS,
+    idle_seconds=IDLE_SECONDS,
+    max_streams=MAX_STREAMS,
+    max_calls=MAX_CALLS,
+    max_receive_bytes=MAX_RECEIVE_BYTES,
+    max_metadata_bytes=MAX_METADATA_BYTES,
 )
 
 

@@ -29,6 +29,7 @@ from nodemgr.common.workers import Workers
 from nodemgr.config.schema import Settings
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.domain.speccheck import DaemonPaths
+from nodemgr.dra import plugin as dra_plugin
 from nodemgr.dra.cdifiles import CdiDirectory
 from nodemgr.dra.driver import DraDriver, node_devices
 from nodemgr.dra.plugin import DraPlugin
@@ -64,6 +65,9 @@ from nodemgr.status.server import DaemonFacts, LiveStatus, StatusServer
 from nodemgr.supervision.supervisor import MpsSupervisor
 
 log = logging.getLogger("gpushare-node")
+
+# The DRA plugin's two servers as the status document and the metrics name them.
+DRA_LISTENERS = ("dra-registration", "dra-service")
 
 
 def run(
@@ -307,6 +311,9 @@ def listener_caps(settings: Settings) -> dict[str, int]:
         caps["metrics"] = http.MAX_CONNECTIONS
     for name in _plugin_resources(settings):
         caps[f"device-plugin:{name}"] = servicer.MAX_CONNECTIONS
+    if settings.dra.enabled:
+        for name in DRA_LISTENERS:
+            caps[name] = dra_plugin.MAX_CONNECTIONS
     return caps
 
 
@@ -327,6 +334,9 @@ def _listener_stats(
         stats["metrics"] = metrics.stats()
     for name in _plugin_resources(settings):
         stats[f"device-plugin:{name}"] = servicer.budget_stats()
+    if settings.dra.enabled:
+        for name in DRA_LISTENERS:
+            stats[name] = dra_plugin.budget_stats()
     return stats
 
 

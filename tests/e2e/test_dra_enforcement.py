@@ -8,105 +8,14 @@ claim's memory, summed over the claim's containers."""
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import pytest
 
 from tests.harness import runc_env
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, MEMORY, Node
-from tests.harness.kubelet_dra import ApiAccess, DraKubelet
-from tests.harness.kubelet_sim import TestKubelet
+from tests.harness.dra_enforcement import DraEnforcementNode
 
 pytestmark = pytest.mark.e2e
-
-DRIVER = "gpushare.aliyun.com"
-NODE = "node-a"
-CLASS = "gpu.gpushare.aliyun.com"
-
-
-class DraEnforcementNode:
-    def __init__(self):
-        runc_env.require()
-        self.api = TestApiServer()
-        self.api.start()
-        self.api.add_node(NODE)
-        self.api.add_device_class(CLASS, [f'device.driver == "{DRIVER}"'])
-        self.node = Node()
-        root = self.node.root
-        self.usage_file = os.path.join(root, "usage.json")
-        self.set_usage([])
-        self.cdi_dir = os.path.join(root, "cdi")
-        registry = os.path.join(root, "plugins_registry")
-        kubeconfig = self.api.write_kubeconfig(os.path.join(root, "kubeconfig"))
-        dra = {"enabled": True, "plugins_registry_dir": registry,
-               "plugins_dir": os.path.join(root, "plugins"), "cdi_dir": self.cdi_dir}  # fmt: skip
-
-        def configure(c):
-            c["gpus"]["simulated"]["usage_file"] = self.usage_file
-            c.update(kubernetes={"kubeconfig": kubeconfig}, dra=dra)
-
-        self.node.rewrite_config(configure)
-        self.kubelet = TestKubelet(self.node.device_plugin_dir, self.node.pod_resources_socket)
-        self.dra = DraKubelet(registry, ApiAccess(self.api.url, self.api.token), NODE, 0.05)
-        self.kubelet.start()
-        self.dra.start()
-        self.kubelet.attach_dra(self.dra)
-        self.node.start()
-        self.kubelet.wait_for_resource(MEMORY, timeout=30)
-        self.kubelet.wait_for_resource(CORE, timeout=30)
-        self.dra.wait_registered(DRIVER, timeout=15)
-        self.node.wait_for(
-            lambda: [s for s in self.api.resource_slices(NODE) if len(s["spec"]["devices"]) == 2],
-            15,
-            "the slice offering both cards (once their MPS is up)",
-        )
-        self.runtime = runc_env.Runtime(root, os.path.join(root, "run", "hook.sock"))
-
-    def set_usage(self, processes):
-        document = {"processes": [{"pid": p, "gpu": g, "used_mib": m} for p, g, m in processes]}
-        with open(self.usage_file + ".tmp", "w") as f:
-            json.dump(document, f)
-        os.replace(self.usage_file + ".tmp", self.usage_file)
-
-    def prepared_pod(self, pod, claim, capacity, claims_of_pod=None):
-        """A pod using ``claim`` (made and allocated unless it exists), prepared by kubelet;
-        the claim's CDI env and mounts."""
-        if self.api.resource_claim("default", claim) is None:
-            request = {"name": "gpu", "deviceClassName": CLASS, "capacity": capacity}
-            self.api.add_resource_claim("default", claim, [request])
-        containers = [{"name": "main", "claims": [{"name": claim}]}]
-        claims = [{"name": claim, "resourceClaimName": claim}]
-        created = self.api.add_pod(
-            "default", pod, NODE, containers=containers, resource_claims=claims
-        )
-        if (self.api.resource_claim("default", claim).get("status") or {}).get("allocation"):
-            self.api.reserve_claim("default", claim, created)
-        else:
-            self.api.allocate_claim("default", claim, NODE, created)
-        result = self.dra.prepare_pod(created)
-        assert result.ok, result.error
-        uid = self.api.resource_claim("default", claim)["metadata"]["uid"]
-        with open(os.path.join(self.cdi_dir, f"{DRIVER}-gpu_{uid}.json")) as f:
-            [device] = json.load(f)["devices"]
-        edits = device["containerEdits"]
-        env = dict(entry.split("=", 1) for entry in edits["env"])
-        mounts = [(m["containerPath"], m["hostPath"]) for m in edits["mounts"]]
-        return env, mounts
-
-    def start_in_pod(self, name, pod, env, mounts):
-        annotations = runc_env.cri_annotations("default", pod, "main")
-        bundle = self.runtime.bundle(name, env, mounts, annotations=annotations)
-        return self.runtime.run(name, bundle)
-
-    def close(self):
-        self.runtime.cleanup()
-        self.dra.stop()
-        self.kubelet.stop()
-        self.node.cleanup()
-        self.api.stop()
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ import json
 import os
 
 from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
+from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, WHOLE, Node
 from tests.harness.kubelet_dra import ApiAccess, DraKubelet
 from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
 
@@ -23,15 +23,20 @@ class DraCluster:
     plugin side (both doors), in one short directory."""
 
     def __init__(
-        self, wiping_delay: float = 30.0, driver: str = DRIVER, cdi_dir: str | None = None
+        self,
+        wiping_delay: float = 30.0,
+        driver: str = DRIVER,
+        cdi_dir: str | None = None,
+        control_binary: str = MPS_STANDIN,
     ):
         """``driver`` and ``cdi_dir`` (default: a directory of the node's own) as the
-        config's dra.driver and dra.cdi_dir."""
+        config's dra.driver and dra.cdi_dir; ``control_binary``: the MPS control binary
+        (the stand-in, or NVIDIA's real one from tests.harness.real_parts)."""
         self.driver = driver
         self.api = TestApiServer()
         self.api.start()
         self.api.add_node(NODE)
-        self.node = Node()
+        self.node = Node(control_binary)
         root = self.node.root
         self.registry = os.path.join(root, "plugins_registry")
         self.cdi_dir = cdi_dir or os.path.join(root, "cdi")

@@ -10,14 +10,19 @@ started, and that a crashed MPS control daemon is started again. Then each liste
 metrics port, the status and hook sockets, each device plugin socket) is flooded in turn
 with connections that send nothing while enforcement and admission are checked, then with
 clients trickling a byte at a time, a request far over its byte limit and bytes that are no
-request. The root-only sockets are flooded as root (a misbehaving agent: a hostile root can
-stop the daemon anyway); a local user cannot connect to them at all. Each test records one
-row of the README table "Exhaustion" from what it observed; the last test compares the
-table with the README (``scripts/update-tables`` rewrites it).
+request. The DRA plugin's two sockets are flooded the same way on a second node, with
+dra.enabled against the test API server and kubelet's DRA side, where a claim is prepared
+through kubelet's DRA connection meanwhile, its container made from its CDI spec and its
+process over the claim's memory killed, and a device plugin pod admitted. The root-only
+sockets are flooded as root (a misbehaving agent: a hostile root can stop the daemon
+anyway); a local user cannot connect to them at all. Each test records one row of the
+README table "Exhaustion" from what it observed; the last test compares the table with the
+README (``scripts/update-tables`` rewrites it).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -29,15 +34,21 @@ import grpc
 import pytest
 
 from hooks import protocol
+from nodemgr.config.loading import load_settings
+from nodemgr.dra import plugin as dra_plugin
 from nodemgr.enforcement import hookserver
 from nodemgr.kubelet import servicer
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from nodemgr.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc
+from nodemgr.kubelet.api import pluginregistration_v1_pb2 as reg
+from nodemgr.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from nodemgr.runtime.loop import SOCKET_NAMES
 from nodemgr.status import http
 from nodemgr.status import server as status_server
 from tests.harness import real_parts
-from tests.harness.daemon_proc import GPU0, WHOLE
+from tests.harness.daemon_proc import GPU0, MEMORY, WHOLE
+from tests.harness.dra_enforcement import DraEnforcementNode
 from tests.harness.kubelet_sim import ContainerSpec
 from tests.harness.mps_tenant import MpsNode
 from tests.harness.outcome_table import OutcomeTable
@@ -77,13 +88,20 @@ PLUGIN = {
     "64 MiB Allocate, bytes that are not HTTP/2"
     for kind, name in SOCKET_NAMES.items()
 }
-LOCAL_USER = "a local user (uid 65534) connects to the status, hook and device plugin sockets"
+DRA = {
+    "registration": "the DRA registration socket `<driver>-reg.sock` (root only): 1,200 idle "
+    "connections, 20 trickling the HTTP/2 preface, a 64 MiB NotifyRegistrationStatus, bytes "
+    "that are not HTTP/2",
+    "service": "the DRA service socket `dra.sock` (root only): 1,200 idle connections, 20 "
+    "trickling the HTTP/2 preface, a 64 MiB NodePrepareResources, bytes that are not HTTP/2",
+}
+LOCAL_USER = "a local user (uid 65534) connects to the status, hook, device plugin and DRA sockets"
 
 TABLE = OutcomeTable(
     "hostile-exhaustion",
     "tests/hostile/test_exhaustion.py",
     ("attack", "result", "what the attacker got"),
-    (IDLE_METRICS, METRICS, STATUS, HOOK, *PLUGIN.values(), LOCAL_USER),
+    (IDLE_METRICS, METRICS, STATUS, HOOK, *PLUGIN.values(), *DRA.values(), LOCAL_USER),
 )
 
 
@@ -101,6 +119,17 @@ def site(shared):
     """The shared node, emptied: no container, GPU process, pod or allocation."""
     shared.reset()
     return shared
+
+
+@pytest.fixture(scope="module")
+def dra_node():
+    """A second node, with dra.enabled (the test API server, kubelet's DRA side), NVIDIA's
+    real MPS control binary, runc and the same open-file limit."""
+    node = DraEnforcementNode(real_parts.require().mps_control, nofile=NOFILE)
+    try:
+        yield node
+    finally:
+        node.close()
 
 
 # --- what every test checks meanwhile ------------------------------------------------------
@@ -148,24 +177,31 @@ def flood_and_check(site: tenant.Site, connect: floods.Connect, name: str) -> tu
     """FLOOD idle connections (each sends one byte on TCP, see floods.tcp), and meanwhile
     enforcement and admission; (their words, the daemon's peak open files)."""
     pid = site.cluster.node.process.pid
+    return flood_while(pid, connect, lambda: enforcement_and_admission_go_on(site, name))
+
+
+def flood_while(pid: int, connect: floods.Connect, meanwhile) -> tuple[str, int]:
+    """FLOOD idle connections to daemon ``pid`` while ``meanwhile()`` runs; (what it
+    returned, the daemon's peak open files)."""
     with floods.FdWatch(pid) as fds, floods.Flood(connect, FLOOD):
-        went_on = enforcement_and_admission_go_on(site, name)
+        went_on = meanwhile()
         peak = fds.peak
     assert peak < NOFILE, peak
     return went_on, peak
 
 
 def attempts(
-    site: tenant.Site,
+    site: tenant.Site | int,
     connect: floods.Connect,
     request: bytes,
     oversized: bytes | None,
     trickle_seconds: float,
 ) -> Attempts:
-    """``oversized`` (None: none; the device plugins get theirs through gRPC) and GARBAGE,
-    each closed by the daemon, then the trickle (``request`` a byte every 0.5 s, TRICKLERS
-    at once); the daemon's open files watched throughout."""
-    pid = site.cluster.node.process.pid
+    """``oversized`` (None: none; the gRPC sockets get theirs through gRPC) and GARBAGE,
+    each closed by the daemon (``site``'s, or the one of that PID), then the trickle
+    (``request`` a byte every 0.5 s, TRICKLERS at once); the daemon's open files watched
+    throughout."""
+    pid = site if isinstance(site, int) else site.cluster.node.process.pid
     with floods.FdWatch(pid) as fds:
         too_big = None
         if oversized is not None:
@@ -374,6 +410,93 @@ def oversized_allocate(path: str) -> grpc.StatusCode:
     raise AssertionError("an Allocate of 64 MiB was answered")
 
 
+# --- the DRA plugin's sockets, on the DRA node -------------------------------------------------
+
+
+def dra_goes_on(node: DraEnforcementNode, name: str) -> str:
+    """A claim prepared through kubelet's DRA connection (kubelet tries a pod start again
+    until it succeeds, as it does), its GPU container started from the claim's CDI spec
+    through the runtime hook, that container's process at 9,000 MiB of the claim's 2 GiB
+    killed, and a device plugin pod admitted; the row's words for it."""
+    env, mounts = node.prepared_pod(name, f"{name}-claim", {"memory": "2Gi"}, retry_seconds=30)
+    done = node.start_in_pod(name, name, env, mounts)
+    assert done.returncode == 0, done.stdout
+    init = node.runtime.pid(name)
+    node.set_usage([(init, env["NVIDIA_VISIBLE_DEVICES"], 9000)])
+    killed = killed_within(init, f"{name}: a process at 9,000 MiB of a 2 GiB claim")
+    node.set_usage([])
+    admitted = node.dp_admit(f"{name}-dp", {MEMORY: 1})
+    assert admitted.ok, admitted.error
+    return (
+        "a claim prepared through kubelet's DRA connection, its GPU container started from "
+        f"its CDI spec, its process over the claim's memory {killed}, and a device plugin "
+        "pod admitted"
+    )
+
+
+def dra_status(node: DraEnforcementNode) -> dict:
+    done = node.node.nodemgr("status", "--json")
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def oversized_dra_call(node: DraEnforcementNode, which: str) -> grpc.StatusCode:
+    """A 64 MiB call over a connection of its own to ``which`` DRA socket: gRPC's answer."""
+    settings = load_settings(node.node.config_path).dra
+    options = [("grpc.max_send_message_length", -1)]
+    path = getattr(settings, f"{which}_socket")
+    with grpc.insecure_channel(f"unix://{path}", options=options) as channel:
+        try:
+            if which == "registration":
+                status = reg.RegistrationStatus(
+                    plugin_registered=False, error="x" * OVERSIZED_BYTES
+                )
+                reg_grpc.RegistrationStub(channel).NotifyRegistrationStatus(status, timeout=30)
+            else:
+                claims = [
+                    dra_v1_pb2.Claim(namespace="ns", uid=f"u{i}", name="c" * 250_000)
+                    for i in range(OVERSIZED_BYTES // 250_000)
+                ]
+                request = dra_v1_pb2.NodePrepareResourcesRequest(claims=claims)
+                dra_v1_pb2_grpc.DRAPluginStub(channel).NodePrepareResources(request, timeout=30)
+        except grpc.RpcError as e:
+            return e.code()
+    raise AssertionError(f"a 64 MiB call to the DRA {which} socket was answered")
+
+
+@pytest.mark.parametrize("which", list(DRA))
+def test_each_dra_socket_keeps_to_its_budget(dra_node, which):
+    """The same at the DRA plugin's registration and service sockets (root only, gRPC): at
+    most MAX_CONNECTIONS kept, the rest closed at once; a trickled HTTP/2 preface cut at the
+    handshake deadline; a 64 MiB call refused RESOURCE_EXHAUSTED unread; garbage closed;
+    meanwhile kubelet prepares a claim through its DRA connection, the claim's container is
+    policed, a device plugin pod is admitted, and the daemon stays healthy."""
+    node = dra_node
+    pid = node.node.process.pid
+    assert floods.nofile_limit(pid) == NOFILE
+    path = getattr(load_settings(node.node.config_path).dra, f"{which}_socket")
+    went_on, _ = flood_while(pid, floods.unix(path), lambda: dra_goes_on(node, f"dra-{which}"))
+    attempts(
+        pid,
+        floods.unix(path),
+        b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n",
+        None,
+        dra_plugin.HANDSHAKE_SECONDS,
+    )
+    code = oversized_dra_call(node, which)
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, code
+    daemon = dra_status(node)["daemon"]
+    assert daemon["healthy"] is True and daemon["dra"]["serving"] is True, daemon
+    TABLE.record(
+        DRA[which],
+        f"idle: at most {dra_plugin.MAX_CONNECTIONS} kept, the rest closed at once; trickling: "
+        f"cut {dra_plugin.HANDSHAKE_SECONDS:g} s after connecting (HTTP/2 handshake deadline); "
+        f"64 MiB: {code.name} unread (limit {dra_plugin.MAX_RECEIVE_BYTES // 1024} KiB); not "
+        f"HTTP/2: closed; the daemon's open files under {NOFILE}; meanwhile {went_on}",
+        "nothing: kubelet's DRA calls served on",
+    )
+
+
 # --- authentication: who can connect at all ---------------------------------------------------
 
 AS_NOBODY = textwrap.dedent(
@@ -392,16 +515,19 @@ AS_NOBODY = textwrap.dedent(
 )
 
 
-def test_a_local_user_cannot_connect_to_the_root_only_sockets(site):
+def test_a_local_user_cannot_connect_to_the_root_only_sockets(site, dra_node):
     """As uid 65534 (what any local user or non-root hostNetwork pod is), connecting to the
-    status, hook and device plugin sockets is refused by the file system (0600, root);
+    status, hook, device plugin and DRA sockets is refused by the file system (0600, root);
     the metrics port is the one listener it reaches (the main attack)."""
     cluster = site.cluster
     run = os.path.dirname(cluster.hook_socket)
+    dra = load_settings(dra_node.node.config_path).dra
     paths = [
         cluster.hook_socket,
         os.path.join(run, "status.sock"),
         *(os.path.join(cluster.node.device_plugin_dir, n) for n in SOCKET_NAMES.values()),
+        dra.registration_socket,
+        dra.service_socket,
     ]
     done = subprocess.run(
         ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c",

@@ -1,13 +1,19 @@
 """Pins nodemgr.dra.plugin over real gRPC on unix sockets: GetInfo (type, name, endpoint,
 v1 before v1beta1), kubelet's verdict kept, the servicers' translation of both API
 versions (share ID only in v1; an empty entry present), kubelet's deadline handed to the
-driver, the claim budget, sockets bound again after removal, and removed on stop."""
+driver, the claim budget, sockets bound again after removal, and removed on stop. Both
+sockets are root-only and never wider while they are made, whatever the umask; both
+servers keep to a budget (connection cap, handshake deadline, calls at once, a message
+limit that still takes the largest request kubelet sends)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
+import stat
 import tempfile
+import threading
 import time
 
 import grpc
@@ -16,7 +22,7 @@ import pytest
 from nodemgr.config.schema import DraSettings
 from nodemgr.dra import plugin as plugin_module
 from nodemgr.dra.driver import Prepared, PreparedDevice
-from nodemgr.dra.plugin import DraPlugin
+from nodemgr.dra.plugin import HANDSHAKE_SECONDS, MAX_CALLS, MAX_CONNECTIONS, DraPlugin
 from nodemgr.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from nodemgr.kubelet.api import pluginregistration_v1_pb2 as reg
 from nodemgr.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
@@ -37,12 +43,16 @@ class FakeDriver:
         return {c.uid: None for c in claims}
 
 
+def settings_in(root):
+    return DraSettings(enabled=True, plugins_registry_dir=f"{root}/registry",
+                       plugins_dir=f"{root}/plugins", cdi_dir=f"{root}/cdi")  # fmt: skip
+
+
 @pytest.fixture
 def served(monkeypatch):
     monkeypatch.setattr(plugin_module, "CHECK_PERIOD_SECONDS", 0.05)
     root = tempfile.mkdtemp(prefix="dp", dir="/tmp")
-    settings = DraSettings(enabled=True, plugins_registry_dir=f"{root}/registry",
-                           plugins_dir=f"{root}/plugins", cdi_dir=f"{root}/cdi")  # fmt: skip
+    settings = settings_in(root)
     driver = FakeDriver()
     plugin = DraPlugin(settings, driver)
     plugin.start()
@@ -129,3 +139,243 @@ def test_a_removed_socket_is_bound_again_and_stop_removes_both(served):
     assert plugin.join(5)
     assert not os.path.exists(registration)
     assert not os.path.exists(plugin.settings.service_socket)
+
+
+# --- who may connect, and the budget --------------------------------------------------------
+
+
+def _umask_now() -> int:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    pytest.skip("this kernel does not show Umask in /proc/self/status")
+
+
+def test_both_sockets_are_root_only_whatever_the_umask_and_never_wider():
+    """With umask 0 both sockets are 0600, and while the plugin starts no socket of wider
+    mode is ever in either directory (each is bound in a private directory and renamed
+    into place): only root (kubelet) can connect; no staging directory is left behind."""
+    root = tempfile.mkdtemp(prefix="dp", dir="/tmp")
+    settings = settings_in(root)
+    directories = (settings.plugins_registry_dir, os.path.dirname(settings.service_socket))
+    for directory in directories:
+        os.makedirs(directory)
+    seen: set[int] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            for directory in directories:
+                for path, _, names in os.walk(directory):
+                    for name in names:
+                        try:
+                            mode = os.lstat(os.path.join(path, name)).st_mode
+                        except FileNotFoundError:
+                            continue
+                        if stat.S_ISSOCK(mode):
+                            seen.add(stat.S_IMODE(mode))
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    old = os.umask(0)
+    plugin = DraPlugin(settings, FakeDriver())
+    try:
+        plugin.start()
+    finally:
+        os.umask(old)
+        done.set()
+        watcher.join()
+    try:
+        assert _umask_now() == old
+        sockets = (settings.registration_socket, settings.service_socket)
+        assert {stat.S_IMODE(os.stat(p).st_mode) for p in sockets} == {0o600}
+        assert seen <= {0o600}, {oct(m) for m in seen}
+        assert os.listdir(directories[0]) == [os.path.basename(settings.registration_socket)]
+        assert os.listdir(directories[1]) == ["dra.sock"]
+        info = reg_grpc.RegistrationStub(channel(settings.registration_socket)).GetInfo(
+            reg.InfoRequest(), timeout=5
+        )
+        assert info.endpoint == settings.service_socket
+    finally:
+        plugin.stop()
+        plugin.join(5)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _closed(sock: socket.socket) -> bool:
+    """Whether the server closed it (what it sent first, its HTTP/2 settings, is read away)."""
+    sock.setblocking(False)
+    try:
+        while sock.recv(65536):
+            pass
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _kubelet_call(plugin, which):
+    """A call on ``which`` socket as kubelet makes it, on a channel of its own."""
+    if which == "registration":
+        stub = reg_grpc.RegistrationStub(channel(plugin.settings.registration_socket))
+        return lambda: stub.GetInfo(reg.InfoRequest(), timeout=5).name
+    stub = dra_v1_pb2_grpc.DRAPluginStub(channel(plugin.settings.service_socket))
+    request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims("u1"))
+    return lambda: list(stub.NodeUnprepareResources(request, timeout=5).claims)
+
+
+@pytest.mark.parametrize("which", ["registration", "service"])
+def test_connections_over_the_cap_are_closed_and_idle_ones_cut_at_the_handshake(served, which):
+    """40 connections that never speak HTTP/2 to either socket: at most MAX_CONNECTIONS
+    are kept, the rest closed at once; those kept are closed once HANDSHAKE_SECONDS
+    passed; kubelet's own channel, opened before, answers meanwhile."""
+    plugin, _ = served
+    path = getattr(plugin.settings, f"{which}_socket")
+    call = _kubelet_call(plugin, which)
+    assert call()  # kubelet's connection, open
+    raw = []
+    try:
+        for _ in range(40):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(path)
+            raw.append(sock)
+        time.sleep(1.0)
+        assert call()
+        open_now = [s for s in raw if not _closed(s)]
+        assert len(open_now) <= MAX_CONNECTIONS, len(open_now)
+        time.sleep(HANDSHAKE_SECONDS + 1.0)
+        assert [s for s in raw if not _closed(s)] == []
+    finally:
+        for sock in raw:
+            sock.close()
+
+
+def _longest_claims(count):
+    """``count`` claims named as long as the API allows: namespace 63 characters (a DNS
+    label), UID 36 (a UUID), name 253 (a DNS subdomain)."""
+    return [
+        dra_v1_pb2.Claim(namespace="n" * 63, uid=f"{i:036d}", name="c" * 253) for i in range(count)
+    ]
+
+
+def test_the_largest_request_kubelet_sends_is_served(served):
+    """MAX_CLAIMS claims, each named as long as the API allows, reach the driver: the
+    message limit is above the largest NodePrepareResources kubelet can send."""
+    plugin, driver = served
+    stub = dra_v1_pb2_grpc.DRAPluginStub(channel(plugin.settings.service_socket))
+    request = dra_v1_pb2.NodePrepareResourcesRequest(
+        claims=_longest_claims(plugin_module.MAX_CLAIMS)
+    )
+    stub.NodePrepareResources(request, timeout=5)
+    assert len(driver.calls[0][1]) == plugin_module.MAX_CLAIMS
+
+
+def test_the_largest_answer_stays_under_what_a_grpc_client_reads():
+    """MAX_CLAIMS claims of MAX_RESULTS devices each, every name as long as the API allows
+    (node 253, request 63, device 63, driver 63), make a NodePrepareResources answer under
+    4 MiB, the most a gRPC client reads unless told otherwise; and the request naming them
+    is under MAX_RECEIVE_BYTES."""
+    uid = "u" * 36
+    cdi_id = f"{'d' * 63}/gpu={uid}-{'g' * 63}-{'s' * 36}"
+    device = PreparedDevice(("r" * 63,), "n" * 253, "g" * 63, (cdi_id,), "s" * 36)
+    response = dra_v1_pb2.NodePrepareResourcesResponse()
+    service = plugin_module._DraService(dra_v1_pb2, None, None, share_ids=True)
+    for i in range(plugin_module.MAX_CLAIMS):
+        key = f"{i:036d}"
+        service._fill(response.claims[key], Prepared((device,) * plugin_module.MAX_RESULTS))
+    assert response.ByteSize() < 4 * 1024 * 1024, response.ByteSize()
+    request = dra_v1_pb2.NodePrepareResourcesRequest(
+        claims=_longest_claims(plugin_module.MAX_CLAIMS)
+    )
+    assert request.ByteSize() < plugin_module.MAX_RECEIVE_BYTES, request.ByteSize()
+
+
+def test_a_request_over_the_message_limit_is_refused_unread(served):
+    """A NodePrepareResources of 1 MiB (200 claims whose names no API object can have) is
+    refused RESOURCE_EXHAUSTED by gRPC before the servicer sees it; the same holds on the
+    registration socket; both answer the next call."""
+    plugin, driver = served
+    stub = dra_v1_pb2_grpc.DRAPluginStub(channel(plugin.settings.service_socket))
+    big = [dra_v1_pb2.Claim(namespace="ns", uid=f"u{i}", name="c" * 5000) for i in range(200)]
+    request = dra_v1_pb2.NodePrepareResourcesRequest(claims=big)
+    assert request.ByteSize() > 1_000_000
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.NodePrepareResources(request, timeout=5)
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    assert driver.calls == []
+    registration = reg_grpc.RegistrationStub(channel(plugin.settings.registration_socket))
+    status = reg.RegistrationStatus(plugin_registered=False, error="x" * 1_000_000)
+    with pytest.raises(grpc.RpcError) as refused:
+        registration.NotifyRegistrationStatus(status, timeout=5)
+    assert refused.value.code() is grpc.StatusCode.RESOURCE_EXHAUSTED, refused.value
+    assert plugin.state()["registered"] is None
+    assert _kubelet_call(plugin, "service")() == ["u1"]
+    assert _kubelet_call(plugin, "registration")() == "gpushare.aliyun.com"
+
+
+class BlockedDriver(FakeDriver):
+    """Unprepare waits until ``release`` is set."""
+
+    def __init__(self):
+        super().__init__()
+        self.release = threading.Event()
+
+    def unprepare(self, claims):
+        self.release.wait(30)
+        return super().unprepare(claims)
+
+
+def test_calls_over_the_server_cap_are_refused_at_once():
+    """With the driver busy, MAX_CALLS + 8 calls at once over several connections: those
+    over MAX_CALLS are refused RESOURCE_EXHAUSTED at once, not queued; the others are
+    answered once the driver goes on."""
+    root = tempfile.mkdtemp(prefix="dp", dir="/tmp")
+    driver = BlockedDriver()
+    plugin = DraPlugin(settings_in(root), driver)
+    plugin.start()
+    # A connection each (channels to one target share one unless told not to): more
+    # calls at once than MAX_STREAMS lets one connection carry.
+    channels = [
+        grpc.insecure_channel(
+            f"unix://{plugin.settings.service_socket}",
+            options=[("grpc.use_local_subchannel_pool", 1)],
+        )
+        for _ in range(4)
+    ]
+    request = dra_v1_pb2.NodeUnprepareResourcesRequest(claims=claims("u1"))
+    outcomes: list[object] = []
+    lock = threading.Lock()
+
+    def call(i: int) -> None:
+        stub = dra_v1_pb2_grpc.DRAPluginStub(channels[i % len(channels)])
+        try:
+            stub.NodeUnprepareResources(request, timeout=20)
+            outcome: object = "answered"
+        except grpc.RpcError as e:
+            outcome = e.code()
+        with lock:
+            outcomes.append(outcome)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(MAX_CALLS + 8)]
+    try:
+        for thread in threads:
+            thread.start()
+        deadline = time.monotonic() + 10
+        while len(outcomes) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with lock:
+            early = list(outcomes)
+        driver.release.set()
+        for thread in threads:
+            thread.join(30)
+        assert early == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 8, early
+        assert outcomes.count("answered") == MAX_CALLS, outcomes
+    finally:
+        driver.release.set()
+        for c in channels:
+            c.close()
+        plugin.stop()
+        plugin.join(5)
+        shutil.rmtree(root, ignore_errors=True)

@@ -83,3 +83,25 @@ def test_watchdog_pings_stop_while_the_run_loop_hangs_and_resume_after(monkeypat
         kubelet.stop()
         systemd.close()
     assert not thread.is_alive()
+
+
+def test_every_listener_has_its_cap_counted_the_dra_sockets_with_dra_enabled():
+    """The open-file check counts each listener the daemon serves at its cap: the hook,
+    status and metrics servers, one per device plugin socket, and the two DRA sockets
+    only with dra.enabled."""
+    base = {"node_name": "node-a"}
+    without = daemon.listener_caps(settings_from_mapping(base))
+    assert without == {
+        "hook": 64,
+        "status": 16,
+        "metrics": 16,
+        "device-plugin:aliyun.com/gpu-mem": 8,
+        "device-plugin:aliyun.com/gpu-core.percentage": 8,
+        "device-plugin:nvidia.com/gpu": 8,
+    }
+    enabled = settings_from_mapping({**base, "dra": {"enabled": True}})
+    assert daemon.listener_caps(enabled) == {
+        **without,
+        "dra-registration": 8,
+        "dra-service": 8,
+    }
