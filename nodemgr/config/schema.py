@@ -261,6 +261,18 @@ class Settings:
         for resource, name in PLUGIN_SOCKETS.items():
             path = os.path.join(self.kubelet.device_plugin_dir, name)
             paths[path] = f"gpushare-node's device plugin socket ({resource})"
+        if self.dra.enabled:
+            # Its dra.sock unprepares any claim; a spec in the CDI directory is applied by
+            # the runtime to whichever container names it. Guarded only with DRA on: other
+            # drivers' plugins use these directories (privileged, so node-wide).
+            dra = self.dra
+            registration = os.path.join(dra.plugins_registry_dir, f"{dra.driver}-reg.sock")
+            paths[registration] = "gpushare-node's DRA registration socket"
+            plugin_dir = os.path.join(dra.plugins_dir, dra.driver)
+            paths[plugin_dir] = "gpushare-node's DRA plugin directory (its dra.sock)"
+            paths[dra.cdi_dir] = (
+                "the CDI spec directory (gpushare-node writes its claims' specs there)"
+            )
         return {os.path.normpath(path): what for path, what in paths.items()}
 
     def hook_guards(self) -> tuple[str, ...]:

@@ -47,3 +47,24 @@ def test_sockets_configured_elsewhere_are_guarded_too():
     assert "/srv/gs/status.sock" in guards and "/srv/state" in guards
     assert "/var/run/gs-hook.sock" not in guards and "/run/gs" not in guards
     assert "/k/dp/gpushare-core.sock" in guards
+
+
+def test_the_dra_door_s_paths_are_guarded_when_it_is_on():
+    """With dra.enabled the DRA registration socket, the driver's plugin directory (its
+    dra.sock: NodeUnprepareResources of any claim) and the CDI spec directory (specs the
+    runtime applies to containers) are the daemon's own too, and the hook is told of them;
+    with DRA off they are not guarded (other drivers may use those directories)."""
+    off = settings_from_mapping({"node_name": "n"})
+    on = settings_from_mapping({"node_name": "n", "dra": {"enabled": True}})
+    dra = {
+        "/var/lib/kubelet/plugins_registry/gpushare.aliyun.com-reg.sock": (
+            "gpushare-node's DRA registration socket"
+        ),
+        "/var/lib/kubelet/plugins/gpushare.aliyun.com": (
+            "gpushare-node's DRA plugin directory (its dra.sock)"
+        ),
+        "/var/run/cdi": "the CDI spec directory (gpushare-node writes its claims' specs there)",
+    }
+    assert on.own_paths() == {**off.own_paths(), **dra}
+    assert set(dra) <= set(on.hook_guards())
+    assert not set(dra) & set(off.own_paths())

@@ -395,6 +395,41 @@ def test_the_daemons_own_paths_are_refused_to_everyone(source, fragment, grant):
     assert problem is not None and fragment in problem, problem
 
 
+DRA_OWN = DaemonPaths(
+    paths={
+        **OWN.paths,
+        "/var/lib/kubelet/plugins_registry/gpushare.aliyun.com-reg.sock": (
+            "gpushare-node's DRA registration socket"
+        ),
+        "/var/lib/kubelet/plugins/gpushare.aliyun.com": (
+            "gpushare-node's DRA plugin directory (its dra.sock)"
+        ),
+        "/var/run/cdi": "the CDI spec directory (gpushare-node writes its claims' specs there)",
+    },
+    directories=OWN.directories,
+)
+
+
+@pytest.mark.parametrize(
+    ("source", "fragment"),
+    [
+        ("/var/lib/kubelet/plugins/gpushare.aliyun.com/dra.sock", "DRA plugin directory"),
+        ("/var/lib/kubelet/plugins", "DRA plugin directory"),
+        ("/var/lib/kubelet/plugins_registry", "DRA registration socket"),
+        ("/var/run/cdi", "the CDI spec directory"),
+        ("/var/run/cdi/k8s.gpushare.aliyun.com-gpu_1.json", "the CDI spec directory"),
+    ],
+)
+def test_the_dra_doors_paths_are_refused_when_it_is_on(source, fragment):
+    """With the DRA door on, its sockets (dra.sock unprepares any claim) and the CDI spec
+    directory (a spec there is applied to whichever container names it) are the daemon's
+    own: a container without GPUs mounting one, or a directory above it short of the
+    node-wide ones, is refused."""
+    node = dataclasses.replace(NODE, daemon=DRA_OWN)
+    problem = spec_problem(mounts(("/mnt", source)), None, node, env_asks_gpus=False)
+    assert problem is not None and fragment in problem, problem
+
+
 def test_what_an_allocation_is_given_in_run_dir_still_passes():
     """The shared allocation's own client directory and its card's /dev/shm, under run_dir."""
     spec = mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client"), ("/dev/shm", f"{MPS}/{GPU0}/shm"))
