@@ -117,8 +117,12 @@ class Mps:
         return self.binary != MPS_STANDIN
 
     def run(self, *args: str, stdin: str = "", **kwargs) -> subprocess.CompletedProcess:
+        """The binary with ``args``; run as another ``user``, from a copy that user can
+        reach (the checkout may lie under a directory only its owner may enter, as root's
+        home is)."""
+        binary = self.binary if kwargs.get("user") is None else self._reachable_copy()
         return subprocess.run(
-            [self.binary, *args],
+            [binary, *args],
             input=stdin,
             env=self.env,
             capture_output=True,
@@ -126,6 +130,17 @@ class Mps:
             timeout=20,
             **kwargs,
         )
+
+    def _reachable_copy(self) -> str:
+        """The binary copied, under its own name, into a directory every user may enter."""
+        directory = os.path.join(self.root, "bin")
+        copy = os.path.join(directory, os.path.basename(self.binary))
+        if not os.path.exists(copy):
+            os.makedirs(directory, exist_ok=True)
+            shutil.copy(self.binary, copy)
+            os.chmod(directory, 0o755)
+            os.chmod(copy, 0o755)
+        return copy
 
     def client(self, *lines: str, **kwargs) -> subprocess.CompletedProcess:
         return self.run(stdin="".join(line + "\n" for line in lines), **kwargs)
