@@ -181,8 +181,64 @@ def test_linkage_whole_card_is_unhealthy_for_shared_resources(allocator):
 
 def test_card_holding_shared_work_cannot_be_given_out_whole(allocator):
     admit(allocator, [(MEM, 1)])
-    with pytest.raises(ConflictError, match="already hold shared allocations"):
+    with pytest.raises(ConflictError, match="holds shared allocations"):
         allocator.allocate(WHOLE, [GPU0])
+
+
+def test_whole_card_preferred_skips_cards_holding_shared_work_on_a_stale_list(allocator):
+    """kubelet's whole-card list still shows GPU0 healthy (the ListAndWatch update marking it
+    Unhealthy is in flight) after a share landed there: GetPreferredAllocation picks GPU1,
+    which Allocate then gives (GPU0 would be refused, and the pod failed for good)."""
+    admit(allocator, [(MEM, 2)])  # GPU0 holds shared work
+    picked = allocator.preferred(WHOLE, [GPU0, GPU1], [], 1)
+    assert picked == [GPU1]
+    assert allocator.allocate(WHOLE, picked).envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+
+
+def test_whole_card_refused_clearly_when_every_offered_card_holds_shared_work(tmp_path, clock):
+    """Every card kubelet offers whole holds shared work (its list was stale): the refusal
+    names the cards, what they hold and that kubelet's device list was stale; Allocate of
+    such a card says the same. Nothing changes."""
+    allocator = make(simulated_settings(str(tmp_path), placement="spread"), clock)
+    admit(allocator, [(MEM, 2)])
+    admit(allocator, [(MEM, 2)])  # spread: one share on each card
+    before = allocator.allocations()
+    for call in (
+        lambda: allocator.preferred(WHOLE, [GPU0, GPU1], [], 1),
+        lambda: allocator.allocate(WHOLE, [GPU1]),
+    ):
+        with pytest.raises(ConflictError) as refused:
+            call()
+        message = str(refused.value)
+        assert "GPU1" in message and "holds shared allocations (1)" in message
+        assert "kubelet's device list was stale" in message
+    assert allocator.allocations() == before
+
+
+def test_two_whole_cards_refused_when_only_one_offered_card_is_free_of_shared_work(allocator):
+    """Two whole cards asked, one of the two offered holds a share: refused naming it
+    (filling up with it would only move the refusal to Allocate)."""
+    admit(allocator, [(MEM, 2)])
+    with pytest.raises(ConflictError, match=r"GPU0 \(.*\) holds shared allocations \(1\)"):
+        allocator.preferred(WHOLE, [GPU0, GPU1], [], 2)
+
+
+def test_shares_preferred_off_a_card_given_out_whole_on_a_stale_list(allocator):
+    """kubelet's memory list still shows GPU0's IDs healthy after GPU0 was given out whole:
+    the share goes to GPU1; when only the whole card's IDs would fit, the refusal says
+    kubelet's device list was stale."""
+    allocator.allocate(WHOLE, [GPU0])
+    every = [d.id for d in allocator.devices(MEM)]  # as before the whole card was given
+    picked = allocator.preferred(MEM, every, [], 4)
+    assert {card_of(MEM, i) for i in picked} == {GPU1}
+    admit(allocator, [(MEM, 14)])  # GPU1 is nearly full now
+    stale = every[:15] + [i for i in free(allocator, MEM) if card_of(MEM, i) == GPU1]
+    with pytest.raises(NoFitError) as refused:
+        allocator.preferred(MEM, stale, [], 4)
+    assert "GPU0" in str(refused.value) and "given out whole" in str(refused.value)
+    assert "kubelet's device list was stale" in str(refused.value)
+    with pytest.raises(ConflictError, match="kubelet's device list was stale"):
+        allocator.allocate(MEM, every[:4])
 
 
 def test_whole_cards_preferred_by_index_and_envs_list_all(allocator):
