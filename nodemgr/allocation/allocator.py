@@ -440,15 +440,22 @@ class Allocator:
 
     def _gone_by_pod_cache(self) -> set[str]:
         """The shared allocations whose pod the live pod cache shows deleted, being deleted
-        or finished (a walk of the allocations: only when a refusal is at hand)."""
+        or finished, or replaced by another pod of its name (another UID) (a walk of the
+        allocations: only when a refusal is at hand)."""
         if self._pods is None or not self._pods.live:
             return set()
         gone = set()
         for allocation in self._allocations.values():
-            if allocation.owner is None or allocation.whole:
+            owner = allocation.owner
+            if owner is None or allocation.whole or allocation.claim is not None:
                 continue
-            pod = self._pods.pod(allocation.owner.namespace, allocation.owner.pod)
-            if pod is None or pod.deleting or pod.phase in FINISHED_PHASES:
+            pod = self._pods.pod(owner.namespace, owner.pod)
+            if (
+                pod is None
+                or pod.deleting
+                or pod.phase in FINISHED_PHASES
+                or not allocation.held_by(pod.namespace, pod.name, pod.uid)
+            ):
                 gone.add(allocation.id)
         return gone
 
@@ -775,6 +782,7 @@ class Allocator:
                 owner=ContainerRef(demand.namespace, demand.pod, demand.container)
                 if demand
                 else None,
+                owner_uid=(demand.pod_uid or None) if demand else None,
             )
             # Only a container's first shared resource can be carried over.
             self._open = OpenAdmission(allocation.id, self._monotonic(), demand)

@@ -874,3 +874,76 @@ def test_when_nothing_else_fits_a_deleted_pods_allocation_does_not_block(setting
         return
     results = admit_from(allocator, order, gone={"old-0"})
     assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["old-0"]}
+
+
+def recreated(pod, annotations=None):
+    """``pod`` deleted and created again under its name (a StatefulSet's web-0, a Job's
+    fixed-name pod): another pod, with a new UID."""
+    again = gpu_pod(
+        pod.name,
+        *((c.name, dict(c.requests)) for c in pod.containers),
+        annotations=annotations,
+        created=pod.created_at + 100,
+    )
+    return replace(again, uid=pod.uid + "-again")
+
+
+def admit_freed(allocator, requests, freed):
+    """``admit`` with kubelet's free lists once the allocations ``freed`` (IDs) left: kubelet
+    let their pod go, the daemon has not reconciled yet."""
+    results = {}
+    for kind, size in requests:
+        let_go = [
+            device_id
+            for a in allocator.allocations()
+            if a.id in freed
+            for device_id in a.devices.get(kind, ())
+        ]
+        ids = allocator.preferred(kind, free(allocator, kind) + let_go, [], size)
+        results[kind] = allocator.allocate(kind, ids)
+    return results
+
+
+@pytest.mark.parametrize("order", [[(MEM, 2), (CORE, 10)], [(CORE, 10), (MEM, 2)]])
+def test_a_pod_recreated_under_its_name_before_a_reconcile_is_matched_to_its_spec(
+    settings, clock, order
+):
+    """web-0 deleted and created again (a new UID), and admitted before the daemon
+    reconciled the old one's allocation away (it still holds under web-0/main): the new pod
+    is matched to its own spec, not admitted without pod identity. So the extender's card
+    is honoured, the pod-total env is there, and its allocation records its pod's UID."""
+    old = gpu_pod("web-0", ("main", {MEM_NAME: 2, CORE_NAME: 10}))
+    pods = Pods(old, live=False)  # not live: a miss is not waited for
+    allocator = with_pods(settings, clock, pods)
+    admit(allocator, [(MEM, 2), (CORE, 10)])  # binpack: GPU0
+    [first] = allocator.allocations()
+    assert (first.cards, first.owner_uid) == ((GPU0,), old.uid)
+    new = recreated(old, annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    pods.pods = [new]
+    clock.now += 1
+    results = admit_freed(allocator, order, {first.id})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {GPU1}
+    assert results[order[1][0]].envs["ALIYUN_COM_GPU_MEM_POD"] == "2"
+    [mine] = [a for a in allocator.allocations() if a.id != first.id]
+    assert (mine.owner, mine.owner_uid) == (ContainerRef("ns", "web-0", "main"), new.uid)
+    assert (mine.memory_units, mine.core_percent) == (2, 10)
+    assert allocator.allocation(first.id) == first  # the old one, until reconcile
+
+
+def test_a_recreated_pods_old_allocation_does_not_block_its_room(settings, clock):
+    """As a deleted pod's allocation, when nothing else fits: the live pod cache shows
+    web-0 pending under a new UID, so the allocation made for the old web-0 is no longer
+    that pod's and does not count; the new web-0 lands where the old one was."""
+    old = [gpu_pod(f"web-{i}", ("main", {MEM_NAME: 12})) for i in range(2)]
+    pods = Pods(*old)
+    allocator = with_pods(settings, clock, pods)
+    for pod in old:
+        pods.pods = [pod]
+        admit(allocator, [(MEM, 12)])
+    cards = {a.owner.pod: a.cards[0] for a in allocator.allocations()}
+    web0 = next(a for a in allocator.allocations() if a.owner.pod == "web-0")
+    pods.pods = [recreated(gpu_pod("web-0", ("main", {MEM_NAME: 12, CORE_NAME: 50})))]
+    pods.others = [running(old[1])]
+    results = admit_freed(allocator, [(CORE, 50), (MEM, 12)], {web0.id})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["web-0"]}
+    assert allocator.allocation(web0.id) is None  # its memory taken over by kubelet's choice
