@@ -16,7 +16,7 @@ from tests.faults.observe import Site, api_pod, wait_annotated
 from tests.faults.survival import admit, start_daemon
 from tests.harness import real_parts, runc_env
 from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import GPU0, GPU1
+from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY
 
 
 @pytest.fixture(scope="class")
@@ -25,7 +25,9 @@ def site():
     cluster = runc_env.EnforcementNode()
     try:
         pods = [admit(cluster, "keep-a", 4, 30), admit(cluster, "keep-b", 4, 30)]
-        pods.append(admit(cluster, "keep-c", 8, 20))  # 8 GiB no longer fits GPU0
+        # 8 GiB no longer fits GPU0. Memory first: this node has no Kubernetes API, so a
+        # share placed alone first (binpack: GPU0) could not take its memory along.
+        pods.append(admit(cluster, "keep-c", 8, 20, order=[MEMORY, CORE]))
         assert [p.card for p in pods] == [GPU0, GPU0, GPU1]
         yield Site(cluster, pods)
     finally:

@@ -90,11 +90,19 @@ def pod_from(name: str, result: AdmitResult) -> Pod:
     return Pod(name, dict(container.envs), sorted(mounts))
 
 
-def admit(cluster, name: str, memory_gib: int, core_percent: int, runner: bool = True) -> Pod:
+def admit(
+    cluster,
+    name: str,
+    memory_gib: int,
+    core_percent: int,
+    runner: bool = True,
+    order: list[str] | None = None,
+) -> Pod:
     """Admit a pod through the test kubelet; with ``runner``, start its long-running
-    container through runc (as kubelet's runtime would)."""
+    container through runc (as kubelet's runtime would). ``order``: the order of its
+    resources (None: kubelet's random one)."""
     spec = ContainerSpec(CONTAINER, {MEMORY: memory_gib, CORE: core_percent})
-    pod = pod_from(name, cluster.kubelet.admit_pod(NAMESPACE, name, [spec]))
+    pod = pod_from(name, cluster.kubelet.admit_pod(NAMESPACE, name, [spec], order=order))
     if runner:
         start_runner(cluster, pod)
     return pod
