@@ -26,7 +26,7 @@ from typing import Protocol
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation
 from nodemgr.domain.placement import CardLoad, NoFitDescriber, SharedRequest, choose_card
-from nodemgr.domain.podmatch import Demand, PodInfo, find_demand
+from nodemgr.domain.podmatch import Demand, HeldByContainer, PodInfo, find_demand
 from nodemgr.errors import NoFitError
 
 log = logging.getLogger(__name__)
@@ -39,8 +39,8 @@ ADMISSION_WINDOW_SECONDS = 5.0
 # (only while the watch is live: with the API server down it does not wait).
 POD_WAIT_SECONDS = 1.0
 
-# (namespace, pod, container) -> resource names it already holds
-HeldResources = Mapping[tuple[str, str, str], frozenset[str]]
+# (namespace, pod, container, pod UID or "") -> resource names it already holds
+HeldResources = HeldByContainer
 
 
 @dataclass(frozen=True)

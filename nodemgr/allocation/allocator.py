@@ -253,12 +253,91 @@ class Allocator:
         # kubelet lists every free ID of the node (hundreds): each one's card, once.
         cards = cards_of(kind, available)
         if kind is ResourceKind.WHOLE:
-            free_ids = {i for i, c in zip(available, cards, strict=True) if c in self._cards}
-            rest = sorted(free_ids - set(must_include), key=self._card_index)
-            return list(must_include) + rest[: max(size - len(must_include), 0)]
+            return self._preferred_whole(available, cards, must_include, size)
         free_here = Counter(cards)
         for unknown in [c for c in free_here if c not in self._cards]:
             del free_here[unknown]
+        try:
+            return self._preferred_shared(
+                kind, available, cards, free_here, must_include, size, demand
+            )
+        except NoFitError as e:
+            # Offered although given out whole: kubelet's list is older than ours (which
+            # lists them Unhealthy); placement left them out, the refusal says why.
+            whole = [c for c in free_here if c and self._usage.whole_allocations[c] > 0]
+            if not whole:
+                raise
+            raise NoFitError(f"{e}{self._stale_list_note(kind, whole)}") from None
+
+    def _preferred_whole(
+        self,
+        available: Sequence[str],
+        cards: list[str | None],
+        must_include: Sequence[str],
+        size: int,
+    ) -> list[str]:
+        """Whole cards kubelet offers, by index, leaving out those holding shared work (a
+        claim's share too): kubelet's list can show a card healthy for a moment after a
+        share landed on it (the ListAndWatch update is in flight), and Allocate would
+        refuse it, failing the pod for good. Refused here, naming them, when they are all
+        that is left."""
+        busy = self._usage.shared_cards()
+        free_ids = {
+            i for i, c in zip(available, cards, strict=True) if c in self._cards and c not in busy
+        }
+        rest = sorted(free_ids - set(must_include), key=self._card_index)
+        picked = list(must_include) + rest[: max(size - len(must_include), 0)]
+        included = {c for c in cards_of(ResourceKind.WHOLE, must_include) if c in busy}
+        if included or len(picked) < size:
+            stale = included | {c for c in cards if c in busy}
+            if stale:
+                ordered = sorted((c for c in stale if c is not None), key=self._card_index)
+                raise ConflictError(
+                    self._shared_work_refusal(ordered, size) + " and no card free of shared "
+                    "work is left"
+                )
+        return picked
+
+    def _shared_work_refusal(self, cards: Sequence[str], size: int) -> str:
+        """Why ``cards``, which kubelet offered or chose whole, cannot be given whole: what
+        each holds, and that kubelet's device list (which shows them Unhealthy) was stale."""
+        claims: dict[str, set[str]] = {c: set() for c in cards}
+        for kind, device_id in self._usage.claim_held:
+            card_uuid = card_of(kind, device_id)
+            if card_uuid in claims:
+                claims[card_uuid].add(
+                    str(self._allocations[self._usage.holders[(kind, device_id)]].claim)
+                )
+        held = []
+        for card_uuid in cards:
+            count = self._usage.shared_allocations[card_uuid]
+            dra = f"; DRA: {', '.join(sorted(claims[card_uuid]))}" if claims[card_uuid] else ""
+            held.append(f"{self._card_label(card_uuid)} holds shared allocations ({count}{dra})")
+        return (
+            f"{self.resource_names[ResourceKind.WHOLE]}: {size} whole card(s) asked, but "
+            f"{'; '.join(held)}: a card holding shared work is not given out whole; kubelet's "
+            "device list was stale (the update listing the card Unhealthy had not reached it)"
+        )
+
+    def _stale_list_note(self, kind: ResourceKind, whole: Sequence[str]) -> str:
+        """Said of a refusal where kubelet offered or chose shared IDs of cards given whole."""
+        labels = ", ".join(self._card_label(c) for c in sorted(whole, key=self._card_index))
+        return (
+            f" (kubelet offered {self.resource_names[kind]} IDs of {labels}, given out whole: "
+            "kubelet's device list was stale, the update listing them Unhealthy had not "
+            "reached it)"
+        )
+
+    def _preferred_shared(
+        self,
+        kind: ResourceKind,
+        available: Sequence[str],
+        cards: list[str | None],
+        free_here: Counter,
+        must_include: Sequence[str],
+        size: int,
+        demand: Demand | None,
+    ) -> list[str]:
         carried = self._open_allocation(kind, size)
         if must_include:
             card_uuid = card_of(kind, must_include[0])
@@ -361,15 +440,22 @@ class Allocator:
 
     def _gone_by_pod_cache(self) -> set[str]:
         """The shared allocations whose pod the live pod cache shows deleted, being deleted
-        or finished (a walk of the allocations: only when a refusal is at hand)."""
+        or finished, or replaced by another pod of its name (another UID) (a walk of the
+        allocations: only when a refusal is at hand)."""
         if self._pods is None or not self._pods.live:
             return set()
         gone = set()
         for allocation in self._allocations.values():
-            if allocation.owner is None or allocation.whole:
+            owner = allocation.owner
+            if owner is None or allocation.whole or allocation.claim is not None:
                 continue
-            pod = self._pods.pod(allocation.owner.namespace, allocation.owner.pod)
-            if pod is None or pod.deleting or pod.phase in FINISHED_PHASES:
+            pod = self._pods.pod(owner.namespace, owner.pod)
+            if (
+                pod is None
+                or pod.deleting
+                or pod.phase in FINISHED_PHASES
+                or not allocation.held_by(pod.namespace, pod.name, pod.uid)
+            ):
                 gone.add(allocation.id)
         return gone
 
@@ -642,12 +728,9 @@ class Allocator:
 
     def _new_whole(self, device_ids: Sequence[str], cards: list[str]) -> Allocation:
         shared_cards = self._usage.shared_cards()
-        busy = [self._card_label(c) for c in cards if c in shared_cards]
+        busy = sorted({c for c in cards if c in shared_cards}, key=self._card_index)
         if busy:
-            raise ConflictError(
-                f"{self.resource_names[ResourceKind.WHOLE]}: {', '.join(busy)} already hold "
-                "shared allocations, so they cannot be given out whole"
-            )
+            raise ConflictError(self._shared_work_refusal(busy, len(device_ids)))
         return Allocation(
             id=new_allocation_id(),
             devices={ResourceKind.WHOLE: tuple(sorted(device_ids))},
@@ -674,7 +757,10 @@ class Allocator:
             )
         card_uuid = distinct[0]
         if self._usage.whole_allocations[card_uuid] > 0:
-            raise ConflictError(f"{name}: {self._card_label(card_uuid)} is given out whole")
+            raise ConflictError(
+                f"{name}: {self._card_label(card_uuid)} is given out whole"
+                + self._stale_list_note(kind, [card_uuid])
+            )
         carried = self._open_allocation(kind, len(device_ids))
         self._open = None
         if carried is not None:
@@ -696,6 +782,7 @@ class Allocator:
                 owner=ContainerRef(demand.namespace, demand.pod, demand.container)
                 if demand
                 else None,
+                owner_uid=(demand.pod_uid or None) if demand else None,
             )
             # Only a container's first shared resource can be carried over.
             self._open = OpenAdmission(allocation.id, self._monotonic(), demand)

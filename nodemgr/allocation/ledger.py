@@ -58,10 +58,12 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from nodemgr.allocation.ledgerfile import (
+    POD_UID_COLUMN,
     RECOVERY_HINT,
     SCHEMA,
     FileHandle,
     error_cause,
+    has_pod_uid_column,
     is_damage,
     put_allocation,
     put_devices,
@@ -78,11 +80,14 @@ from nodemgr.domain.model import Allocation, Registration
 from nodemgr.domain.violations import Violation
 from nodemgr.errors import LedgerError
 
-SCHEMA_VERSION = "2"
+SCHEMA_VERSION = "3"
 # Versions this one opens, upgrading them: 1 lacks the claims table (DRA), which the
-# schema script adds. A version-2 ledger is refused by a gpushare-node that knows only
-# 1: it would take claims' allocations for device plugin ones and release them.
-UPGRADABLE_VERSIONS = ("1",)
+# schema script adds; 1 and 2 lack the owner's pod UID column of the allocations, added
+# at the upgrade (their allocations' owner UIDs are unknown). A newer ledger is refused
+# by a gpushare-node that knows only an older version: version 1 would take claims'
+# allocations for device plugin ones and release them, and 2 would keep an allocation's
+# UID when kubelet's record names another owner.
+UPGRADABLE_VERSIONS = ("1", "2")
 LEDGER_FILE = "ledger.sqlite"
 
 # The violation history keeps this many rows, oldest dropped first.
@@ -342,8 +347,16 @@ class Ledger:
             self.created = True
             self.set_meta("schema_version", SCHEMA_VERSION)
         elif found in UPGRADABLE_VERSIONS:
+            statements: list = []
+            if not has_pod_uid_column(self._db):
+                statements += [POD_UID_COLUMN, ()]
+            self._write(
+                *statements,
+                "UPDATE meta SET value = ? WHERE key = 'schema_version'",
+                (SCHEMA_VERSION,),
+                then=lambda: self._committed.meta.__setitem__("schema_version", SCHEMA_VERSION),
+            )
             log.info("the ledger %s: schema %s upgraded to %s", self.path, found, SCHEMA_VERSION)
-            self.set_meta("schema_version", SCHEMA_VERSION)
         elif found != SCHEMA_VERSION:
             raise LedgerError(
                 f"the ledger {self.path} has schema version {found}, this gpushare-node "

@@ -45,7 +45,8 @@ CREATE TABLE IF NOT EXISTS allocations (
     namespace TEXT,
     pod TEXT,
     container TEXT,
-    confirmed_at REAL
+    confirmed_at REAL,
+    pod_uid TEXT
 );
 CREATE TABLE IF NOT EXISTS devices (
     kind TEXT NOT NULL,
@@ -94,10 +95,21 @@ CREATE TABLE IF NOT EXISTS violations (
 """
 
 
+# Added to the allocations table by schema 3 (an older ledger gets it at its upgrade).
+POD_UID_COLUMN = "ALTER TABLE allocations ADD COLUMN pod_uid TEXT"
+
+
+def has_pod_uid_column(db: sqlite3.Connection) -> bool:
+    """Whether the allocations table has the owner's pod UID column (schema 3 on; an older
+    ledger opened read-only, not upgraded, has not)."""
+    return any(row[1] == "pod_uid" for row in db.execute("PRAGMA table_info(allocations)"))
+
+
 def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
+    pod_uid = "pod_uid" if has_pod_uid_column(db) else "NULL"
     rows = db.execute(
-        "SELECT id, memory_mib, created_at, namespace, pod, container, confirmed_at"
-        " FROM allocations ORDER BY created_at, id"
+        "SELECT id, memory_mib, created_at, namespace, pod, container, confirmed_at,"
+        f" {pod_uid} FROM allocations ORDER BY created_at, id"
     ).fetchall()
     device_rows = db.execute("SELECT allocation_id, kind, device_id FROM devices").fetchall()
     devices: dict[str, dict[ResourceKind, list[str]]] = {}
@@ -111,7 +123,7 @@ def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
         devices.setdefault(allocation_id, {}).setdefault(resource_kind, []).append(device_id)
     claims = read_claims(db, path)
     allocations = []
-    for id_, memory_mib, created_at, namespace, pod, container, confirmed_at in rows:
+    for id_, memory_mib, created_at, namespace, pod, container, confirmed_at, uid in rows:
         owner = ContainerRef(namespace, pod, container) if pod is not None else None
         allocations.append(
             Allocation(
@@ -122,6 +134,7 @@ def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
                 owner=owner,
                 confirmed_at=confirmed_at,
                 claim=claims.get(id_),
+                owner_uid=uid or None,
             )
         )
     return allocations
@@ -180,16 +193,18 @@ def read_registrations(db: sqlite3.Connection) -> list[Registration]:
 def put_allocation(db: sqlite3.Connection, allocation: Allocation) -> None:
     db.execute(
         "INSERT INTO allocations (id, memory_mib, created_at, namespace, pod, container,"
-        " confirmed_at) VALUES (?, ?, ?, ?, ?, ?, ?)"
+        " confirmed_at, pod_uid) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
         " ON CONFLICT(id) DO UPDATE SET memory_mib = excluded.memory_mib,"
         " namespace = excluded.namespace, pod = excluded.pod,"
-        " container = excluded.container, confirmed_at = excluded.confirmed_at",
+        " container = excluded.container, confirmed_at = excluded.confirmed_at,"
+        " pod_uid = excluded.pod_uid",
         (
             allocation.id,
             allocation.memory_mib,
             allocation.created_at,
             *ref_columns(allocation.owner),
             allocation.confirmed_at,
+            allocation.owner_uid,
         ),
     )
     db.execute("DELETE FROM claims WHERE allocation_id = ?", (allocation.id,))

@@ -89,8 +89,9 @@ def recover_registrations(
             continue
         recovered.append(registration)
     log.warning(
-        "recovered %d of %d container registrations from their cgroups",
+        "recovered %d of %d container registrations from their cgroups into the ledger %s",
         len(recovered),
         len(found),
+        ledger.path,
     )
     return recovered

@@ -20,6 +20,9 @@ from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
 
+# (namespace, pod, container, the pod's UID or "" where unknown): whose shared kinds.
+HeldKey = tuple[str, str, str, str]
+
 
 class CardUsage:
     """What the allocations hold, per card and per device."""
@@ -34,11 +37,11 @@ class CardUsage:
         # it whole: the device plugin lists them Unhealthy, so kubelet never hands them out.
         self.claim_held: set[tuple[ResourceKind, str]] = set()
         self.claim_whole: Counter[str] = Counter()
-        # (namespace, pod, container) -> the shared kinds its allocations hold, and how many
-        # of them hold each: what admission asks per Allocate, kept here instead of walking
-        # every allocation.
-        self.held_kinds: dict[tuple[str, str, str], frozenset[ResourceKind]] = {}
-        self._held_counts: dict[tuple[str, str, str], Counter[ResourceKind]] = {}
+        # (namespace, pod, container, pod UID or "" where unknown) -> the shared kinds its
+        # allocations hold, and how many of them hold each: what admission asks per
+        # Allocate, kept here instead of walking every allocation.
+        self.held_kinds: dict[HeldKey, frozenset[ResourceKind]] = {}
+        self._held_counts: dict[HeldKey, Counter[ResourceKind]] = {}
 
     def add(self, allocation: Allocation, sign: int = 1) -> None:
         """Count an allocation in (sign 1) or out (sign -1)."""
@@ -76,7 +79,7 @@ class CardUsage:
     def _count_held(self, allocation: Allocation, sign: int) -> None:
         owner = allocation.owner
         assert owner is not None
-        key = (owner.namespace, owner.pod, owner.container)
+        key = (owner.namespace, owner.pod, owner.container, allocation.owner_uid or "")
         counts = self._held_counts.setdefault(key, Counter())
         for kind in allocation.devices:
             counts[kind] += sign
@@ -126,19 +129,19 @@ class CardUsage:
         return loads
 
 
-class HeldByName(Mapping[tuple[str, str, str], frozenset[str]]):
+class HeldByName(Mapping[HeldKey, frozenset[str]]):
     """A snapshot of ``CardUsage.held_kinds`` as admission reads it (resource names), each
     entry translated when looked up: admission looks up a few containers, not all."""
 
     def __init__(
         self,
-        held_kinds: Mapping[tuple[str, str, str], frozenset[ResourceKind]],
+        held_kinds: Mapping[HeldKey, frozenset[ResourceKind]],
         resource_names: Mapping[ResourceKind, str],
     ):
         self._kinds = held_kinds
         self._names = resource_names
 
-    def __getitem__(self, key: tuple[str, str, str]) -> frozenset[str]:
+    def __getitem__(self, key: HeldKey) -> frozenset[str]:
         return frozenset(self._names[kind] for kind in self._kinds[key])
 
     def get(self, key, default=None):  # same signature as Mapping.get, without its try
@@ -149,7 +152,7 @@ class HeldByName(Mapping[tuple[str, str, str], frozenset[str]]):
             return default
         return frozenset(self._names[kind] for kind in kinds)
 
-    def __iter__(self) -> Iterator[tuple[str, str, str]]:
+    def __iter__(self) -> Iterator[HeldKey]:
         return iter(self._kinds)
 
     def __len__(self) -> int:

@@ -102,6 +102,8 @@ def _allocations(ledger: Ledger, as_json: bool) -> int:
             "namespace": a.owner.namespace if a.owner else None,
             "pod": a.owner.pod if a.owner else None,
             "container": a.owner.container if a.owner else None,
+            # The UID of the owner's pod, where the pod cache knew it at Allocate.
+            "pod_uid": a.owner_uid,
             "created_at": a.created_at,
             "confirmed_by_kubelet": a.confirmed_at is not None,
             "containers": containers.get(a.id, []),

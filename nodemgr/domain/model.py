@@ -10,6 +10,11 @@ holds device IDs the same way, chosen by the node from the card's free ones, and
 carries its ``claim`` (``ClaimRef``): the device plugin's kubelet never hands out
 those IDs (they are listed Unhealthy), and reconcile with the device plugin's
 record leaves it alone (kubelet's NodeUnprepareResources releases it).
+
+An owner is a name (namespace/pod/container), as kubelet's record gives it; a pod
+deleted and created again under its name is another pod, told apart by its UID
+(``owner_uid``, known where the pod cache matched the pod at Allocate): see
+``Allocation.held_by``.
 """
 
 from __future__ import annotations
@@ -71,6 +76,10 @@ class Allocation:
     owner: ContainerRef | None = None  # filled in from kubelet's PodResources record
     confirmed_at: float | None = None  # last time kubelet's record showed it
     claim: ClaimRef | None = None  # made by NodePrepareResources for this claim (DRA)
+    # The UID of the owner's pod, when known: the pod the Kubernetes pod cache matched at
+    # Allocate (kubelet's record names pods, never UIDs). It tells a pod recreated under
+    # the same name (a StatefulSet's web-0) from the one that held this allocation.
+    owner_uid: str | None = None
 
     @property
     def whole(self) -> bool:
@@ -98,6 +107,15 @@ class Allocation:
                 }
             )
         )
+
+    def held_by(self, namespace: str, pod: str, uid: str) -> bool:
+        """Whether this allocation may be the pod ``namespace/pod`` with UID ``uid``'s: its
+        owner has that name and its owner UID, where known, is that one. An allocation
+        whose owner UID is unknown may be any pod of that name."""
+        owner = self.owner
+        if owner is None or (owner.namespace, owner.pod) != (namespace, pod):
+            return False
+        return not self.owner_uid or not uid or self.owner_uid == uid
 
     def device_pairs(self) -> list[tuple[ResourceKind, str]]:
         return [(kind, device_id) for kind, ids in self.devices.items() for device_id in ids]

@@ -7,7 +7,9 @@ cache and the allocations already made, the container being admitted:
 
 - candidates are the containers of pods bound here, not being deleted, not
   finished, whose request of the resource equals the size asked and which do
-  not hold that resource yet;
+  not hold that resource yet (what a pod holds is matched by its UID where the
+  allocation knows it: a pod created again under its name holds nothing of the
+  old one's, ``held_by``);
 - kubelet admits pods one at a time and a pod's containers in order (init
   containers first), so the oldest pod (by the extender's assume time, else
   its creation time) and its first such container win.
@@ -51,9 +53,11 @@ __all__ = [
     "ContainerRequest",
     "Demand",
     "FINISHED_PHASES",
+    "HeldByContainer",
     "PodInfo",
     "asked_sizes",
     "find_demand",
+    "held_by",
     "is_candidate_pod",
     "parse_extender_index",
 ]
@@ -160,20 +164,34 @@ def asked_sizes(pod: PodInfo) -> frozenset[tuple[str, int]]:
     )
 
 
+# (namespace, pod, container, pod UID or "" where unknown) -> the shared resources held.
+HeldByContainer = Mapping[tuple[str, str, str, str], frozenset[str]]
+
+
+def held_by(held: HeldByContainer, pod: PodInfo, container: str) -> frozenset[str]:
+    """What ``pod``'s ``container`` holds: under the pod's UID, and under its name where
+    the UID is unknown (admitted without the pod cache). What another UID holds under the
+    same name is another pod's: one deleted, the name created again (a StatefulSet's)."""
+    own = held.get((pod.namespace, pod.name, container, pod.uid), _NOTHING)
+    if not pod.uid:
+        return own
+    return own | held.get((pod.namespace, pod.name, container, ""), _NOTHING)
+
+
 def find_demand(
     pods: Iterable[PodInfo],
     resource: str,
     size: int,
     memory_resource: str,
     core_resource: str,
-    held: Mapping[tuple[str, str, str], frozenset[str]],
+    held: HeldByContainer,
 ) -> Demand | None:
     """The container kubelet is most likely admitting for ``size`` devices of ``resource``.
 
     ``pods``: the candidate pods (see is_candidate_pod), or only those whose
     ``asked_sizes`` hold ``(resource, size)``: the others never match. ``held``: (namespace,
-    pod, container) -> the shared resources it already holds (from the
-    ledger). A container that holds some of its resources but not this one
+    pod, container, pod UID) -> the shared resources it already holds (from the ledger;
+    see ``held_by``). A container that holds some of its resources but not this one
     comes first: kubelet finishes one container before the next. None when no
     pod can be asking.
     """
@@ -185,7 +203,7 @@ def find_demand(
         for position, (index, container) in enumerate(pod.indexed_containers):
             if container.requests.get(resource, 0) != size:
                 continue
-            holds = held.get((pod.namespace, pod.name, container.name), _NOTHING)
+            holds = held_by(held, pod, container.name)
             if resource in holds:
                 continue
             key = (not holds, pod.admission_time, pod.namespace, pod.name, position)

@@ -16,7 +16,13 @@ escape it. A GPU container is tied to an allocation by the pod it belongs to:
   identity was not made by kubelet through a CRI runtime: refused;
 - kubelet's PodResources record, read at that moment, must show a container
   of that same pod (namespace and name) holding the allocation's device IDs,
-  and no other pod holding any of them.
+  and no other pod holding any of them;
+- kubelet's record names pods, never UIDs, so a pod deleted and created again
+  under its name (a StatefulSet's) looks like the old one there. Where the
+  runtime gives the pod's UID (containerd's ``sandbox-uid``, CRI-O's
+  ``pod.uid``) and the allocation knows its owner's (from the pod cache at
+  Allocate), they must be the same: the new pod gets its own allocation at
+  its admission, never the old pod's.
 
 A DRA claim's container is tied the same way, through the ``dynamic_resources`` of
 kubelet's record: a container of the pod must be listed with the claim's device
@@ -74,6 +80,16 @@ def runtime_identity(
     if not identity:
         return None, None
     return ContainerRef(identity["namespace"], identity["pod"], identity["container"]), None
+
+
+def runtime_pod_uid(annotations: Mapping[str, str], runtime: str | None) -> str | None:
+    """The pod UID the runtime's identity keys give (containerd's ``sandbox-uid``, CRI-O's
+    ``pod.uid``); None where they give none, or name two pods (``runtime_identity``
+    refuses those)."""
+    try:
+        return podidentity.resolve(dict(annotations), runtime).get("uid") or None
+    except podidentity.IdentityConflict:
+        return None
 
 
 def _shown(identity: Mapping[str, str]) -> str:
@@ -135,12 +151,32 @@ def holders(
     }
 
 
+def other_pod_of_the_name(
+    identity: ContainerRef, allocation: Allocation, pod_uid: str | None
+) -> bool:
+    """Whether ``allocation`` was made for another pod of the name of ``identity``'s pod:
+    the same namespace and name, another UID (the pod deleted and created again). Only
+    where both UIDs are known: the runtime's (``pod_uid``) and the allocation's owner's."""
+    owner = allocation.owner
+    return (
+        bool(pod_uid)
+        and owner is not None
+        and pod_of(owner) == pod_of(identity)
+        and not allocation.held_by(identity.namespace, identity.pod, pod_uid or "")
+    )
+
+
 def pod_tie_problem(
-    identity: ContainerRef, allocation: Allocation, holding: set[ContainerRef]
+    identity: ContainerRef,
+    allocation: Allocation,
+    holding: set[ContainerRef],
+    pod_uid: str | None = None,
 ) -> str | None:
     """Why kubelet's record (``holding``: :func:`holders`, not empty) does not tie the
-    container of ``identity`` to the allocation; None when a container of its pod holds
-    the allocation's devices and no other pod holds any of them."""
+    container of ``identity`` (its pod's UID ``pod_uid``, from its runtime, where given) to
+    the allocation; None when a container of its pod holds the allocation's devices, no
+    other pod holds any of them, and the allocation was not made for another pod of its
+    name (kubelet's record names pods, never UIDs)."""
     pods = sorted({pod_of(ref) for ref in holding})
     shown = ", ".join(sorted({shown_pod(ref) for ref in holding}))
     what = f"allocation {allocation.id} ({', '.join(allocation.cards)})"
@@ -149,6 +185,13 @@ def pod_tie_problem(
             f"kubelet gives {what} to pod {shown}, not to pod {shown_pod(identity)}: an "
             "allocation's env grants GPUs only to containers of the pod it was allocated "
             "to (request aliyun.com/gpu-mem, or reference the claim, in this pod's own spec)"
+        )
+    if other_pod_of_the_name(identity, allocation, pod_uid):
+        return (
+            f"{what} was made for pod {shown_pod(identity)} with UID "
+            f"{quote(allocation.owner_uid or '')}, and this container's pod of that name has "
+            f"UID {quote(pod_uid or '')}: a pod deleted and created again under its name gets "
+            "an allocation of its own at its admission, never the old pod's"
         )
     if len(pods) > 1 and allocation.claim is None:  # a claim may be shared by several pods
         return (
@@ -164,6 +207,7 @@ def pods_allocation(
     record: KubeletRecord,
     resource_names: Mapping[ResourceKind, str],
     cards: set[str],
+    pod_uid: str | None = None,
 ) -> Allocation | None:
     """The allocation kubelet's record gives the container's own pod on ``cards`` (the
     cards its env asks for), when the ID in its env names another or none.
@@ -174,11 +218,12 @@ def pods_allocation(
     the second pod a new ID, while kubelet replays the env it cached. The pod's own
     allocation is found from facts the container cannot choose (its runtime's pod
     identity, kubelet's record). Exactly one candidate, or the one kubelet names this
-    container holding; anything else is ambiguous and gives None (refused)."""
+    container holding; anything else is ambiguous and gives None (refused). One made for
+    another pod of its name (``other_pod_of_the_name``) is never a candidate."""
     mine = pod_of(identity)
     candidates = []
     for allocation in allocations:
-        if set(allocation.cards) != cards:
+        if set(allocation.cards) != cards or other_pod_of_the_name(identity, allocation, pod_uid):
             continue
         holding = holders(allocation, record, resource_names)
         if holding and {pod_of(ref) for ref in holding} == {mine}:

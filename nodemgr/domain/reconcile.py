@@ -7,6 +7,10 @@ kubelet's record wins, always:
   fresh and kubelet has not caught up yet;
 - one whose devices kubelet reports for two containers is split (the daemon
   guessed the container linkage wrong, see allocator.py);
+- the UID of an allocation's pod (``owner_uid``, from the pod cache at Allocate) stays
+  while kubelet names a container of that pod, and is dropped when it names another
+  pod; two allocations made for two pods of one name (one deleted and created again)
+  are never merged into one, whatever a record read between the two says;
 - devices kubelet reports that the ledger does not hold (ledger lost or
   older than kubelet's checkpoint) are adopted, so they are never handed out
   twice; when the running containers say which allocation ID they were
@@ -152,13 +156,28 @@ def _merge_per_container_and_card(
         if len(group) < 2:
             continue
         group.sort(key=lambda a: (ResourceKind.MEMORY not in a.devices, a.created_at, a.id))
+        uids = sorted({a.owner_uid for a in group if a.owner_uid})
+        if len(uids) > 1:
+            # Two pods of one name (one deleted and created again, a StatefulSet's), in a
+            # record read before kubelet let the old one go: two quotas, never one. The
+            # old one's allocation goes once kubelet no longer reports it.
+            plan.notes.append(
+                f"not merged: allocations {', '.join(a.id for a in group)}, which kubelet "
+                f"reports for {ref} on {card}, were made for pods of that name with different "
+                f"UIDs ({', '.join(uids)}): a pod deleted and created again under its name"
+            )
+            continue
         keeper, merged_away = group[0], group[1:]
         devices: dict[ResourceKind, set[str]] = defaultdict(set)
         for allocation in group:
             for kind, device_id in allocation.device_pairs():
                 devices[kind].add(device_id)
         merged = replace(keeper, devices={k: tuple(sorted(v)) for k, v in devices.items()})
-        merged = replace(merged, memory_mib=merged.memory_units * memory_unit_mib)
+        merged = replace(
+            merged,
+            memory_mib=merged.memory_units * memory_unit_mib,
+            owner_uid=uids[0] if uids else None,
+        )
         gone = {a.id for a in merged_away}
         plan.put = [a for a in plan.put if a.id not in gone and a.id != keeper.id] + [merged]
         plan.delete += sorted(i for i in gone if i in existing)
@@ -199,6 +218,7 @@ def _reconcile_one(
         devices={kind: tuple(sorted(ids)) for kind, ids in groups[first].items()},
         owner=first,
         confirmed_at=allocation.confirmed_at or now,
+        owner_uid=_uid_for(allocation, first),
     )
     kept = replace(kept, memory_mib=kept.memory_units * memory_unit_mib)
     if kept != allocation:
@@ -212,11 +232,23 @@ def _reconcile_one(
             )
     for ref in owners[1:]:
         for split in _allocations_for(groups[ref], ref, now, memory_unit_mib, new_id):
+            split = replace(split, owner_uid=_uid_for(allocation, ref))
             plan.put.append(split)
             plan.notes.append(
                 f"split {_describe_devices(split)} of allocation {allocation.id} off to {ref} "
                 f"as allocation {split.id}: kubelet gave them to another container"
             )
+
+
+def _uid_for(allocation: Allocation, ref: ContainerRef) -> str | None:
+    """The pod UID the allocation's devices keep when kubelet's record gives them to ``ref``:
+    the allocation's own where ``ref`` is a container of the pod it was made for (kubelet
+    gives a pod's devices to no other pod of its name: a recreated pod's Allocate takes
+    them), else unknown (the pod cache's guess of the pod was wrong)."""
+    owner = allocation.owner
+    if owner is None or (owner.namespace, owner.pod) != (ref.namespace, ref.pod):
+        return None
+    return allocation.owner_uid
 
 
 def _with_hinted_ids(

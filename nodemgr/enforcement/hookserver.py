@@ -32,7 +32,7 @@ from hooks.gpuenv import GPU_ENV_NAMES
 from hooks.specfacts import MAX_ENTRIES
 from nodemgr.common.unixserver import UnixServer, refusal_reason
 from nodemgr.domain.model import ContainerRef
-from nodemgr.domain.podtie import runtime_identity
+from nodemgr.domain.podtie import runtime_identity, runtime_pod_uid
 from nodemgr.domain.speccheck import DeviceFact, MountFact, RuleFact, SpecFacts
 from nodemgr.enforcement.registry import ContainerRegistry
 
@@ -102,7 +102,7 @@ def _answer(registry: ContainerRegistry, request: dict) -> dict:
         pid = request.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
             raise BadRequest(f"pid must be a positive integer (got {pid!r})")
-        identity, identity_problem = _identity(request)
+        identity, pod_uid, identity_problem = _identity(request)
         allowed, message = registry.admit(
             container_id,
             pid,
@@ -111,6 +111,7 @@ def _answer(registry: ContainerRegistry, request: dict) -> dict:
             _string(request, "cgroup"),
             _spec(request.get("spec")),
             identity_problem=identity_problem,
+            pod_uid=pod_uid,
         )
     except BadRequest as e:
         return _refusal(f"bad hook request: {e}")
@@ -137,9 +138,10 @@ def _env(value: object) -> dict[str, str]:
     return {k: v for k, v in value.items() if k in GPU_ENV_NAMES}
 
 
-def _identity(request: dict) -> tuple[ContainerRef | None, str | None]:
-    """(the pod identity, why it is refused) from the annotations' identity keys the hook
-    sent, read again here (nodemgr.domain.podtie.runtime_identity)."""
+def _identity(request: dict) -> tuple[ContainerRef | None, str | None, str | None]:
+    """(the pod identity, its pod's UID where the runtime gives it, why it is refused) from
+    the annotations' identity keys the hook sent, read again here
+    (nodemgr.domain.podtie.runtime_identity)."""
     claimed = request.get("identity") or {}
     if not isinstance(claimed, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in claimed.items()
@@ -158,7 +160,9 @@ def _identity(request: dict) -> tuple[ContainerRef | None, str | None]:
     runtime = request.get("runtime")
     if runtime is not None and runtime not in podidentity.RUNTIMES:
         raise BadRequest(f"runtime must be null or one of {', '.join(podidentity.RUNTIMES)}")
-    return runtime_identity(found, runtime, claimed)
+    identity, problem = runtime_identity(found, runtime, claimed)
+    pod_uid = runtime_pod_uid(found, runtime) if identity is not None else None
+    return identity, pod_uid, problem
 
 
 def _stale_hook(missing: str) -> str:

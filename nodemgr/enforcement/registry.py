@@ -127,11 +127,13 @@ class ContainerRegistry:
         cgroup_text: str,
         spec: SpecFacts | None = None,
         identity_problem: str | None = None,
+        pod_uid: str | None = None,
     ) -> tuple[bool, str]:
         """(allowed, message): whether the container may start; registers it if so.
         ``spec``: what its OCI spec shows of the GPUs (the hook server always passes it;
         None checks the env alone). ``identity_problem``: why its annotations give no
-        trustworthy pod identity (they name two pods): a GPU container is refused for it."""
+        trustworthy pod identity (they name two pods): a GPU container is refused for it.
+        ``pod_uid``: its pod's UID, where its runtime gives it (nodemgr.domain.podtie)."""
         who = f"container {quote(container_id)}" + (f" ({identity})" if identity else "")
         if not gpuenv.needs_daemon(env):
             return self._no_gpu_answer(who, spec)
@@ -139,12 +141,12 @@ class ContainerRegistry:
             message = f"gpushare-node refused {who}: {identity_problem}"
             log.warning("%s", message)
             return False, message
-        allocation, record, alias = self._judged_allocation(who, identity, env)
+        allocation, record, alias = self._judged_allocation(who, identity, env, pod_uid)
         problem = self._unpoliced() or self._env_problem(env, allocation, spec, alias)
         if problem is None and allocation is not None and gpuenv.requested_gpus(env) is None:
             return True, f"{who} holds allocation {allocation.id} but asks for no GPU"
         if problem is None and allocation is not None:
-            problem = self._tie_problem(identity, allocation, record)
+            problem = self._tie_problem(identity, allocation, record, pod_uid)
         with self._lock:
             if problem is None and allocation is not None:
                 others = [
@@ -263,7 +265,7 @@ class ContainerRegistry:
         return replace(self._gpus, control_majors=majors, host_nodes=nodes)
 
     def _judged_allocation(
-        self, who: str, identity: ContainerRef | None, env: dict[str, str]
+        self, who: str, identity: ContainerRef | None, env: dict[str, str], pod_uid: str | None
     ) -> tuple[Allocation | None, KubeletRecord | str | None, str | None]:
         """(the allocation to judge the container against, kubelet's record read now, why
         that is not the allocation its env names or None)."""
@@ -271,7 +273,7 @@ class ContainerRegistry:
         allocation = self._allocator.allocation(allocation_id) if allocation_id else None
         record = self._read_record(identity, env)  # outside the lock: a local RPC
         if allocation_id and identity is not None and not isinstance(record, str):
-            own, alias = self._own_allocation(who, identity, env, allocation, record)
+            own, alias = self._own_allocation(who, identity, env, allocation, record, pod_uid)
             return own, record, alias
         return allocation, record, None
 
@@ -300,6 +302,7 @@ class ContainerRegistry:
         env: dict[str, str],
         named: Allocation | None,
         record: KubeletRecord | None,
+        pod_uid: str | None,
     ) -> tuple[Allocation | None, str | None]:
         """(the allocation to judge the container against, why it is not the named one):
         the one its env names, unless kubelet's record does not give that one to its pod
@@ -310,10 +313,11 @@ class ContainerRegistry:
         names = self._allocator.resource_names
         holding = holders(named, record, names) if named else set()
         if pod_of(identity) in {pod_of(ref) for ref in holding}:
-            return named, None
+            return named, None  # judged by the tie (another pod of the name is refused there)
         requested = gpuenv.requested_gpus(env) or []
         cards = {self._card_uuids_by_index.get(item, item) for item in requested}
-        own = pods_allocation(identity, self._allocator.allocations(), record, names, cards)
+        allocations = self._allocator.allocations()
+        own = pods_allocation(identity, allocations, record, names, cards, pod_uid)
         if own is None:
             return named, None
         named_id = quote(env.get(gpuenv.ALLOCATION_ID, ""))
@@ -340,6 +344,7 @@ class ContainerRegistry:
         identity: ContainerRef | None,
         allocation: Allocation,
         record: KubeletRecord | str | None,
+        pod_uid: str | None = None,
     ) -> str | None:
         """Why the container is not tied to the allocation by its pod
         (:mod:`nodemgr.domain.podtie`), kubelet's record read now; or None."""
@@ -360,7 +365,7 @@ class ContainerRegistry:
                 f"({', '.join(allocation.cards)}) for any container: its pod is gone "
                 "(or was refused), so the allocation grants nothing"
             )
-        return pod_tie_problem(identity, allocation, holding)
+        return pod_tie_problem(identity, allocation, holding, pod_uid)
 
     def _mark(self, who: str, registration: Registration) -> None:
         if self._marks is None:

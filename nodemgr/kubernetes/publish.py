@@ -17,6 +17,10 @@ where each container went. gpushare-node adds ``<label_prefix>isolation``: per
 container, what the node really enforces (nodemgr.domain.isolation), as
 ``{"<container>": {"memory": "<level>", "compute": "<level>"}}``.
 
+A pod's annotations come from its own allocations only: those of another pod of its
+name (deleted and created again, a StatefulSet's), held until reconcile releases them,
+have another owner UID (``Allocation.held_by``).
+
 A pod's annotations are written only from its containers' whole demand: kubelet
 allocates a container's memory and share one after the other (in either order),
 and between the two its allocation holds half of what the container asks. So a
@@ -84,7 +88,10 @@ def pod_annotations(
         pod = pods.get(key)
         if pod is None:
             continue  # its demand is not known: nothing can be told whole from half
-        held = _whole_demands(pod, all_held, memory_resource, core_resource)
+        # An allocation made for another pod of this name (deleted, created again) is not
+        # this pod's, however long until reconcile releases it.
+        mine = [a for a in all_held if a.held_by(pod.namespace, pod.name, pod.uid)]
+        held = _whole_demands(pod, mine, memory_resource, core_resource)
         if not held:
             continue
         order = {c.name: i for i, c in enumerate(pod.containers)}

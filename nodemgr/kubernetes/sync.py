@@ -106,7 +106,7 @@ class Publisher(ThreadWorker):
         self._status_document = status_document
         self._unit_mib = memory_unit_mib
         self._mps_enabled = mps_enabled
-        self._sent_pods: dict[tuple[str, str], dict[str, str]] = {}
+        self._sent_pods: dict[tuple[str, str], tuple[str, dict[str, str]]] = {}
         self._sent_node: tuple | None = None
 
     def _wake(self) -> None:
@@ -162,9 +162,11 @@ class Publisher(ThreadWorker):
             label_prefix=self._label_prefix,
         )
         for key, wanted in desired.items():
-            if self._sent_pods.get(key) != wanted:
+            # By UID too: a pod created again under its name has none of them yet.
+            sent = (pods[key].uid, wanted)
+            if self._sent_pods.get(key) != sent:
                 self._adapter.patch_pod_annotations(key[0], key[1], dict(wanted))
-                self._sent_pods[key] = wanted
+                self._sent_pods[key] = sent
         for key in [k for k in self._sent_pods if k not in desired]:
             del self._sent_pods[key]  # released: the pod is gone or lost its GPUs
         labels = node_labels(self._allocator.cards, self._mps_enabled)

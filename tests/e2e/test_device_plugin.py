@@ -110,6 +110,39 @@ def test_16_gib_is_refused_clearly_and_changes_nothing(node):
     assert health_by_card(node.kubelet.devices(WHOLE))[GPU1] == {"Healthy"}
 
 
+def test_a_whole_card_pod_admitted_before_kubelets_list_caught_up_gets_a_free_card(node):
+    """A share lands on GPU0 and kubelet admits a whole-card pod before the ListAndWatch
+    update marking GPU0 Unhealthy reached it: the whole-card pod gets GPU1 (GPU0 would be
+    refused at Allocate, failing the pod for good)."""
+    kubelet = node.kubelet
+    with kubelet.device_list_in_flight(WHOLE):
+        assert shared_pod(kubelet, "share", 2, 10).ok  # binpack: GPU0
+        held = kubelet.wait_in_flight(WHOLE)  # the update came, kubelet does not see it
+        assert health_by_card(held)[GPU0] == {"Unhealthy"}
+        assert health_by_card(kubelet.devices(WHOLE))[GPU0] == {"Healthy"}
+        result = kubelet.admit_pod("default", "whole", [ContainerSpec("main", {WHOLE: 1})])
+    assert result.ok, result.error
+    assert result.containers[0].envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+
+
+def test_a_whole_card_pod_on_a_stale_list_with_no_free_card_is_refused_clearly(node):
+    """Both cards hold shares and kubelet's whole-card list has caught up with neither: the
+    refusal names both cards, what they hold and that kubelet's device list was stale."""
+    kubelet = node.kubelet
+    with kubelet.device_list_in_flight(WHOLE):
+        # Memory first: without the Kubernetes API a container's share alone could be
+        # placed where its memory does not follow.
+        assert shared_pod(kubelet, "share-0", 10, 10, order=[MEMORY, CORE]).ok
+        assert shared_pod(kubelet, "share-1", 10, 10, order=[MEMORY, CORE]).ok  # GPU1
+        result = kubelet.admit_pod("default", "whole", [ContainerSpec("main", {WHOLE: 1})])
+    assert not result.ok
+    assert result.reason == "UnexpectedAdmissionError"
+    assert f"GPU0 ({GPU0}) holds shared allocations (1)" in result.error
+    assert f"GPU1 ({GPU1}) holds shared allocations (1)" in result.error
+    assert "kubelet's device list was stale" in result.error
+    assert len(node.allocations()) == 2
+
+
 def test_linkage_and_release_through_pod_resources(node):
     kubelet = node.kubelet
     assert shared_pod(kubelet, "notebook", 2, 20).ok

@@ -280,6 +280,44 @@ def test_a_pod_admitted_right_after_another_left_gets_its_room(cluster, order):
     assert card_of(result, "main") == GPU0  # where old-0 was (binpack: the first card)
 
 
+def test_a_pod_recreated_under_its_name_before_a_reconcile_is_matched_to_its_spec(cluster):
+    """A StatefulSet's web-0: deleted, created again under its name (a new UID) with the
+    extender's placement on GPU1 signed over that UID, and admitted before gpushare-node
+    reconciled the old one away (kubelet's PodResources is down meanwhile, so no reconcile
+    can). The old allocation still holds under default/web-0/main, yet the new pod is
+    matched to its own spec: the extender's card is honoured, the pod-total env is there,
+    and its annotations count its own allocation only. Once kubelet answers again, the old
+    allocation goes and the new one stays."""
+    spec = [("main", {MEMORY: 2, CORE: 10})]
+    assert cluster.admit("web-0", spec).ok  # binpack: GPU0
+    [old_id] = [a["id"] for a in cluster.node.allocations()]
+    cluster.kubelet.set_pod_resources_available(False)
+    cluster.api.delete_pod("default", "web-0")
+    cluster.kubelet.remove_pod("default", "web-0")  # its devices free for the next pod
+    now = time.time_ns()
+    chosen = {"ALIYUN_COM_GPU_MEM_ASSIGNED": "false", "ALIYUN_COM_GPU_MEM_ASSUME_TIME": str(now)}
+    cluster.create("web-0", spec, annotations=chosen, node=None)
+    cluster.bind_signed("web-0", "node-a", {0: 1}, now)
+    result = cluster.admit("web-0", spec, create=False)
+    assert result.ok, result.error
+    assert card_of(result, "main") == GPU1  # binpack alone (no pod known) takes GPU0
+    assert result.containers[0].envs["ALIYUN_COM_GPU_MEM_POD"] == "2"
+    annotations = cluster.wait_annotations("web-0")
+    assert annotations["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+    assert annotations["ALIYUN_COM_GPU_MEM_POD"] == "2"  # not 4: the old one's is not its
+    uid = cluster.api.pod("default", "web-0")["metadata"]["uid"]
+    held = {a["id"]: (a["cards"], a["pod_uid"]) for a in cluster.node.allocations()}
+    assert len(held) == 2 and held[old_id][0] == [GPU0]  # no reconcile yet
+    assert held[old_id][1] != uid
+    assert sorted(held.values()) == sorted([held[old_id], ([GPU1], uid)])
+    cluster.kubelet.set_pod_resources_available(True)
+    cluster.node.wait_for(
+        lambda: [(a["cards"], a["pod_uid"]) for a in cluster.node.allocations()] == [([GPU1], uid)],
+        timeout=20,
+        what="the old web-0's allocation released, the new one's kept",
+    )
+
+
 def test_node_labels_count_and_card_annotation_follow_allocations_and_releases(cluster):
     api = cluster.api
 

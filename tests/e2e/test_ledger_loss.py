@@ -7,6 +7,7 @@ record and the running containers' cgroup marks without breaking a real runc con
 import os
 import shutil
 import time
+import uuid
 
 import pytest
 
@@ -79,27 +80,35 @@ def test_the_documented_recovery_keeps_every_running_container_working(cluster):
     registration (read back from its cgroup's mark) and its allocation ID (the one in its
     env): its in-quota process is not killed as unallocated, an over-quota one still is,
     and a new container of the pod started with the env kubelet cached is admitted."""
-    env, mounts = cluster.admit("steady")
-    assert cluster.start_in_pod("steady", "steady", env, mounts).returncode == 0
-    pid = cluster.runtime.pid("steady")
+    # Marks are read from every cgroup of the machine, so other tests' runc containers
+    # (other daemons', running meanwhile or left behind) are read too: this pod and its
+    # containers have names no other run uses, so none of theirs can pass for this one.
+    pod = f"steady-{uuid.uuid4().hex[:8]}"
+    env, mounts = cluster.admit(pod)
+    assert cluster.start_in_pod(pod, pod, env, mounts).returncode == 0
+    pid = cluster.runtime.pid(pod)
     cluster.set_usage([(pid, GPU0, 1000)])
     cluster.node.stop()
     state_dir = os.path.join(cluster.node.root, "state")
     os.rename(state_dir, state_dir + ".aside")
-    # The log goes on across starts; the first start may have recovered (or not) other
-    # tests' containers already: only what this start logs counts.
+    # The log goes on across starts, and the first start may already have logged a recovery
+    # (of other tests' marked containers, for a ledger made then): only the line this start
+    # logs for this node's ledger counts.
     logged_before = len(cluster.node.log())
-    cluster.node.start()
-    cluster.kubelet.wait_for_resource(MEMORY, timeout=30)
-    # Other runc containers of this machine may carry marks too (other tests' daemons):
-    # what matters is that this one is recovered.
-    cluster.node.wait_for(
-        lambda: "container registrations from their cgroups" in cluster.node.log()[logged_before:]
+    recovered = "container registrations from their cgroups into the ledger " + os.path.join(
+        state_dir, "ledger.sqlite"
     )
+    cluster.node.start()
+    cluster.node.wait_for(
+        lambda: recovered in cluster.node.log()[logged_before:],
+        timeout=30,
+        what="this start's recovery of the container registrations",
+    )
+    cluster.kubelet.wait_for_resource(MEMORY, timeout=30)
     assert [a["id"] for a in cluster.node.allocations()] == [env["GPUSHARE_ALLOCATION_ID"]]
-    assert cluster.registered() == {"steady"}
+    assert cluster.registered() == {pod}
     assert still_running_after(pid, 2.5), "an in-quota process was killed after the recovery"
-    done = cluster.start_in_pod("steady-2", "steady", env, mounts, container="main")
+    done = cluster.start_in_pod(pod + "-2", pod, env, mounts, container="main")
     assert done.returncode == 0, done.stdout
     cluster.set_usage([(pid, GPU0, 9000)])
     assert not still_running_after(pid, 3.0), "the recovered container is not policed"

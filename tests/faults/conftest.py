@@ -25,7 +25,8 @@ def site():
     cluster = runc_env.EnforcementNode()
     try:
         pods = [admit(cluster, "keep-a", 4, 30), admit(cluster, "keep-b", 4, 30)]
-        pods.append(admit(cluster, "keep-c", 8, 20))  # 8 GiB no longer fits GPU0
+        # 8 GiB no longer fits GPU0 (admit asks memory first: see survival.MEMORY_FIRST).
+        pods.append(admit(cluster, "keep-c", 8, 20))
         assert [p.card for p in pods] == [GPU0, GPU0, GPU1]
         yield Site(cluster, pods)
     finally:

@@ -96,12 +96,21 @@ def pod_from(name: str, result: AdmitResult) -> Pod:
 MEMORY_FIRST = [MEMORY, CORE]
 
 
-def admit(cluster, name: str, memory_gib: int, core_percent: int, runner: bool = True) -> Pod:
+def admit(
+    cluster,
+    name: str,
+    memory_gib: int,
+    core_percent: int,
+    runner: bool = True,
+    order: list[str] | None = None,
+) -> Pod:
     """Admit a pod through the test kubelet; with ``runner``, start its long-running
-    container through runc (as kubelet's runtime would)."""
+    container through runc (as kubelet's runtime would). ``order``: the order of its
+    resources (None: MEMORY_FIRST)."""
     spec = ContainerSpec(CONTAINER, {MEMORY: memory_gib, CORE: core_percent})
-    # Memory first (MEMORY_FIRST): the fault matrix's node runs without the Kubernetes API.
-    pod = pod_from(name, cluster.kubelet.admit_pod(NAMESPACE, name, [spec], order=MEMORY_FIRST))
+    pod = pod_from(
+        name, cluster.kubelet.admit_pod(NAMESPACE, name, [spec], order=order or MEMORY_FIRST)
+    )
     if runner:
         start_runner(cluster, pod)
     return pod

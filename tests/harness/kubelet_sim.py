@@ -33,6 +33,11 @@ behaviour a device plugin can observe, as described in
 * ``start_container`` calls PreStartContainer once per resource of the
   container (random order), at every start; ``restart_container`` is a restart:
   PreStartContainer again, no Allocate (kubelet reuses its checkpointed answer).
+* ``device_list_in_flight(resource)``: while inside, the resource's ListAndWatch
+  updates are received but not applied (applied, the latest one, on leaving): an
+  admission meanwhile sees the older list, as a real kubelet does while a plugin's
+  update is on its way (kubelet applies each update asynchronously, between
+  admissions).
 * ``restart()`` deletes every file in the device plugin directory except
   kubelet's checkpoint, forgets the plugins and recreates ``kubelet.sock``;
   allocations survive, as kubelet restores them from its checkpoint.
@@ -68,6 +73,7 @@ PodResources server, restarts) plus an optional CRI mode; splitting it would spl
 protocol's state.
 """
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -76,7 +82,7 @@ import re
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from typing import NoReturn
@@ -434,6 +440,9 @@ class TestKubelet:
         self._generation = 0
         self._plugins: dict[str, _Plugin] = {}
         self._devices: dict[str, list[Device]] = {}
+        # resource -> the latest list received while its updates are in flight (None: none
+        # yet); see device_list_in_flight.
+        self._in_flight: dict[str, list[Device] | None] = {}
         self._registrations: list[RegisterRecord] = []
         self._pods: dict[tuple[str, str], _PodRecord] = {}
         # Pods whose admission failed: (namespace, pod) -> kubelet's message. Never
@@ -707,6 +716,10 @@ class TestKubelet:
                 with self._cond:
                     if plugin.stopped:
                         break
+                    if plugin.resource in self._in_flight and plugin.listed:
+                        self._in_flight[plugin.resource] = devices  # applied on leaving
+                        self._cond.notify_all()
+                        continue
                     self._devices[plugin.resource] = devices
                     plugin.listed = True
                     self._cond.notify_all()
@@ -795,6 +808,33 @@ class TestKubelet:
                         f"last: {devices}"
                     )
                 self._cond.wait(left)
+
+    @contextlib.contextmanager
+    def device_list_in_flight(self, resource: str) -> Iterator[None]:
+        """While inside, ``resource``'s device list stays as it is: the plugin's ListAndWatch
+        updates are received but applied only on leaving (the latest one), so admissions
+        meanwhile see the older list, as while a real update is on its way to kubelet."""
+        with self._cond:
+            if resource in self._in_flight:
+                raise ValueError(f"the updates of {resource} are already held in flight")
+            self._in_flight[resource] = None
+        try:
+            yield
+        finally:
+            with self._cond:
+                latest = self._in_flight.pop(resource, None)
+                plugin = self._plugins.get(resource)
+                if latest is not None and plugin is not None and not plugin.stopped:
+                    self._devices[resource] = latest
+                self._cond.notify_all()
+
+    def wait_in_flight(self, resource: str, timeout: float = 10.0) -> list[Device]:
+        """Inside ``device_list_in_flight``: wait until an update of ``resource`` has come
+        and is held; return it (the list kubelet does not see yet)."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: self._in_flight.get(resource), timeout):
+                raise TimeoutError(f"no update of {resource} came within {timeout} s")
+            return _copy_devices(self._in_flight[resource] or [])
 
     def update_node_status(self) -> dict[str, tuple[int, int]]:
         """Publish the node's capacity and allocatable now, as kubelet's node status update

@@ -7,6 +7,7 @@ place_demand honouring the scheduler extender's card or refusing it clearly (sta
 view, no such GPU); and the refusal text of a carried request."""
 
 import logging
+from dataclasses import replace
 
 import pytest
 
@@ -114,8 +115,23 @@ def test_held_per_known_container():
     for allocation in allocations:
         usage.add(allocation)
     assert dict(HeldByName(usage.held_kinds, NAMES)) == {
-        ("ml", "train-0", "main"): frozenset({MEM_NAME, CORE_NAME}),
-        ("ml", "train-1", "main"): frozenset({CORE_NAME}),
+        ("ml", "train-0", "main", ""): frozenset({MEM_NAME, CORE_NAME}),
+        ("ml", "train-1", "main", ""): frozenset({CORE_NAME}),
+    }
+
+
+def test_held_per_pod_uid_where_known():
+    """Two allocations of one name made for two pods (web-0 deleted and created again):
+    each held under its own pod's UID; one of unknown UID under ""."""
+    web = ContainerRef("ml", "web-0", "main")
+    usage = CardUsage()
+    usage.add(replace(shared("ga-1", units=4, percent=30, owner=web), owner_uid="uid-old"))
+    usage.add(replace(shared("ga-2", units=2, owner=web), owner_uid="uid-new"))
+    usage.add(shared("ga-3", units=0, percent=5, owner=web))
+    assert dict(HeldByName(usage.held_kinds, NAMES)) == {
+        ("ml", "web-0", "main", "uid-old"): frozenset({MEM_NAME, CORE_NAME}),
+        ("ml", "web-0", "main", "uid-new"): frozenset({MEM_NAME}),
+        ("ml", "web-0", "main", ""): frozenset({CORE_NAME}),
     }
 
 
@@ -248,7 +264,7 @@ def test_a_container_holding_this_resource_is_skipped():
         [pod("first", {MEM_NAME: 4}, created=1.0), pod("second", {MEM_NAME: 4}, created=2.0)],
         live=False,
     )
-    held = {("ml", "first", "main"): frozenset({MEM_NAME})}
+    held = {("ml", "first", "main", "uid-first"): frozenset({MEM_NAME})}
     assert finder(pods).find(MEM, 4, held).pod == "second"
 
 

@@ -181,8 +181,64 @@ def test_linkage_whole_card_is_unhealthy_for_shared_resources(allocator):
 
 def test_card_holding_shared_work_cannot_be_given_out_whole(allocator):
     admit(allocator, [(MEM, 1)])
-    with pytest.raises(ConflictError, match="already hold shared allocations"):
+    with pytest.raises(ConflictError, match="holds shared allocations"):
         allocator.allocate(WHOLE, [GPU0])
+
+
+def test_whole_card_preferred_skips_cards_holding_shared_work_on_a_stale_list(allocator):
+    """kubelet's whole-card list still shows GPU0 healthy (the ListAndWatch update marking it
+    Unhealthy is in flight) after a share landed there: GetPreferredAllocation picks GPU1,
+    which Allocate then gives (GPU0 would be refused, and the pod failed for good)."""
+    admit(allocator, [(MEM, 2)])  # GPU0 holds shared work
+    picked = allocator.preferred(WHOLE, [GPU0, GPU1], [], 1)
+    assert picked == [GPU1]
+    assert allocator.allocate(WHOLE, picked).envs["NVIDIA_VISIBLE_DEVICES"] == GPU1
+
+
+def test_whole_card_refused_clearly_when_every_offered_card_holds_shared_work(tmp_path, clock):
+    """Every card kubelet offers whole holds shared work (its list was stale): the refusal
+    names the cards, what they hold and that kubelet's device list was stale; Allocate of
+    such a card says the same. Nothing changes."""
+    allocator = make(simulated_settings(str(tmp_path), placement="spread"), clock)
+    admit(allocator, [(MEM, 2)])
+    admit(allocator, [(MEM, 2)])  # spread: one share on each card
+    before = allocator.allocations()
+    for call in (
+        lambda: allocator.preferred(WHOLE, [GPU0, GPU1], [], 1),
+        lambda: allocator.allocate(WHOLE, [GPU1]),
+    ):
+        with pytest.raises(ConflictError) as refused:
+            call()
+        message = str(refused.value)
+        assert "GPU1" in message and "holds shared allocations (1)" in message
+        assert "kubelet's device list was stale" in message
+    assert allocator.allocations() == before
+
+
+def test_two_whole_cards_refused_when_only_one_offered_card_is_free_of_shared_work(allocator):
+    """Two whole cards asked, one of the two offered holds a share: refused naming it
+    (filling up with it would only move the refusal to Allocate)."""
+    admit(allocator, [(MEM, 2)])
+    with pytest.raises(ConflictError, match=r"GPU0 \(.*\) holds shared allocations \(1\)"):
+        allocator.preferred(WHOLE, [GPU0, GPU1], [], 2)
+
+
+def test_shares_preferred_off_a_card_given_out_whole_on_a_stale_list(allocator):
+    """kubelet's memory list still shows GPU0's IDs healthy after GPU0 was given out whole:
+    the share goes to GPU1; when only the whole card's IDs would fit, the refusal says
+    kubelet's device list was stale."""
+    allocator.allocate(WHOLE, [GPU0])
+    every = [d.id for d in allocator.devices(MEM)]  # as before the whole card was given
+    picked = allocator.preferred(MEM, every, [], 4)
+    assert {card_of(MEM, i) for i in picked} == {GPU1}
+    admit(allocator, [(MEM, 14)])  # GPU1 is nearly full now
+    stale = every[:15] + [i for i in free(allocator, MEM) if card_of(MEM, i) == GPU1]
+    with pytest.raises(NoFitError) as refused:
+        allocator.preferred(MEM, stale, [], 4)
+    assert "GPU0" in str(refused.value) and "given out whole" in str(refused.value)
+    assert "kubelet's device list was stale" in str(refused.value)
+    with pytest.raises(ConflictError, match="kubelet's device list was stale"):
+        allocator.allocate(MEM, every[:4])
 
 
 def test_whole_cards_preferred_by_index_and_envs_list_all(allocator):
@@ -818,3 +874,76 @@ def test_when_nothing_else_fits_a_deleted_pods_allocation_does_not_block(setting
         return
     results = admit_from(allocator, order, gone={"old-0"})
     assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["old-0"]}
+
+
+def recreated(pod, annotations=None):
+    """``pod`` deleted and created again under its name (a StatefulSet's web-0, a Job's
+    fixed-name pod): another pod, with a new UID."""
+    again = gpu_pod(
+        pod.name,
+        *((c.name, dict(c.requests)) for c in pod.containers),
+        annotations=annotations,
+        created=pod.created_at + 100,
+    )
+    return replace(again, uid=pod.uid + "-again")
+
+
+def admit_freed(allocator, requests, freed):
+    """``admit`` with kubelet's free lists once the allocations ``freed`` (IDs) left: kubelet
+    let their pod go, the daemon has not reconciled yet."""
+    results = {}
+    for kind, size in requests:
+        let_go = [
+            device_id
+            for a in allocator.allocations()
+            if a.id in freed
+            for device_id in a.devices.get(kind, ())
+        ]
+        ids = allocator.preferred(kind, free(allocator, kind) + let_go, [], size)
+        results[kind] = allocator.allocate(kind, ids)
+    return results
+
+
+@pytest.mark.parametrize("order", [[(MEM, 2), (CORE, 10)], [(CORE, 10), (MEM, 2)]])
+def test_a_pod_recreated_under_its_name_before_a_reconcile_is_matched_to_its_spec(
+    settings, clock, order
+):
+    """web-0 deleted and created again (a new UID), and admitted before the daemon
+    reconciled the old one's allocation away (it still holds under web-0/main): the new pod
+    is matched to its own spec, not admitted without pod identity. So the extender's card
+    is honoured, the pod-total env is there, and its allocation records its pod's UID."""
+    old = gpu_pod("web-0", ("main", {MEM_NAME: 2, CORE_NAME: 10}))
+    pods = Pods(old, live=False)  # not live: a miss is not waited for
+    allocator = with_pods(settings, clock, pods)
+    admit(allocator, [(MEM, 2), (CORE, 10)])  # binpack: GPU0
+    [first] = allocator.allocations()
+    assert (first.cards, first.owner_uid) == ((GPU0,), old.uid)
+    new = recreated(old, annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"})
+    pods.pods = [new]
+    clock.now += 1
+    results = admit_freed(allocator, order, {first.id})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {GPU1}
+    assert results[order[1][0]].envs["ALIYUN_COM_GPU_MEM_POD"] == "2"
+    [mine] = [a for a in allocator.allocations() if a.id != first.id]
+    assert (mine.owner, mine.owner_uid) == (ContainerRef("ns", "web-0", "main"), new.uid)
+    assert (mine.memory_units, mine.core_percent) == (2, 10)
+    assert allocator.allocation(first.id) == first  # the old one, until reconcile
+
+
+def test_a_recreated_pods_old_allocation_does_not_block_its_room(settings, clock):
+    """As a deleted pod's allocation, when nothing else fits: the live pod cache shows
+    web-0 pending under a new UID, so the allocation made for the old web-0 is no longer
+    that pod's and does not count; the new web-0 lands where the old one was."""
+    old = [gpu_pod(f"web-{i}", ("main", {MEM_NAME: 12})) for i in range(2)]
+    pods = Pods(*old)
+    allocator = with_pods(settings, clock, pods)
+    for pod in old:
+        pods.pods = [pod]
+        admit(allocator, [(MEM, 12)])
+    cards = {a.owner.pod: a.cards[0] for a in allocator.allocations()}
+    web0 = next(a for a in allocator.allocations() if a.owner.pod == "web-0")
+    pods.pods = [recreated(gpu_pod("web-0", ("main", {MEM_NAME: 12, CORE_NAME: 50})))]
+    pods.others = [running(old[1])]
+    results = admit_freed(allocator, [(CORE, 50), (MEM, 12)], {web0.id})
+    assert {r.envs["NVIDIA_VISIBLE_DEVICES"] for r in results.values()} == {cards["web-0"]}
+    assert allocator.allocation(web0.id) is None  # its memory taken over by kubelet's choice

@@ -125,6 +125,19 @@ def test_preferred_skips_claim_ids_kubelet_still_lists_free(allocator):
     assert not set(picked) & set(allocation.devices[MEM])
 
 
+def test_preferred_whole_card_skips_a_card_a_claim_holds_a_share_of(allocator):
+    """A claim's share on GPU0, kubelet's whole-card list not updated yet: the whole card
+    preferred is GPU1; with GPU1 taken by a whole claim too, the refusal names the claim."""
+    allocator.admit_claim(share())
+    assert allocator.preferred(WHOLE, [GPU0, GPU1], [], 1) == [GPU1]
+    allocator.admit_claim(whole())
+    with pytest.raises(ConflictError) as refused:
+        allocator.preferred(WHOLE, [GPU0, GPU1], [], 1)
+    message = str(refused.value)
+    assert "GPU0" in message and "claim ns/c1" in message
+    assert "kubelet's device list was stale" in message
+
+
 def test_reconcile_leaves_claims_alone_and_never_adopts_their_devices(allocator, clock):
     """Claims are released by NodeUnprepareResources, not by the device plugin's record:
     an empty record past the grace keeps them; a record showing a claim's device for a

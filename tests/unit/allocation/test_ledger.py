@@ -75,18 +75,60 @@ def test_a_claims_allocation_round_trips_and_goes_with_its_allocation(tmp_path):
     assert again._db.execute("SELECT count(*) FROM claims").fetchone() == (0,)
 
 
-def test_a_schema_1_ledger_is_upgraded_and_read_only_opens_still_read_it(tmp_path):
-    """A ledger of the version before DRA (no claims table, schema_version 1) opens
-    read-only as it is, and for writing is upgraded to 2 with its allocations kept."""
+def test_the_owners_pod_uid_round_trips_and_a_changed_owner_can_drop_it(tmp_path):
+    """The UID of the owner's pod survives reopening (also read-only); an update that drops
+    it (kubelet's record named another pod) drops it on disk too."""
     ledger = Ledger(str(tmp_path))
-    ledger.commit(put=[allocation("ga-1")])
-    ledger._db.execute("DROP TABLE claims")
-    ledger.set_meta("schema_version", "1")
+    owned = dataclasses.replace(
+        allocation(owner=ContainerRef("ns", "web-0", "main")), owner_uid="uid-1"
+    )
+    ledger.commit(put=[owned])
     ledger.close()
+    assert Ledger(str(tmp_path)).load() == [owned]
+    assert Ledger(str(tmp_path), read_only=True).load() == [owned]
+    moved = dataclasses.replace(owned, owner=ContainerRef("ns", "web-1", "main"), owner_uid=None)
+    again = Ledger(str(tmp_path))
+    again.commit(put=[moved])
+    again.close()
+    assert Ledger(str(tmp_path)).load() == [moved]
+
+
+def old_ledger(path, version: str) -> None:
+    """A ledger as gpushare-node of schema ``version`` left it: version 1 without the claims
+    table (DRA), 1 and 2 without the owner's pod UID column."""
+    ledger = Ledger(str(path))
+    ledger.commit(put=[allocation("ga-1", owner=ContainerRef("ns", "web-0", "main"))])
+    if version == "1":
+        ledger._db.execute("DROP TABLE claims")
+    ledger._db.execute("ALTER TABLE allocations DROP COLUMN pod_uid")
+    ledger.set_meta("schema_version", version)
+    ledger.close()
+
+
+@pytest.mark.parametrize("version", ["1", "2"])
+def test_an_older_ledger_is_upgraded_and_read_only_opens_still_read_it(tmp_path, version):
+    """A ledger of an older schema (1: before DRA, no claims table; 1 and 2: no owner pod
+    UID) opens read-only as it is, and for writing is upgraded to the current version with
+    its allocations kept (their owners' UIDs unknown), after which UIDs are kept."""
+    old_ledger(tmp_path, version)
     assert [a.id for a in Ledger(str(tmp_path), read_only=True).load()] == ["ga-1"]
     upgraded = Ledger(str(tmp_path))
-    assert upgraded.get_meta("schema_version") == "2"
-    assert [a.id for a in upgraded.load()] == ["ga-1"]
+    assert upgraded.get_meta("schema_version") == ledger_module.SCHEMA_VERSION == "3"
+    [kept] = upgraded.load()
+    assert kept.id == "ga-1" and kept.owner_uid is None
+    upgraded.commit(put=[dataclasses.replace(kept, owner_uid="uid-1")])
+    upgraded.close()
+    assert [a.owner_uid for a in Ledger(str(tmp_path)).load()] == ["uid-1"]
+
+
+def test_a_newer_ledger_is_refused_naming_both_versions(tmp_path):
+    """A ledger a newer gpushare-node wrote (a schema this one does not know) is not opened:
+    its rows could mean more than this version reads."""
+    ledger = Ledger(str(tmp_path))
+    ledger.set_meta("schema_version", "4")
+    ledger.close()
+    with pytest.raises(LedgerError, match="schema version 4, this gpushare-node understands 3"):
+        Ledger(str(tmp_path))
 
 
 def test_update_and_delete_in_one_transaction(tmp_path):

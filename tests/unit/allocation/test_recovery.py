@@ -59,6 +59,19 @@ def test_a_new_ledger_takes_back_registrations_and_old_allocation_ids(tmp_path):
     assert sorted(r.container_id for r in ledger.load_registrations()) == ["c-a", "c-b"]
 
 
+def test_the_recovery_says_into_which_ledger(tmp_path, caplog):
+    """The line saying how many registrations were taken back names the ledger they went
+    into: on a machine running several daemons (tests), each start's line is its own."""
+    ledger, allocator = open_node(tmp_path)
+    marks = [marked("c-a", "ga-old-a", POD_A)]
+    with caplog.at_level("WARNING", logger="nodemgr.allocation.recovery"):
+        recover_registrations(ledger, allocator, lambda: marks, lambda: record_of(POD_A, 2))
+    assert (
+        f"recovered 1 of 1 container registrations from their cgroups into the ledger "
+        f"{ledger.path}" in caplog.text
+    )
+
+
 def test_a_ledger_that_was_already_there_is_left_alone(tmp_path):
     """Only a ledger made at this start is recovered: marks are not even read otherwise."""
     Ledger(simulated_settings(str(tmp_path)).state_dir).close()

@@ -79,11 +79,30 @@ def test_oldest_pod_first_assume_time_before_creation():
 def test_a_container_mid_admission_comes_first():
     older = pod("older", ("main", {MEM: 4, CORE: 30}), created=1.0)
     busy = pod("busy", ("main", {MEM: 2, CORE: 30}), created=2.0)
-    held = {("ns", "busy", "main"): frozenset({MEM})}
+    held = {("ns", "busy", "main", "uid-busy"): frozenset({MEM})}
     assert demand([older, busy], CORE, 30, held).pod == "busy"
     # a container holding this resource already is no candidate
-    held = {("ns", "older", "main"): frozenset({CORE})}
+    held = {("ns", "older", "main", "uid-older"): frozenset({CORE})}
     assert demand([older, busy], CORE, 30, held).pod == "busy"
+
+
+def test_a_pod_recreated_under_the_same_name_holds_nothing_of_the_old_ones():
+    """web-0 deleted and created again (a new UID) before the ledger let the old one's
+    allocation go: what the old UID holds is not the new pod's, so the new pod is matched,
+    as a container holding nothing yet. What a pod of that name holds under no known UID
+    (admitted without the pod cache) still counts, as does what the same UID holds."""
+    web = pod("web-0", ("main", {MEM: 2, CORE: 30}))
+    other = pod("other", ("main", {MEM: 2, CORE: 30}), created=200.0)  # newer
+    old = {("ns", "web-0", "main", "uid-old"): frozenset({MEM, CORE})}
+    found = demand([web], MEM, 2, old)
+    assert (found.pod, found.pod_uid) == ("web-0", "uid-web-0")
+    # Holding nothing, it is not taken for a container half-way through its admission:
+    half = {**old, ("ns", "other", "main", "uid-other"): frozenset({CORE})}
+    assert demand([web, other], MEM, 2, half).pod == "other"
+    assert demand([web], MEM, 2, {("ns", "web-0", "main", ""): frozenset({MEM})}) is None
+    assert demand([web], MEM, 2, {("ns", "web-0", "main", "uid-web-0"): frozenset({MEM})}) is None
+    mid = {**old, ("ns", "web-0", "main", ""): frozenset({MEM})}
+    assert demand([web, other], CORE, 30, mid).pod == "web-0"  # its own half, by name
 
 
 def test_finished_and_deleting_pods_are_no_candidates():
@@ -167,7 +186,12 @@ POD = st.builds(
     st.booleans(),
 )
 HELD = st.dictionaries(
-    st.tuples(st.just("ns"), st.sampled_from("abcdef"), st.sampled_from(["c0", "c1", "i0"])),
+    st.tuples(
+        st.just("ns"),
+        st.sampled_from("abcdef"),
+        st.sampled_from(["c0", "c1", "i0"]),
+        st.sampled_from(["", "uid-a", "uid-other"]),
+    ),
     st.frozensets(st.sampled_from(RESOURCES)),
     max_size=4,
 )

@@ -7,6 +7,8 @@ of it. The refusal names the allocation, its card and both pods. The identity it
 again from the annotations' identity keys the hook sent (runtime_identity): two pods named
 refuse, and so does a hook whose own reading differs."""
 
+from dataclasses import replace
+
 import pytest
 
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
@@ -136,6 +138,36 @@ def test_a_pod_with_two_allocations_on_the_card_gets_its_own_containers_one_or_n
     assert pods_allocation(init, both, record, NAMES, {GPU0}) is None
 
 
+def test_a_pod_recreated_under_the_same_name_is_not_tied_to_the_old_ones_allocation():
+    """kubelet's record names pods, not UIDs: a container of web-0 created again (a new UID,
+    from its runtime's annotations) is not tied to the allocation made for the old web-0
+    (its UID known from the pod cache), however the record names it. Either UID unknown,
+    the name ties it as before."""
+    old = replace(shared(), owner=MAIN, owner_uid="uid-old")
+    holding = holders(old, record_of(old), NAMES)
+    problem = pod_tie_problem(MAIN, old, holding, pod_uid="uid-new")
+    assert problem is not None
+    assert "allocation ga-1" in problem and "uid-old" in problem and "uid-new" in problem
+    assert pod_tie_problem(MAIN, old, holding, pod_uid="uid-old") is None
+    assert pod_tie_problem(MAIN, old, holding, pod_uid=None) is None
+    assert pod_tie_problem(MAIN, replace(old, owner_uid=None), holding, "uid-new") is None
+
+
+def test_a_recreated_pods_container_is_never_given_the_old_pods_allocation():
+    """Its env's ID stale, the pod's own allocation is looked for on its card: one made for
+    the old pod of its name (another known UID) is never it, even when a record read
+    before kubelet let the old pod go gives it to that name; the new pod's own is."""
+    old = replace(shared(units=2, percent=0), owner=MAIN, owner_uid="uid-old")
+    new = Allocation("ga-2", {MEM: (memory_device_id(GPU0, 9),)}, 1024, 100.0, owner=MAIN,
+                     owner_uid="uid-new")  # fmt: skip
+    record = {MAIN: {NAMES[MEM]: [*old.devices[MEM], *new.devices[MEM]]}}
+    both = [old, new]
+    assert pods_allocation(MAIN, both, record, NAMES, {GPU0}, pod_uid="uid-new") == new
+    assert pods_allocation(MAIN, [old], record, NAMES, {GPU0}, pod_uid="uid-new") is None
+    assert pods_allocation(MAIN, [old], record, NAMES, {GPU0}, pod_uid="uid-old") == old
+    assert pods_allocation(MAIN, both, record, NAMES, {GPU0}) is None  # no UID: ambiguous
+
+
 CRIO_KEYS = {
     "io.kubernetes.pod.namespace": "default",
     "io.kubernetes.pod.name": "train",
@@ -172,8 +204,6 @@ def test_a_hook_reading_another_identity_is_not_believed():
 
 
 def claimed(share_id="s-1"):
-    from dataclasses import replace
-
     from nodemgr.domain.model import ClaimRef, ClaimResult
 
     ref = ClaimRef("u1", "ml", "c1", (ClaimResult("gpu", "node-a", GPU0.lower(), share_id),))

@@ -1,6 +1,7 @@
 """Pins reconcile: kubelet's PodResources record always wins over the ledger."""
 
 import itertools
+from dataclasses import replace
 
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation, ContainerRef
@@ -151,3 +152,69 @@ def test_allocations_of_one_container_on_two_cards_are_not_merged():
     on_b = alloc("ga-b", {MEM: ids("GPU-b", MEM, 1)}, owner=POD_A, confirmed_at=100.0)
     reported = {**report(POD_A, on_a.devices), **report(POD_A, on_b.devices)}
     assert plan([on_a, on_b], reported).empty
+
+
+WEB = ContainerRef("default", "web-0", "main")
+
+
+def owned(allocation, uid):
+    return replace(allocation, owner_uid=uid)
+
+
+def test_an_owner_in_another_pod_drops_the_uid_and_one_in_the_same_pod_keeps_it():
+    """The UID an allocation was made with is its pod's: kubelet's record naming a
+    container of another pod (the pod cache's guess was wrong) leaves it unknown; naming
+    another container of the same pod keeps it."""
+    devices = {MEM: ids("GPU-a", MEM, 2)}
+    made = owned(alloc("ga-1", devices, owner=POD_A), "uid-a")
+    [moved] = plan([made], report(POD_B, devices)).put
+    assert (moved.owner, moved.owner_uid) == (POD_B, None)
+    side = ContainerRef("default", "a", "side")
+    [kept] = plan([made], report(side, devices)).put
+    assert (kept.owner, kept.owner_uid) == (side, "uid-a")
+
+
+def test_a_split_keeps_the_uid_within_its_pod_only():
+    """Devices of one allocation kubelet gives to a container of the same pod and to one
+    of another pod: the part split off within the pod keeps the pod's UID, the other not."""
+    mem, core = ids("GPU-a", MEM, 2), ids("GPU-a", CORE, 20)
+    side = ContainerRef("default", "a", "side")
+    made = owned(alloc("ga-1", {MEM: mem, CORE: core[:10]}, owner=POD_A), "uid-a")
+    within = {**report(POD_A, {MEM: mem}), **report(side, {CORE: core[:10]})}
+    by_owner = {a.owner: a.owner_uid for a in plan([made], within).put}
+    assert by_owner == {POD_A: "uid-a", side: "uid-a"}
+    across = {**report(POD_A, {MEM: mem}), **report(POD_B, {CORE: core[:10]})}
+    by_owner = {a.owner: a.owner_uid for a in plan([made], across).put}
+    assert by_owner == {POD_A: "uid-a", POD_B: None}
+
+
+def test_the_old_and_the_new_pod_of_one_name_are_never_merged():
+    """web-0 deleted and created again: its old allocation (old UID, not yet released) and
+    the new one (new UID) on one card, and a record read before kubelet let the old pod go
+    reports both for web-0/main. They are two pods' allocations: not merged into one quota
+    (the old one goes when kubelet no longer reports it)."""
+    old = owned(alloc("ga-old", {MEM: ids("GPU-a", MEM, 2)}, owner=WEB, confirmed_at=100.0),
+                "uid-old")  # fmt: skip
+    new = owned(alloc("ga-new", {MEM: ids("GPU-a", MEM, 2, start=2), CORE: ids("GPU-a", CORE, 10)},
+                      owner=WEB), "uid-new")  # fmt: skip
+    stale = {**report(WEB, old.devices), **report(WEB, new.devices)}
+    result = plan([old, new], stale)
+    assert result.delete == []
+    assert [(a.id, a.owner_uid, a.memory_units) for a in result.put] == [("ga-new", "uid-new", 2)]
+    assert any("not merged" in note and "uid-old" in note for note in result.notes)
+    # The record once kubelet let the old pod go: the old allocation goes, the new stays.
+    fresh = plan([old, *result.put], report(WEB, new.devices))
+    assert fresh.delete == ["ga-old"] and fresh.put == []
+
+
+def test_a_merge_keeps_the_one_uid_known():
+    """A container's memory and share in two allocations, one made with its pod known (a
+    UID) and one without: merged, the allocation keeps that UID."""
+    memory = alloc("ga-mem", {MEM: ids("GPU-a", MEM, 2)}, owner=POD_A, confirmed_at=100.0)
+    share = owned(alloc("ga-core", {CORE: ids("GPU-a", CORE, 20)}, owner=POD_A,
+                        confirmed_at=100.0), "uid-a")  # fmt: skip
+    result = plan(
+        [memory, share], {**report(POD_A, memory.devices), **report(POD_A, share.devices)}
+    )
+    [merged] = result.put
+    assert (merged.id, merged.owner_uid, merged.core_percent) == ("ga-mem", "uid-a", 20)

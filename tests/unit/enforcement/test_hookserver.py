@@ -360,6 +360,27 @@ def test_the_hooks_identity_is_read_again_from_the_annotations(node, child):
     assert node.registered() == {}
 
 
+@pytest.mark.parametrize("runtime", ["containerd", "cri-o"])
+def test_the_pods_uid_from_the_runtimes_keys_reaches_the_registry(node, child, runtime):
+    """The pod UID the runtime wrote (containerd's sandbox-uid, CRI-O's pod.uid) is handed
+    to the registry, which tells a pod recreated under its name from the old one by it;
+    none written, none handed."""
+    seen = []
+    admit = node.registry.admit
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("pod_uid"))
+        return admit(*args, **kwargs)
+
+    node.registry.admit = spy
+    allocation = node.allocate()
+    answer = node.call(create("c1", child.pid, env_of(allocation), {**POD_A, "uid": "u-1"},
+                              runtime=runtime))  # fmt: skip
+    assert answer["allowed"], answer["message"]
+    node.call(create("c2", child.pid, env_of(allocation), POD_A, runtime=runtime))
+    assert seen == ["u-1", None]
+
+
 def test_a_crio_pod_repeating_its_own_identity_is_admitted(node, child):
     """containerd's keys naming the container's own pod (and container): admitted as it."""
     allocation = node.allocate()

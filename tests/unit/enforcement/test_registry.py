@@ -533,3 +533,47 @@ def test_gpu_containers_are_refused_while_enforcement_cannot_judge(node, child):
     assert node.registry.admit("c2", child.pid, no_gpu, POD_A, CGROUP)[0] is True
     problem[0] = None
     assert node.registry.admit("c1", child.pid, env_of(allocation), POD_A, CGROUP)[0] is True
+
+
+def test_a_container_of_a_pod_recreated_under_its_name_is_refused_the_old_ones(tmp_path, child):
+    """web-0 deleted and created again: its allocation (its UID, from the pod cache) and the
+    old web-0's (the old UID, not released yet) both under default/web-0/main, and a
+    record read while kubelet still reported the old one. A container of the new pod (its
+    runtime's UID) carrying the old pod's ID is refused naming both UIDs, and one whose env
+    ID went stale is judged against its own pod's allocation, never the old pod's."""
+    settings = simulated_settings(str(tmp_path))
+    ledger = Ledger(settings.state_dir)
+    try:
+        cards = open_inventory(settings.gpus).cards()
+        gpu = cards[0].uuid
+        web = ContainerRef("default", "web-0", "main")
+        memory = card_device_ids(MEM, gpu, 6)
+        old = Allocation("ga-old", {MEM: tuple(memory[:2])}, 2048, 1000.0, owner=web,
+                         owner_uid="uid-old")  # fmt: skip
+        new = Allocation("ga-new", {MEM: tuple(memory[2:6])}, 4096, 1001.0, owner=web,
+                         owner_uid="uid-new")  # fmt: skip
+        ledger.commit(put=[old, new])
+        state = NarrowState(cards, [old, new])
+        record = {web: {state.resource_names[MEM]: list(memory)}}
+        registry = ContainerRegistry(ledger, state, MPS_PIPE, kubelet_record=lambda: record)
+
+        def cgroup(container_id):
+            return f"0::/kubepods/pod-web/{container_id}\n"
+
+        allowed, message = registry.admit(
+            "c1", child.pid, env_of(old), web, cgroup("c1"), pod_uid="uid-new"
+        )
+        assert allowed is False
+        assert "allocation ga-old" in message and "uid-old" in message and "uid-new" in message
+        stale = env_of(new, GPUSHARE_ALLOCATION_ID="ga-lostlostlostlost")
+        allowed, message = registry.admit(
+            "c2", child.pid, stale, web, cgroup("c2"), pod_uid="uid-new"
+        )
+        assert allowed is True, message
+        assert [r.allocation_id for r in registry.registrations()] == ["ga-new"]
+        allowed, message = registry.admit(
+            "c3", child.pid, env_of(old), web, cgroup("c3"), pod_uid="uid-old"
+        )
+        assert allowed is True, message  # the old pod's own container, while it lives
+    finally:
+        ledger.close()

@@ -301,6 +301,24 @@ def test_each_list_replaces_the_previous_one(kubelet, make_plugin):
     assert _by_resource(reply.devices) == {RESOURCE: ["dev-0"]}
 
 
+def test_updates_in_flight_are_applied_only_on_leaving(kubelet, make_plugin):
+    """device_list_in_flight: an update received meanwhile does not change the list an
+    admission sees (it offers the device the plugin marked Unhealthy); the latest one is
+    applied on leaving."""
+    plugin = make_plugin(n=2)
+    plugin.register(kubelet.kubelet_socket)
+    kubelet.wait_for_resource(RESOURCE)
+    with kubelet.device_list_in_flight(RESOURCE):
+        plugin.set_health("dev-0", "Unhealthy")
+        held = kubelet.wait_in_flight(RESOURCE)
+        assert [d.healthy for d in held] == [False, True]  # it came
+        assert all(d.healthy for d in kubelet.devices(RESOURCE))  # and is not seen yet
+        result = kubelet.admit_pod("ns", "p", [ContainerSpec("c", {RESOURCE: 2})])
+        assert result.ok, result.error
+    devices = kubelet.wait_for_devices(RESOURCE, lambda ds: not ds[0].healthy, timeout=5)
+    assert [d.healthy for d in devices] == [False, True]
+
+
 @pytest.mark.parametrize(
     ("version", "resource"),
     [

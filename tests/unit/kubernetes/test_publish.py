@@ -15,6 +15,7 @@ document's isolation, ``<label_prefix>isolation`` gives each container's levels.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 from nodemgr.domain.deviceids import ResourceKind
@@ -155,6 +156,25 @@ def test_a_pod_is_published_once_every_gpu_container_holds_its_demand():
     assert annotations_of([main], pods) == {}
     assert annotations_of([main, side], pods)[("ns", "two")]["ALIYUN_COM_GPU_MEM_POD"] == "6"
     assert annotations_of([main, side], {}) == {}
+
+
+def test_a_pod_recreated_under_its_name_is_published_from_its_own_allocation_only():
+    """web-0 deleted and created again (a new UID) holds its allocation while the old
+    one's is not released yet (same name, same container): the pod's annotations count
+    its own (pod total 4, on GPU1), not both (8), nor the old one's card."""
+    ref = ContainerRef("ns", "web-0", "main")
+    old = replace(shared("old", GPU0, 4, 30, ref, created=5.0), owner_uid="uid-old")
+    new = replace(shared("new", GPU1, 4, 30, ref, created=10.0), owner_uid="uid")
+    pods = {("ns", "web-0"): pod("web-0", ("main", 4, 30))}  # the cache: the new one
+    published = annotations_of([old, new], pods)[("ns", "web-0")]
+    assert published["ALIYUN_COM_GPU_MEM_POD"] == "4"
+    assert published["ALIYUN_COM_GPU_MEM_IDX"] == "1"
+    assert published["ALIYUN_COM_GPU_MEM_ASSUME_TIME"] == str(10 * 10**9)
+    # Only the old one's allocation, the new pod not admitted yet: nothing for the new pod.
+    assert annotations_of([old], pods) == {}
+    # An allocation of unknown UID (admitted without the pod cache) is taken by name.
+    unknown = replace(new, owner_uid=None)
+    assert annotations_of([unknown], pods)[("ns", "web-0")]["ALIYUN_COM_GPU_MEM_IDX"] == "1"
 
 
 def test_node_labels():

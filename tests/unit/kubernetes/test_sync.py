@@ -10,6 +10,7 @@ refusals and violations become pod Events (none for a process of no known pod)."
 import json
 import threading
 import time
+from dataclasses import replace
 
 from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import KubernetesSettings
@@ -252,6 +253,23 @@ def test_a_released_pod_is_forgotten_and_sent_again_if_it_comes_back():
     allocator.held.append(first)
     sync.publish()
     assert kinds(adapter.calls) == ["pod"]
+
+
+def test_a_pod_recreated_under_its_name_gets_annotations_equal_to_the_old_ones():
+    """web-0 deleted and created again, its new allocation on the same card with the same
+    demand, and no publish saw the name without an allocation: the new pod (another UID)
+    has none of the annotations the old one got, so they are sent again, equal or not."""
+    old_pod = pod("web-0")
+    allocator = FakeAllocator([replace(allocation("ga-1", "web-0"), owner_uid=old_pod.uid)])
+    adapter = FakeAdapter([old_pod])
+    sync = publisher(adapter, allocator)
+    sync.publish()
+    adapter.calls.clear()
+    new_pod = replace(old_pod, uid="uid-web-0-again")
+    adapter.pod_list = [new_pod]
+    allocator.held = [replace(allocation("ga-2", "web-0"), owner_uid=new_pod.uid)]
+    sync.publish()
+    assert [(c[0], c[2]) for c in adapter.calls] == [("pod", "web-0")]
 
 
 def test_a_node_change_resends_labels_annotation_and_gpu_count_together():
