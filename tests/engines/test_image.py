@@ -9,19 +9,20 @@ Pins: the image's entrypoint is the rendered Deployment's command, it runs as UI
 by default (the Deployment's runAsUser, and what kubelet reads from the CRI's
 ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none); it
 holds the extender and the libraries it imports, not the node daemon's (gRPC, NVML,
-psutil, prometheus_client, jinja2) nor the kubernetes client's parts needing libraries
-left out (pydantic, aiohttp); the archive is reproducible (the same inputs give the
-same digest). ``podman load`` and ``ctr -n k8s.io images import`` (a private
-containerd) both take the archive under its name; in each engine ``gpushare-scheduler
---help`` runs, and the extender in the container, on the host network against the test
-API server, answers ``/healthz`` and a filter, as UID 65534 with a read-only root file
-system and no capabilities: under podman with a kubeconfig; under containerd through
-the CRI as kubelet runs the rendered Deployment (its image name, command, args but the
-address, security context) with in-cluster credentials (a service account token and CA,
-the API server behind TLS). README's ways to a registry work: ``skopeo copy
-oci-archive:... docker://...`` (the registry serves the archive's manifest digest) and
-``podman load`` + ``podman push``, into a real registry (``scripts/setup-registry``:
-Debian's docker-registry) from which containerd pulls and runs the image.
+psutil, prometheus_client, jinja2) nor the kubernetes client's parts it never imports
+(its asyncio client with aiohttp, its generated API classes); the archive is
+reproducible (the same inputs give the same digest). ``podman load`` and ``ctr -n k8s.io
+images import`` (a private containerd) both take the archive under its name; in each
+engine ``gpushare-scheduler --help`` runs, and the extender in the container, on the
+host network against the test API server, answers ``/healthz`` and a filter, as UID
+65534 with a read-only root file system and no capabilities: under podman with a
+kubeconfig; under containerd through the CRI as kubelet runs the rendered Deployment
+(its image name, command, args but the address, security context) with in-cluster
+credentials (a service account token and CA, the API server behind TLS). README's ways
+to a registry work: ``skopeo copy oci-archive:... docker://...`` (the registry serves
+the archive's manifest digest) and ``podman load`` + ``podman push``, into a real
+registry (``scripts/setup-registry``: Debian's docker-registry) from which containerd
+pulls and runs the image.
 """
 
 from __future__ import annotations
@@ -71,16 +72,23 @@ LEFT_OUT = (
     "psutil",
     "prometheus_client",
     "jinja2",
-    "pydantic",  # the kubernetes client's generated models (imported slim: never)
-    "aiohttp",  # its asyncio client
-    "dateutil",  # its generated ApiClient
-    "websocket",  # its stream API
+    "aiohttp",  # the kubernetes client's asyncio client
     "pip",  # installs the wheels at build time only
 )
-# Parts of the kubernetes client that import what is left out.
-UNUSABLE = ("kubernetes/aio", "kubernetes/client/models", "kubernetes/client/api")
+# Parts of the kubernetes client the extender never imports.
+UNUSABLE = ("kubernetes/aio", "kubernetes/client/api")
 # What the extender imports: these must be there.
-NEEDED = ("nodemgr/extender/main.py", "kubernetes/client/rest.py", "yaml", "urllib3", "requests")
+NEEDED = (
+    "nodemgr/extender/main.py",
+    "kubernetes/client/api_client.py",
+    "kubernetes/watch",
+    "pydantic",
+    "dateutil",
+    "websocket",
+    "yaml",
+    "urllib3",
+    "requests",
+)
 LAYER_BUDGET_BYTES = 32 * 1024 * 1024  # compressed; about 18 MiB when written
 
 
