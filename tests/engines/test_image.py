@@ -9,7 +9,7 @@ Pins: the image's entrypoint is the rendered Deployment's command, it runs as UI
 by default (the Deployment's runAsUser, and what kubelet reads from the CRI's
 ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none); it
 holds the extender and the libraries it imports, not the node daemon's (gRPC, NVML,
-psutil, prometheus_client, jinja2) nor the kubernetes client's parts it never imports
+psutil, jinja2) nor the kubernetes client's parts it never imports
 (its asyncio client with aiohttp, its generated API classes); the archive is
 reproducible (the same inputs give the same digest). ``podman load`` and ``ctr -n k8s.io
 images import`` (a private containerd) both take the archive under its name; in each
@@ -70,7 +70,6 @@ LEFT_OUT = (
     "google",  # protobuf, google-auth
     "pynvml.py",  # nvidia-ml-py
     "psutil",
-    "prometheus_client",
     "jinja2",
     "aiohttp",  # the kubernetes client's asyncio client
     "pip",  # installs the wheels at build time only
@@ -80,6 +79,7 @@ UNUSABLE = ("kubernetes/aio", "kubernetes/client/api")
 # What the extender imports: these must be there.
 NEEDED = (
     "nodemgr/extender/main.py",
+    "prometheus_client",
     "kubernetes/client/api_client.py",
     "kubernetes/watch",
     "pydantic",
