@@ -9,7 +9,8 @@ over ``<run_dir>/hook.sock`` (see :mod:`hooks.protocol`).
 What it must not do: import anything outside the standard library (not even
 ``nodemgr``), decide about a GPU container itself, or ever block a creation
 longer than a couple of seconds. Its start-up is most of its cost: nodemgr
-install runs it in Python's isolated mode without site, and it imports only the
-standard modules it uses (``json``, ``os``; not ``socket``, ``argparse`` or even
-``__future__``: its modules do without ``from __future__ import annotations``).
+install runs it in Python's isolated mode without site, and it imports no module
+whose import costs more than its work (``json``, ``re``, ``socket``, ``enum``,
+``argparse``, not even ``__future__``: its modules do without ``from __future__
+import annotations``).
 """

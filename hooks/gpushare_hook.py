@@ -40,12 +40,10 @@ Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
 
 It runs at every container creation on the node, so start-up is kept short: the
 runtimes run it through the launcher ``nodemgr install`` writes, which starts Python
-with ``-I -S`` (no site-packages, no environment variables read), and it imports only
-what it uses of the standard library (``json``, ``os``; not ``socket``, ``argparse``
-or ``__future__``). Every JSON it reads goes through :func:`hooks.protocol.loads`
-(a key twice in one object is refused: Go and Python would read it differently). Run
-as a file (``python3 -I -S .../hooks/gpushare_hook.py``) it finds its own package next
-to this file.
+with ``-I -S`` (no site-packages, no environment variables read); it imports no
+``json``, ``re``, ``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`),
+and the socket code only when it calls the daemon. Run as a file (``python3 -I -S
+.../hooks/gpushare_hook.py``) it finds its own package next to this file.
 """
 
 import os
@@ -55,7 +53,7 @@ import sys
 if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py): no sys.path
     sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-from hooks import gpuenv, protocol, specfacts  # noqa: E402 (after the path above)
+from hooks import gpuenv, specfacts, wirejson  # noqa: E402 (after the path above)
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -180,7 +178,10 @@ def _create(options: dict, state: dict) -> int:
     if not gpuenv.needs_daemon(env) and touches is None:
         return 0
     annotations = {**_mapping(config.get("annotations")), **_mapping(state.get("annotations"))}
-    from hooks import podidentity  # only containers touching GPUs talk to the daemon
+    from hooks import (
+        podidentity,
+        protocol,  # only containers touching GPUs talk to the daemon
+    )
 
     found = podidentity.identity_keys(annotations)
     request = {
@@ -215,6 +216,8 @@ def _create(options: dict, state: dict) -> int:
 
 
 def _poststop(socket_path: str, state: dict) -> None:
+    from hooks import protocol
+
     try:
         protocol.call(
             socket_path,
@@ -229,7 +232,7 @@ def _read_state(data: bytes) -> dict:
     if len(data) > MAX_STATE_BYTES:
         raise Refusal(f"the OCI state on stdin is over {MAX_STATE_BYTES} bytes", code=2)
     try:
-        state = protocol.loads(data.decode("utf-8"))
+        state = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise Refusal(f"the OCI state on stdin is not JSON ({e})", code=2) from None
     if not isinstance(state, dict):
@@ -261,7 +264,7 @@ def _read_config(bundle: str) -> dict:
     if len(data) > MAX_CONFIG_BYTES:  # it grew after fstat
         raise Refusal(_too_big(path, len(data)), code=2)
     try:
-        config = protocol.loads(data.decode("utf-8"))
+        config = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
     if not isinstance(config, dict):

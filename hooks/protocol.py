@@ -42,22 +42,15 @@ Timeouts are deadlines for the whole exchange, never per read: a peer sending
 a byte at a time cannot stretch them. A daemon at its connection cap closes a
 new connection unread; ``call`` then connects again while its time lasts.
 
-``loads`` is how the hook reads every JSON document it is given (the OCI state,
-config.json, the daemon's answer) and the daemon reads a message: as ``json.loads``
-does, except an object with the same key twice, which is refused. Go's
-encoding/json, which runc, containerd and CRI-O use, merges two objects under one
-key into one struct where Python keeps only the last, so the runtime and the hook
-would see different specs. Nesting deeper than the interpreter's recursion limit is
-a ``ValueError`` too, not a crash.
-
-The runtime hook runs this at container creation, so its socket code uses the C
-module ``_socket`` rather than ``socket``, whose import (and its enums of every
-socket constant) would cost the hook's call to the daemon more than the call itself.
+The runtime hook runs this at container creation, so it uses the C modules
+``_socket`` and ``_json`` (:mod:`hooks.wirejson`) rather than ``socket`` and
+``json``, whose imports would cost it more than the call itself.
 """
 
 import _socket
-import json
 import time
+
+from hooks import wirejson
 
 # env, cgroup, identity and spec facts of one container; the hook refuses a container
 # whose request would be bigger (thousands of long mount paths).
@@ -78,40 +71,15 @@ class TooLargeError(ProtocolError):
     """The peer sent more than one message may hold."""
 
 
-def _one_value_per_key(pairs: list) -> dict:
-    value = dict(pairs)
-    if len(value) != len(pairs):
-        seen = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise ValueError(
-                    f"the key {key!r} appears twice in one object (Go merges or overwrites "
-                    "such keys where Python keeps the last, so it cannot be read one way)"
-                )
-            seen.add(key)
-    return value
-
-
-def loads(text: str) -> object:
-    """One JSON value from ``text``, as Go and Python both read it; ValueError (saying what
-    and where) for anything else: a key twice in one object, data after the value,
-    malformed text, nesting past the recursion limit."""
-    try:
-        return json.loads(text, object_pairs_hook=_one_value_per_key)
-    except RecursionError:
-        raise ValueError("nested too deeply") from None
-
-
 def encode(message: dict) -> bytes:
-    """Compact ASCII JSON and a newline."""
-    return json.dumps(message, separators=(",", ":")).encode() + b"\n"
+    return wirejson.dumps(message).encode() + b"\n"
 
 
 def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
     if len(data) > max_bytes:
         raise TooLargeError(f"message over {max_bytes} bytes")
     try:
-        message = loads(data.decode("utf-8"))
+        message = wirejson.loads(data.decode("utf-8"))
     except (ValueError, UnicodeDecodeError) as e:
         raise ProtocolError(f"not JSON: {e}") from e
     if not isinstance(message, dict):
