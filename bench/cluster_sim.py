@@ -531,7 +531,8 @@ def rss(nodes_count: int, pods_count: int, tmp: str, seed: int) -> dict[str, flo
             extender.stop()
     finally:
         api.stop()
-    assert f"gpushare_extender_pods {pods_count}" in metrics, metrics[-800:]
+    # The gauge as prometheus_client writes it (a float): "gpushare_extender_pods 2000.0".
+    assert f"\ngpushare_extender_pods {float(pods_count)}\n" in metrics, metrics[-800:]
     return {"rss": fields["VmRSS"], "hwm": fields["VmHWM"], "list_s": listed}
 
 

@@ -11,6 +11,6 @@ What it must not do: import anything outside the standard library (not even
 longer than a couple of seconds. Its start-up is most of its cost: nodemgr
 install runs it in Python's isolated mode without site, and it imports no module
 whose import costs more than its work (``json``, ``re``, ``socket``, ``enum``,
-``argparse``, ``os``, not even ``__future__``: its modules do without ``from __future__
+``argparse``, not even ``__future__``: its modules do without ``from __future__
 import annotations``).
 """

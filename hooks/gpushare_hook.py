@@ -42,20 +42,18 @@ It runs at every container creation on the node, so start-up is kept short: the
 runtimes run it through the launcher ``nodemgr install`` writes, which starts Python
 with ``-I -S`` (no site-packages, no environment variables read); it imports no
 ``json``, ``re``, ``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`),
-no ``os`` (the builtin ``posix`` and :mod:`hooks.hostpath` instead), and the socket code
-only when it calls the daemon. Run as a file (``python3 -I -S
+and the socket code only when it calls the daemon. Run as a file (``python3 -I -S
 .../hooks/gpushare_hook.py``) it finds its own package next to this file.
 """
 
-import posix
+import os
+import stat
 import sys
 
 if not __package__:  # run as a file (python3 -I -S .../hooks/gpushare_hook.py): no sys.path
-    import os  # only here: the installed launcher imports the package and never pays for os
-
     sys.path.append(os.path.dirname(os.path.dirname(os.path.realpath(__file__))))
 
-from hooks import gpuenv, hostpath, specfacts, wirejson  # noqa: E402 (after the path above)
+from hooks import gpuenv, specfacts, wirejson  # noqa: E402 (after the path above)
 
 CREATE = "createRuntime"
 POSTSTOP = "poststop"
@@ -121,13 +119,13 @@ def _parse_args(args: list[str]) -> dict | None:
     socket_path = values["--socket"]
     if not socket_path:
         raise Refusal(f"--socket needs a path; {USAGE}", code=2)
-    run_dir = values["--run-dir"] or hostpath.dirname(socket_path)
-    if not hostpath.isabs(run_dir):
+    run_dir = values["--run-dir"] or os.path.dirname(socket_path)
+    if not os.path.isabs(run_dir):
         raise Refusal(f"--run-dir must be an absolute path (got {run_dir!r}); {USAGE}", code=2)
     runtime = values["--runtime"] or None
     if runtime is not None and runtime not in RUNTIMES:
         raise Refusal(f"--runtime must be containerd or cri-o (got {runtime!r}); {USAGE}", 2)
-    if not all(hostpath.isabs(path) for path in guarded):
+    if not all(os.path.isabs(path) for path in guarded):
         raise Refusal(f"--guard takes absolute paths (got {guarded!r}); {USAGE}", code=2)
     own = tuple(specfacts.normpath(p) for p in (run_dir, socket_path, *guarded))
     return {"socket": socket_path, "run_dir": run_dir, "runtime": runtime, "guarded": own,
@@ -165,7 +163,7 @@ def _split_args(args: list[str]) -> tuple[dict, list[str], list[str]] | None:
 
 def _create(options: dict, state: dict) -> int:
     socket_path = options["socket"]
-    mps_root = hostpath.join(options["run_dir"], MPS_SUBDIR)
+    mps_root = os.path.join(options["run_dir"], MPS_SUBDIR)
     config = _read_config(state["bundle"])
     try:
         env = gpuenv.env_from_list(specfacts.process_env(config))
@@ -247,15 +245,15 @@ def _read_state(data: bytes) -> dict:
 
 
 def _read_config(bundle: str) -> dict:
-    path = hostpath.join(bundle, "config.json")
+    path = os.path.join(bundle, "config.json")
     try:
         # O_NONBLOCK: a FIFO put there must not hang the container's creation.
-        fd = posix.open(path, posix.O_RDONLY | posix.O_NONBLOCK | posix.O_NOCTTY | posix.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as e:
         raise Refusal(f"cannot read the container's {path}: {e}", code=2) from None
     with open(fd, "rb") as f:
-        info = posix.fstat(fd)
-        if not hostpath.is_regular(info.st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise Refusal(f"the container's {path} is not a regular file", code=2)
         if info.st_size > MAX_CONFIG_BYTES:
             raise Refusal(_too_big(path, info.st_size), code=2)
@@ -342,15 +340,15 @@ def _resolve_host_paths(facts: dict) -> None:
     """
     for mount in facts["mounts"]:
         for path in list(mount["sources"]):
-            real = hostpath.realpath(path)
+            real = os.path.realpath(path)
             if real not in mount["sources"]:
                 mount["sources"].append(real)
             try:
-                info = posix.stat(real)
+                info = os.stat(real)
             except OSError:
                 continue  # gone or unreadable: its path is still checked
-            if hostpath.is_char_device(info.st_mode):
-                node = [posix.major(info.st_rdev), posix.minor(info.st_rdev)]
+            if stat.S_ISCHR(info.st_mode):
+                node = [os.major(info.st_rdev), os.minor(info.st_rdev)]
                 if node not in mount["nodes"]:
                     mount["nodes"].append(node)
 

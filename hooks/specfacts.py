@@ -27,7 +27,7 @@ matches field names case-insensitively, with ``ſ`` as ``s`` and the Kelvin sign
 or a value of the wrong JSON type (runc would fail on it anyway).
 """
 
-from hooks import hostpath
+import posixpath  # host paths are POSIX paths; pure text work, no file system
 
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor> and the control nodes below
 CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
@@ -58,7 +58,7 @@ class SpecError(ValueError):
 def normpath(path: str) -> str:
     """An absolute path, lexically normal: ``.``, ``..``, ``//`` and trailing slashes
     resolved as the kernel resolves them in a path without symlinks."""
-    normal = hostpath.normpath("/" + path)
+    normal = posixpath.normpath("/" + path)
     return "/" + normal.lstrip("/")  # normpath keeps a leading "//" (POSIX leaves it open)
 
 
@@ -220,12 +220,12 @@ def host_paths(source: str, kind: str, options: list[str], bundle: str) -> list[
     if source.startswith("/"):
         paths.append(source)
     elif bind and source:
-        paths.append(hostpath.join(bundle, source))  # runc resolves it in the bundle
+        paths.append(posixpath.join(bundle, source))  # runc resolves it in the bundle
     for option in options:
         for prefix in ("lowerdir=", "upperdir=", "workdir="):
             if option.startswith(prefix):
                 for path in option[len(prefix) :].split(":"):
-                    paths.append(path if path.startswith("/") else hostpath.join(bundle, path))
+                    paths.append(path if path.startswith("/") else posixpath.join(bundle, path))
     if kind == "devtmpfs":
         paths.append("/dev")  # the host's device nodes, all of them
     normal = []

@@ -23,8 +23,8 @@ deadlines for every peer): over mutual TLS only (``nodemgr.extender.tls``),
 ``POST <prefix>/filter``, ``<prefix>/prioritize``, ``<prefix>/bind`` (the
 prefix is the path of the scheduler config's urlPrefix; the bare ``/filter``
 ... work too), ``GET /healthz`` (200 once both caches are synced, else 503
-saying which is not) and ``GET /metrics`` (Prometheus text format, written
-here: prometheus_client is the node daemon's metrics module's only); on a
+saying which is not) and ``GET /metrics`` (Prometheus text format:
+nodemgr.extender.metrics); on a
 plain port of its own, for kubelet's probes (which present no client
 certificate), ``GET /healthz`` and ``/metrics`` only. A body that is not the
 verb's type, or larger than the largest real request (``wire.Limits``), gets
@@ -41,10 +41,8 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
@@ -52,6 +50,7 @@ from nodemgr.errors import KubeApiError, KubeUnavailable
 from nodemgr.extender import logic
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.listener import Budget, Listener, Request, Response, Serving, Stats
+from nodemgr.extender.metrics import CONTENT_TYPE, Metrics, WatchState
 from nodemgr.extender.tls import ServerTls
 from nodemgr.extender.wire import (
     ExtenderArgs,
@@ -85,7 +84,6 @@ NOT_SYNCED = (
     "gpushare-scheduler has not listed the cluster's nodes and pods yet (starting, or the API "
     "server does not answer); kube-scheduler retries the pod"
 )
-_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
 class Signer(Protocol):
@@ -100,124 +98,6 @@ class Binder(Protocol):
     def annotate(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
 
     def bind(self, namespace: str, name: str, uid: str, node: str) -> None: ...
-
-
-class WatchState(Protocol):
-    @property
-    def watching(self) -> bool: ...
-
-    @property
-    def synced(self) -> bool: ...
-
-
-@dataclass
-class _Histogram:
-    counts: list[int] = field(default_factory=lambda: [0] * (len(_BUCKETS) + 1))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, seconds: float) -> None:
-        self.n += 1
-        self.total += seconds
-        for i, bound in enumerate(_BUCKETS):
-            if seconds <= bound:
-                self.counts[i] += 1
-                return
-        self.counts[-1] += 1
-
-
-class Metrics:
-    """Request counts and durations (thread-safe)."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.requests: dict[tuple[str, str], int] = {}
-        self.durations: dict[str, _Histogram] = {}
-
-    def observe(self, verb: str, result: str, seconds: float) -> None:
-        with self._lock:
-            self.requests[(verb, result)] = self.requests.get((verb, result), 0) + 1
-            self.durations.setdefault(verb, _Histogram()).observe(seconds)
-
-    def render(self, cache: ClusterCache, watches: dict[str, WatchState]) -> str:
-        lines = [
-            "# HELP gpushare_extender_requests_total Extender calls by verb and result.",
-            "# TYPE gpushare_extender_requests_total counter",
-        ]
-        with self._lock:
-            for (verb, result), n in sorted(self.requests.items()):
-                lines.append(
-                    f'gpushare_extender_requests_total{{verb="{verb}",result="{result}"}} {n}'
-                )
-            lines += [
-                "# HELP gpushare_extender_request_duration_seconds Time to answer a call, "
-                "API requests of bind included.",
-                "# TYPE gpushare_extender_request_duration_seconds histogram",
-            ]
-            for verb, histogram in sorted(self.durations.items()):
-                cumulative = 0
-                for bound, count in zip((*_BUCKETS, "+Inf"), histogram.counts, strict=True):
-                    cumulative += count
-                    lines.append(
-                        "gpushare_extender_request_duration_seconds_bucket"
-                        f'{{verb="{verb}",le="{bound}"}} {cumulative}'
-                    )
-                lines.append(
-                    f'gpushare_extender_request_duration_seconds_sum{{verb="{verb}"}} '
-                    f"{histogram.total:.6f}"
-                )
-                lines.append(
-                    f'gpushare_extender_request_duration_seconds_count{{verb="{verb}"}} '
-                    f"{histogram.n}"
-                )
-        counts = cache.counts()
-        gauges = [
-            ("gpushare_extender_nodes", "Nodes in the cache.", counts["nodes"]),
-            (
-                "gpushare_extender_gpu_nodes",
-                "Nodes whose gpushare-node published its GPUs.",
-                counts["gpu_nodes"],
-            ),
-            ("gpushare_extender_pods", "Pods asking for GPUs in the cache.", counts["pods"]),
-            (
-                "gpushare_extender_assumed_pods",
-                "Binds decided and not yet seen bound by the pod watch.",
-                counts["assumed"],
-            ),
-        ]
-        for name, help_text, value in gauges:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} gauge", f"{name} {value}"]
-        lines += [
-            "# HELP gpushare_extender_cache_synced Whether the resource was listed (1) or not.",
-            "# TYPE gpushare_extender_cache_synced gauge",
-        ]
-        lines += [
-            f'gpushare_extender_cache_synced{{resource="{r}"}} {int(w.synced)}'
-            for r, w in sorted(watches.items())
-        ]
-        lines += [
-            "# HELP gpushare_extender_watch_connected Whether the resource's watch is open.",
-            "# TYPE gpushare_extender_watch_connected gauge",
-        ]
-        lines += [
-            f'gpushare_extender_watch_connected{{resource="{r}"}} {int(w.watching)}'
-            for r, w in sorted(watches.items())
-        ]
-        counters = [
-            (
-                "gpushare_extender_assumptions_expired_total",
-                "Assumed binds the pod watch never confirmed.",
-                cache.expired_total,
-            ),
-            (
-                "gpushare_extender_assumptions_confirmed_total",
-                "Assumed binds the pod watch confirmed.",
-                cache.confirmed_total,
-            ),
-        ]
-        for name, help_text, value in counters:
-            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name} {value}"]
-        return "\n".join(lines) + "\n"
 
 
 class Extender:
@@ -411,11 +291,15 @@ class ExtenderServer:
         health_budget: Budget | None = None,
     ):
         self.extender = extender
-        self.metrics = Metrics()
         self.watches = watches or {}
         self.limits = limits or Limits()
         self.url_prefix = "/" + url_prefix.strip("/") if url_prefix.strip("/") else ""
         self.stats = Stats()
+        self.metrics = Metrics(
+            extender.cache,
+            self.watches,
+            lambda: self.serving.call(lambda: dict(self.stats.counts)),  # the loop's thread
+        )
         budget = budget or Budget(max_body_bytes=self.limits.max_body_bytes)
         self.serving = Serving()
         self.serving.listeners.append(
@@ -484,22 +368,6 @@ class ExtenderServer:
         except WireError as e:
             return 400, {"error": str(e)}, "bad_request"
 
-    def render_metrics(self) -> str:
-        text = self.metrics.render(self.extender.cache, self.watches)
-        counts = sorted(self.serving.call(lambda: dict(self.stats.counts)).items())
-        lines = [
-            "# HELP gpushare_extender_connections_closed_total Connections refused or cut, "
-            "by listener and reason (handshake_failed, not_authorized, over_capacity, "
-            "evicted, *_timeout, too_large, busy, bad_request, ...).",
-            "# TYPE gpushare_extender_connections_closed_total counter",
-        ]
-        lines += [
-            f'gpushare_extender_connections_closed_total{{listener="{listener}",'
-            f'reason="{reason}"}} {n}'
-            for (listener, reason), n in counts
-        ]
-        return text + "\n".join(lines) + "\n"
-
     # --- the handlers (worker threads) ---------------------------------------------------
 
     def _handle(self, request: Request) -> Response:
@@ -512,7 +380,7 @@ class ExtenderServer:
             status, text = self.healthz()
             return _text(status, text)
         if verb == "metrics":
-            return Response(200, "text/plain; version=0.0.4", self.render_metrics().encode())
+            return Response(200, CONTENT_TYPE, self.metrics.render())
         began = time.perf_counter()
         try:
             status, document, label = self.answer(verb, request.body)

@@ -1,8 +1,9 @@
 """The Kubernetes adapter: a cache of this node's pods in, annotations, labels and events out.
 
 The adapter is this module with nodemgr.kubernetes.client (credentials, client,
-error mapping), nodemgr.kubernetes.kubeclient (the official client, imported
-without its generated classes and models, and the requests made with it),
+error mapping), nodemgr.kubernetes.kubeclient (the official client through
+its public API, without its generated classes and models, and the requests
+made with it),
 nodemgr.kubernetes.podwatch (the pod cache, kept by listwatch's LIST+WATCH
 follower) and nodemgr.kubernetes.writes (coalescing queue, backoff, event rate
 limit); no other code talks to the API server. Two daemon threads:

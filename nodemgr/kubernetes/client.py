@@ -2,7 +2,7 @@
 
 Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes);
 the kubernetes client itself is imported by nodemgr.kubernetes.kubeclient
-only (slim: no generated API classes or models).
+only (its public API, loaded at the first client built).
 
 - ``find_credentials``: which credentials to use, from ``kubernetes.kubeconfig``
   and the environment, without reading them (a missing file is a clear error);
@@ -38,7 +38,7 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import urllib3
 
@@ -51,17 +51,11 @@ from nodemgr.errors import (
     KubeNotFound,
     KubeUnavailable,
 )
-from nodemgr.kubernetes.kubeclient import (
-    ApiException,
-    AuthorizationV1,
-    ConfigException,
-    Configuration,
-    CoreV1,
-    InClusterConfigLoader,
-    KubeClient,
-    ResourceV1,
-    load_kube_config,
-)
+from nodemgr.kubernetes import kubeclient
+from nodemgr.kubernetes.kubeclient import AuthorizationV1, CoreV1, KubeClient, ResourceV1
+
+if TYPE_CHECKING:
+    from nodemgr.kubernetes.kubeclient import ApiException
 
 log = logging.getLogger("nodemgr.kubernetes.adapter")
 
@@ -156,22 +150,18 @@ def new_api_client(
     Raises ``KubeCredentialsError`` for an unusable kubeconfig or service
     account (bad YAML, no current context, unreadable certificate, ...).
     """
-    configuration = Configuration()
+    configuration = kubeclient.new_configuration()
     try:
         if credentials.kind == "in-cluster":
-            InClusterConfigLoader(
-                token_filename=os.path.join(credentials.path, "token"),
-                cert_filename=os.path.join(credentials.path, "ca.crt"),
-                environ=os.environ if environ is None else environ,
-            ).load_and_set(configuration)  # re-reads the rotated token every minute
-        else:
-            # persist_config=False: never write back into the operator's kubeconfig.
-            load_kube_config(
-                config_file=credentials.path,
-                client_configuration=configuration,
-                persist_config=False,
+            kubeclient.load_in_cluster(  # re-reads the rotated token every minute
+                os.path.join(credentials.path, "token"),
+                os.path.join(credentials.path, "ca.crt"),
+                os.environ if environ is None else environ,
+                configuration,
             )
-    except (ConfigException, OSError, ValueError) as e:
+        else:
+            kubeclient.load_kubeconfig(credentials.path, configuration)
+    except (kubeclient.config_error(), OSError, ValueError) as e:
         raise KubeCredentialsError(
             f"credentials from {credentials.describe()} are unusable: {e}; fix the file or "
             f"{CREDENTIALS_FIX}"
@@ -194,7 +184,7 @@ def map_error(error: BaseException, verb: str, resource: str) -> KubeApiError:
     if isinstance(error, KubeApiError):
         return error
     what = f"{verb} {resource}"
-    if isinstance(error, ApiException):
+    if isinstance(error, kubeclient.api_exception()):
         return _map_api_exception(error, what, verb, resource)
     if isinstance(error, (urllib3.exceptions.HTTPError, http.client.HTTPException, OSError)):
         return KubeUnavailable(f"{what}: no answer from the API server: {_short(error)}")
@@ -280,7 +270,7 @@ def _short(error: BaseException) -> str:
 def status_error(status: Mapping[str, Any], verb: str, resource: str) -> KubeApiError:
     """The error for a Status object the server sent inside a watch stream (type ERROR)."""
     code = status.get("code")
-    error = ApiException(
+    error = kubeclient.api_exception()(
         status=code if isinstance(code, int) else None, reason=status.get("reason")
     )
     error.body = json.dumps(dict(status))

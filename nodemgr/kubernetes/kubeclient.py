@@ -1,140 +1,63 @@
-"""The official kubernetes client, imported slim, and the requests gpushare makes with it.
+"""The official kubernetes client, through its public API, and the requests gpushare makes.
 
 The one module that imports the ``kubernetes`` package (an import contract
-says so). It keeps what the official client is trusted for: ``Configuration``
-(address, TLS, bearer token, and the ``refresh_api_key_hook`` through which
-exec plugins, OIDC and the in-cluster loader renew credentials before a
-request), the kubeconfig and in-cluster loaders, and ``rest.RESTClientObject``
-(the urllib3 pool with that TLS and proxy setup). It leaves out what the
-daemon never uses and pays for in memory:
+says so), and only when it is used: importing this module loads nothing of it;
+the first client built (``new_configuration``, ``KubeClient``), the first
+credentials loaded or the first quantity parsed do. The package's own
+``__init__`` then imports all of its subpackages (config, watch, stream, ...)
+and, through ``kubernetes.config``, the generated ``ApiClient`` with pydantic
+and python-dateutil: that is the supported way to load it. In the daemon it
+costs ~15 MiB, about 10 MiB more than the parts used here would alone.
 
-- the generated API classes: ``CoreV1Api`` alone imports ~250 pydantic
-  models at import (~21 MiB); ``CoreV1`` and ``AuthorizationV1`` below make
-  the few requests gpushare makes, under the generated methods' names and
-  arguments, and hand back the raw response (every caller parses the JSON
-  itself, as with ``_preload_content=False``);
-- the generated ``ApiClient``: it imports pydantic, python-dateutil and
-  multiprocessing for model (de)serialisation and async requests (~9 MiB);
-  ``KubeClient.request`` does the part we use (headers, credentials from the
-  Configuration at each request, the URL, errors as ``ApiException``);
-- the package ``kubernetes/__init__.py``, which imports every subpackage
-  (dynamic, watch, stream with websocket-client, leaderelection, informer).
+What is used, all of it public:
 
-How (``_import_slim``, only when nothing imported ``kubernetes`` before): the
-``kubernetes`` package is registered without running its ``__init__`` (the
-real ``__path__``, so submodules import as usual, and the subpackages the
-real ``__init__`` names are imported on first attribute access, so any other
-importer in the process still finds them). ``kubernetes.client`` is the real
-package: since version 37 its ``__init__`` exports the API classes and models
-lazily (PEP 562). Only ``kube_config`` needs care: it binds
-``kubernetes.client.ApiClient`` at import (for ``new_client_from_config`` and
-the OIDC refresh, neither used here), which would import the generated
-``ApiClient``; while it is imported that name is a function that builds the
-real ``ApiClient`` when called, then the name is removed again so everyone
-else gets the real class.
+- ``kubernetes.client.Configuration``: the address, TLS, proxy and bearer
+  token, renewed through its ``refresh_api_key_hook`` (exec plugins, OIDC and
+  the in-cluster loader renew credentials before a request);
+- ``kubernetes.config``'s ``load_kube_config`` and ``InClusterConfigLoader``,
+  only when credentials are loaded;
+- ``kubernetes.client.ApiClient``'s request methods, ``param_serialize`` (URL,
+  path and query parameters, credentials) and ``call_api`` (one request on its
+  urllib3 pool): what the library's own ``DynamicClient`` makes its requests
+  with; ``ApiException`` for an answer that is not 2xx, as the generated
+  methods raise it;
+- ``kubernetes.utils.parse_quantity``.
 
-What would break it: a kubernetes release that changes the names or
-signatures used here (``Configuration.auth_settings``,
-``RESTClientObject.request``, ``ApiException.from_response``, the loaders),
-makes ``kubernetes.client`` import eagerly again, or adds a subpackage to the
-top ``__init__``. tests/unit/kubernetes/test_kubeclient.py fails loudly on
-each of these; run it after any upgrade of the ``kubernetes`` dependency.
+Not the generated API classes (``CoreV1Api``, ``ResourceV1Api``, ...): they
+cost ~25 MiB at import (the class and the models it names), and since release
+37 they validate a request body against the client's model of that kind with
+unknown fields forbidden. A ResourceClaim that a newer API server shows with
+a field this client's models lack could then not be written back (its status
+is replaced whole), and times would go out re-formatted. ``CoreV1``,
+``ResourceV1`` and ``AuthorizationV1`` below make the few requests gpushare
+makes, under the generated methods' names and arguments, with the JSON body
+as given and the raw response handed back (every caller parses the JSON
+itself, as with ``_preload_content=False``).
 
-What it must not do: import the generated API classes or models, or be
-imported anywhere but nodemgr.kubernetes (it is the client).
+Why ``kubernetes>=37`` (pyproject.toml): ``param_serialize`` and ``call_api``
+as used here came with 37's generator; older releases had another
+``call_api``. Nothing caps newer releases: a release that changes these names
+fails tests/unit/kubernetes/test_kubeclient.py, which makes every request kind
+through the installed client.
+
+What it must not do: import the kubernetes package at module import, import
+the generated API classes, or be imported anywhere but nodemgr.kubernetes (it
+is the client).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import re
-import sys
 from collections.abc import Mapping
-from typing import Any
-from urllib.parse import quote, urlencode
+from decimal import Decimal
+from typing import TYPE_CHECKING, Any
 
-# The subpackages that kubernetes/__init__.py imports (`from . import X`).
-SUBPACKAGES = (
-    "client",
-    "config",
-    "dynamic",
-    "watch",
-    "stream",
-    "utils",
-    "leaderelection",
-    "informer",
-)
-
-
-def _api_client_on_first_use(*args: Any, **kwargs: Any) -> Any:
-    """What kube_config calls ``ApiClient``: the generated one, imported only if ever called."""
-    from kubernetes.client.api_client import ApiClient
-
-    return ApiClient(*args, **kwargs)
-
-
-def _import_slim() -> None:
-    """Import the parts of ``kubernetes`` used here without the package ``__init__`` (above)."""
-    if "kubernetes" in sys.modules:
-        return  # already imported by someone (a test, a tool): nothing left to save
-    spec = importlib.util.find_spec("kubernetes")
-    if spec is None or spec.origin is None or not spec.submodule_search_locations:
-        raise ImportError("the kubernetes client is not installed (pip install kubernetes)")
-    package = importlib.util.module_from_spec(spec)  # __path__ and __spec__, not executed
-    with open(spec.origin, encoding="utf-8") as f:
-        version = re.search(r'^__version__ = "([^"]+)"', f.read(), re.MULTILINE)
-    if version is not None:
-        package.__dict__["__version__"] = version.group(1)
-
-    def subpackage(name: str) -> Any:
-        if name in SUBPACKAGES:
-            return importlib.import_module(f"kubernetes.{name}")
-        raise AttributeError(f"module 'kubernetes' has no attribute {name!r}")
-
-    package.__dict__["__getattr__"] = subpackage
-    sys.modules["kubernetes"] = package
-    try:
-        client = importlib.import_module("kubernetes.client")
-        client.__dict__["ApiClient"] = _api_client_on_first_use
-        try:
-            importlib.import_module("kubernetes.config")
-        finally:
-            del client.__dict__["ApiClient"]
-    except BaseException:
-        # Nothing half-made stays behind: a later import starts over.
-        for name in [m for m in sys.modules if m == "kubernetes" or m.startswith("kubernetes.")]:
-            del sys.modules[name]
-        raise
-
-
-_import_slim()
-
-from kubernetes.client.configuration import Configuration  # noqa: E402
-from kubernetes.client.exceptions import ApiException  # noqa: E402
-from kubernetes.client.rest import RESTClientObject  # noqa: E402
-from kubernetes.config.config_exception import ConfigException  # noqa: E402
-from kubernetes.config.incluster_config import InClusterConfigLoader  # noqa: E402
-from kubernetes.config.kube_config import load_kube_config  # noqa: E402
-from kubernetes.utils.quantity import parse_quantity  # noqa: E402
-
-__all__ = [
-    "ApiException",
-    "AuthorizationV1",
-    "ConfigException",
-    "Configuration",
-    "CoreV1",
-    "InClusterConfigLoader",
-    "KubeClient",
-    "RESTClientObject",
-    "ResourceV1",
-    "load_kube_config",
-    "parse_quantity",
-]
+if TYPE_CHECKING:
+    from kubernetes.client import ApiException, Configuration
 
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
+AUTH_SETTINGS = ["BearerToken"]  # the one scheme the generated methods name (a header)
 
 # The query parameters of a LIST or WATCH: the generated methods' argument -> the API's name.
 LIST_QUERY = {
@@ -149,65 +72,111 @@ LIST_QUERY = {
 }
 
 
-class KubeClient:
-    """What the generated ``ApiClient`` did for gpushare: one request, its raw response.
+def new_configuration() -> Configuration:
+    """A Configuration of our own (never the client's global default)."""
+    from kubernetes.client import Configuration
 
-    ``configuration``: ours alone (never the client's global default);
-    ``rest_client``: the official urllib3 pool built from it.
-    """
+    return Configuration()
+
+
+def load_kubeconfig(path: str, configuration: Configuration) -> None:
+    """Fill ``configuration`` from the kubeconfig file(s) ``path`` (exec plugins included);
+    the file is never written back. Raises the loader's errors (``ConfigException`` ...)."""
+    from kubernetes.config import load_kube_config
+
+    load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
+
+
+def load_in_cluster(
+    token_file: str, ca_file: str, environ: Mapping[str, str], configuration: Configuration
+) -> None:
+    """Fill ``configuration`` from a service account's token and CA (the token is read
+    again every minute, as kubelet rotates it). Raises ``ConfigException``."""
+    from kubernetes.config.incluster_config import InClusterConfigLoader
+
+    InClusterConfigLoader(
+        token_filename=token_file, cert_filename=ca_file, environ=environ
+    ).load_and_set(configuration)
+
+
+def config_error() -> type[Exception]:
+    """The loaders' error class (``kubernetes.config.ConfigException``)."""
+    from kubernetes.config import ConfigException
+
+    return ConfigException
+
+
+def api_exception() -> type[ApiException]:
+    """The client's error for an answer that is not 2xx (status 0: no answer, e.g. TLS)."""
+    from kubernetes.client import ApiException
+
+    return ApiException
+
+
+def parse_quantity(value: str) -> Decimal:
+    """A Kubernetes quantity ("2Gi", "500m") as a Decimal; ValueError if it is none."""
+    from kubernetes.utils import parse_quantity
+
+    return parse_quantity(value)
+
+
+class KubeClient:
+    """The official ``ApiClient`` on ``configuration``, making one request at a time per
+    thread and handing back its raw response."""
 
     def __init__(self, configuration: Configuration):
+        from kubernetes.client import ApiClient
+
         self.configuration = configuration
-        self.rest_client = RESTClientObject(configuration)
+        self.api_client = ApiClient(configuration)
         self.user_agent = "gpushare-node"
+
+    @property
+    def user_agent(self) -> str:
+        return str(self.api_client.user_agent)
+
+    @user_agent.setter
+    def user_agent(self, value: str) -> None:
+        self.api_client.user_agent = value
 
     def request(
         self,
         method: str,
         path: str,
+        path_params: Mapping[str, str] | None = None,
         query: Mapping[str, Any] | None = None,
         body: Any = None,
         content_type: str | None = None,
         timeout: float | tuple[float, float] | None = None,
     ) -> Any:
-        """``method`` on ``path`` (already quoted); the urllib3 response, its body unread.
+        """``method`` on ``path`` (``{name}`` parts filled from ``path_params``, quoted);
+        the urllib3 response, its body unread.
 
-        The credentials come from the Configuration at each request, so a
-        token an exec plugin or the in-cluster loader renewed is used at once.
-        An answer other than 2xx raises ``ApiException`` (with the body read),
-        as the generated client does; so does a TLS failure (status 0).
+        The credentials come from the Configuration at each request, so a token
+        an exec plugin or the in-cluster loader renewed is used at once. An
+        answer other than 2xx raises ``ApiException`` (with the body read), as
+        the generated methods do; so does a TLS failure (status 0).
         """
-        headers = {"Accept": JSON, "User-Agent": self.user_agent}
+        headers = {"Accept": JSON}
         if body is not None:
             headers["Content-Type"] = content_type or JSON
-        # The generated methods all name the one scheme "BearerToken" (a header).
-        bearer = self.configuration.auth_settings().get("BearerToken")
-        if bearer is not None and bearer["value"]:
-            headers[bearer["key"]] = bearer["value"]
-        url = self.configuration.host + path
-        if query:
-            url += "?" + urlencode([(k, _query_text(v)) for k, v in query.items()], quote_via=quote)
-        response = self.rest_client.request(
-            method, url, headers=headers, body=body, _request_timeout=timeout
+        request = self.api_client.param_serialize(
+            method,
+            path,
+            path_params=dict(path_params or {}),
+            query_params=list((query or {}).items()),
+            header_params=headers,
+            body=body,
+            auth_settings=AUTH_SETTINGS,
         )
+        response = self.api_client.call_api(*request, _request_timeout=timeout)
         if not 200 <= response.status <= 299:
             response.read()
-            raise ApiException.from_response(http_resp=response, body=None, data=None)
+            raise api_exception().from_response(http_resp=response, body=None, data=None)
         return response.response
 
     def close(self) -> None:
-        self.rest_client.pool_manager.clear()
-
-
-def _query_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"  # what the API expects (Python says True)
-    return str(value)
-
-
-def _name(value: str) -> str:
-    """A path segment: every character but letters, digits and ``_.-~`` quoted."""
-    return quote(str(value), safe="")
+        self.api_client.close()
 
 
 class _Api:
@@ -223,6 +192,7 @@ class _Api:
         options: dict[str, Any],
         body: Any = None,
         query_names: Mapping[str, str] | None = None,
+        **path_params: str,
     ) -> Any:
         if options.pop("_preload_content", False):
             raise TypeError(
@@ -239,7 +209,9 @@ class _Api:
         if unknown:
             raise TypeError(f"{method} {path}: unsupported arguments {', '.join(unknown)}")
         query = {names[k]: v for k, v in options.items() if v is not None}
-        return self.api_client.request(method, path, query, body, content_type, timeout)
+        return self.api_client.request(
+            method, path, path_params, query, body, content_type, timeout
+        )
 
 
 class CoreV1(_Api):
@@ -252,30 +224,31 @@ class CoreV1(_Api):
         return self._send("GET", "/api/v1/nodes", options, query_names=LIST_QUERY)
 
     def read_node(self, name: str, **options: Any) -> Any:
-        return self._send("GET", f"/api/v1/nodes/{_name(name)}", options)
+        return self._send("GET", "/api/v1/nodes/{name}", options, name=name)
 
     def patch_node(self, name: str, body: Any, **options: Any) -> Any:
-        return self._send("PATCH", f"/api/v1/nodes/{_name(name)}", options, body)
+        return self._send("PATCH", "/api/v1/nodes/{name}", options, body, name=name)
 
     def patch_node_status(self, name: str, body: Any, **options: Any) -> Any:
-        return self._send("PATCH", f"/api/v1/nodes/{_name(name)}/status", options, body)
+        return self._send("PATCH", "/api/v1/nodes/{name}/status", options, body, name=name)
 
     def patch_namespaced_pod(self, name: str, namespace: str, body: Any, **options: Any) -> Any:
-        path = f"/api/v1/namespaces/{_name(namespace)}/pods/{_name(name)}"
-        return self._send("PATCH", path, options, body)
+        path = "/api/v1/namespaces/{namespace}/pods/{name}"
+        return self._send("PATCH", path, options, body, name=name, namespace=namespace)
 
     def create_namespaced_pod_binding(
         self, name: str, namespace: str, body: Any, **options: Any
     ) -> Any:
-        path = f"/api/v1/namespaces/{_name(namespace)}/pods/{_name(name)}/binding"
-        return self._send("POST", path, options, body)
+        path = "/api/v1/namespaces/{namespace}/pods/{name}/binding"
+        return self._send("POST", path, options, body, name=name, namespace=namespace)
 
     def create_namespaced_event(self, namespace: str, body: Any, **options: Any) -> Any:
-        return self._send("POST", f"/api/v1/namespaces/{_name(namespace)}/events", options, body)
+        path = "/api/v1/namespaces/{namespace}/events"
+        return self._send("POST", path, options, body, namespace=namespace)
 
     def patch_namespaced_event(self, name: str, namespace: str, body: Any, **options: Any) -> Any:
-        path = f"/api/v1/namespaces/{_name(namespace)}/events/{_name(name)}"
-        return self._send("PATCH", path, options, body)
+        path = "/api/v1/namespaces/{namespace}/events/{name}"
+        return self._send("PATCH", path, options, body, name=name, namespace=namespace)
 
 
 class ResourceV1(_Api):
@@ -283,32 +256,32 @@ class ResourceV1(_Api):
     methods of the same names: its claims read and their status written, its node's
     ResourceSlice kept."""
 
-    _BASE = "/apis/resource.k8s.io/v1"
+    _CLAIM = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
+    _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
     def read_namespaced_resource_claim(self, name: str, namespace: str, **options: Any) -> Any:
-        path = f"{self._BASE}/namespaces/{_name(namespace)}/resourceclaims/{_name(name)}"
-        return self._send("GET", path, options)
+        return self._send("GET", self._CLAIM, options, name=name, namespace=namespace)
 
     def replace_namespaced_resource_claim_status(
         self, name: str, namespace: str, body: Any, **options: Any
     ) -> Any:
-        path = f"{self._BASE}/namespaces/{_name(namespace)}/resourceclaims/{_name(name)}/status"
-        return self._send("PUT", path, options, body)
+        path = self._CLAIM + "/status"
+        return self._send("PUT", path, options, body, name=name, namespace=namespace)
 
     def list_resource_slice(self, **options: Any) -> Any:
-        return self._send("GET", f"{self._BASE}/resourceslices", options, query_names=LIST_QUERY)
+        return self._send("GET", self._SLICES, options, query_names=LIST_QUERY)
 
     def read_resource_slice(self, name: str, **options: Any) -> Any:
-        return self._send("GET", f"{self._BASE}/resourceslices/{_name(name)}", options)
+        return self._send("GET", self._SLICES + "/{name}", options, name=name)
 
     def create_resource_slice(self, body: Any, **options: Any) -> Any:
-        return self._send("POST", f"{self._BASE}/resourceslices", options, body)
+        return self._send("POST", self._SLICES, options, body)
 
     def replace_resource_slice(self, name: str, body: Any, **options: Any) -> Any:
-        return self._send("PUT", f"{self._BASE}/resourceslices/{_name(name)}", options, body)
+        return self._send("PUT", self._SLICES + "/{name}", options, body, name=name)
 
     def delete_resource_slice(self, name: str, **options: Any) -> Any:
-        return self._send("DELETE", f"{self._BASE}/resourceslices/{_name(name)}", options)
+        return self._send("DELETE", self._SLICES + "/{name}", options, name=name)
 
 
 class AuthorizationV1(_Api):

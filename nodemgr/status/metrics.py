@@ -19,7 +19,8 @@ process-wide switch to drop them) and hide their values behind private API.
 What it must not do: import anything of the daemon beyond errors (the daemon
 wires it), use prometheus_client's global registry (tests make many Metrics in
 one process), or let a failing snapshot break the scrape of everything else.
-This is the only module that imports prometheus_client.
+With nodemgr.extender.metrics (the scheduler extender's), the only modules that
+import prometheus_client.
 
 Why this module is longer than 400 lines: every metric family is built here from the one
 status document, in one collector, so the names Grafana and operators rely on are all in

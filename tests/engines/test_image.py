@@ -10,8 +10,8 @@ by default (the Deployment's runAsUser, and what kubelet reads from the CRI's
 ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none); it
 holds the extender and the libraries it imports (cryptography and cffi's backend
 included: it signs placements), not the node daemon's (gRPC, NVML, psutil,
-prometheus_client, jinja2) nor the kubernetes client's parts needing libraries left out
-(pydantic, aiohttp) nor cffi's C parser; every shared object in it finds its libraries
+jinja2) nor the kubernetes client's parts it never imports (its asyncio client with
+aiohttp, its generated API classes) nor cffi's C parser; every shared object in it finds its libraries
 in it (its own loader says so); the archive is reproducible (the same inputs give the
 same digest). ``podman load`` and ``ctr -n k8s.io images import`` (a private
 containerd) both take the archive under its name; in each engine ``gpushare-scheduler
@@ -92,28 +92,29 @@ LEFT_OUT = (
     "google",  # protobuf, google-auth
     "pynvml.py",  # nvidia-ml-py
     "psutil",
-    "prometheus_client",
     "jinja2",
-    "pydantic",  # the kubernetes client's generated models (imported slim: never)
-    "aiohttp",  # its asyncio client
-    "dateutil",  # its generated ApiClient
-    "websocket",  # its stream API
+    "aiohttp",  # the kubernetes client's asyncio client
     "pip",  # installs the wheels at build time only
     "pycparser",  # cffi's C parser: cryptography's bindings are compiled already
 )
-# Parts of the kubernetes client that import what is left out.
-UNUSABLE = ("kubernetes/aio", "kubernetes/client/models", "kubernetes/client/api")
+# Parts of the kubernetes client the extender never imports.
+UNUSABLE = ("kubernetes/aio", "kubernetes/client/api")
 # What the extender imports: these must be there.
 NEEDED = (
     "nodemgr/extender/main.py",
-    "kubernetes/client/rest.py",
+    "prometheus_client",
+    "kubernetes/client/api_client.py",
+    "kubernetes/watch",
+    "pydantic",
+    "dateutil",
+    "websocket",
     "yaml",
     "urllib3",
     "requests",
     "cryptography/hazmat/bindings/_rust.abi3.so",  # signs the placements (OpenSSL inside)
     "_cffi_backend.cpython-311-x86_64-linux-gnu.so",  # cryptography's OpenSSL bindings load it
 )
-LAYER_BUDGET_BYTES = 32 * 1024 * 1024  # compressed; about 24 MiB when written
+LAYER_BUDGET_BYTES = 32 * 1024 * 1024  # compressed
 
 
 @dataclass(frozen=True)

@@ -258,7 +258,78 @@ def test_nothing_is_decided_before_the_cache_is_listed():
         s.close()
 
 
+def families(text: str) -> dict[str, object]:
+    """The metric families of a Prometheus text exposition, by name (the library's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+def samples(text: str) -> dict[tuple[str, frozenset], float]:
+    """Every sample of an exposition: (name, its labels) -> value."""
+    return {
+        (sample.name, frozenset(sample.labels.items())): sample.value
+        for family in families(text).values()
+        for sample in family.samples  # type: ignore[attr-defined]
+    }
+
+
+# Every family the extender exports: (type, label names). Names and labels are public.
+EXTENDER_FAMILIES = {
+    "gpushare_extender_requests": ("counter", {"verb", "result"}),
+    "gpushare_extender_request_duration_seconds": ("histogram", {"verb"}),
+    "gpushare_extender_nodes": ("gauge", set()),
+    "gpushare_extender_gpu_nodes": ("gauge", set()),
+    "gpushare_extender_pods": ("gauge", set()),
+    "gpushare_extender_assumed_pods": ("gauge", set()),
+    "gpushare_extender_cache_synced": ("gauge", {"resource"}),
+    "gpushare_extender_watch_connected": ("gauge", {"resource"}),
+    "gpushare_extender_assumptions_expired": ("counter", set()),
+    "gpushare_extender_assumptions_confirmed": ("counter", set()),
+    "gpushare_extender_connections_closed": ("counter", {"listener", "reason"}),
+}
+
+
+class Watch:
+    def __init__(self, synced: bool, watching: bool):
+        self.synced, self.watching = synced, watching
+
+
+def test_metrics_keep_every_family_name_type_and_label():
+    """/metrics exports every family the extender has always exported, with its type and
+    label names (besides the ``_created`` series of its counters and histogram), each
+    with a sample once there is something to count."""
+    cache = cache_with(NODES, [])
+    watches = {"nodes": Watch(True, True), "pods": Watch(True, False)}
+    s = Served(cache, watches=watches)
+    try:
+        s.post("filter", {"Pod": pod("x", ("main", {WHOLE: 1})), "NodeNames": ["a", "b"]})
+        # One connection closed for a reason, as the listeners count them.
+        s.server.serving.call(lambda: s.server.stats.count("https", "evicted"))
+        status, text = s.request("GET", "/metrics")
+        assert status == 200
+    finally:
+        s.close()
+    exported = families(text)
+    created = {name for name in exported if name.endswith("_created")}
+    assert set(exported) - created == set(EXTENDER_FAMILIES)
+    for name, (kind, labels) in EXTENDER_FAMILIES.items():
+        family = exported[name]
+        assert family.type == kind, name  # type: ignore[attr-defined]
+        assert family.samples, name  # type: ignore[attr-defined]
+        for sample in family.samples:  # type: ignore[attr-defined]
+            assert set(sample.labels) - {"le"} == labels, (name, sample)
+    values = samples(text)
+    assert values[("gpushare_extender_cache_synced", frozenset({("resource", "pods")}))] == 1
+    assert values[("gpushare_extender_watch_connected", frozenset({("resource", "pods")}))] == 0
+    closed = frozenset({("listener", "https"), ("reason", "evicted")})
+    assert values[("gpushare_extender_connections_closed_total", closed)] == 1
+
+
 def test_metrics_and_http_errors(served):
+    """Each answered call is counted by verb and result and timed; bad bodies get 400
+    naming the field, unknown paths 404, wrong methods 405; /metrics is served on both
+    ports."""
     served.post("filter", {"Pod": pod("x", ("main", {WHOLE: 1})), "NodeNames": ["a", "b"]})
     status, body = served.request("POST", "/gpushare-scheduler/filter", b"{broken")
     assert status == 400 and "ExtenderArgs: the body is not JSON" in body
@@ -268,11 +339,16 @@ def test_metrics_and_http_errors(served):
     assert served.request("POST", "/preempt", {})[0] == 404
     status, text = served.request("GET", "/metrics")
     assert status == 200
-    assert 'gpushare_extender_requests_total{verb="filter",result="ok"} 1' in text
-    assert 'gpushare_extender_requests_total{verb="filter",result="bad_request"} 1' in text
-    assert 'gpushare_extender_request_duration_seconds_count{verb="filter"} 2' in text
-    assert "gpushare_extender_nodes 2" in text and "gpushare_extender_gpu_nodes 2" in text
-    assert "gpushare_extender_assumed_pods 0" in text
+    values = samples(text)
+    ok = frozenset({("verb", "filter"), ("result", "ok")})
+    bad = frozenset({("verb", "filter"), ("result", "bad_request")})
+    assert values[("gpushare_extender_requests_total", ok)] == 1
+    assert values[("gpushare_extender_requests_total", bad)] == 1
+    filter_verb = frozenset({("verb", "filter")})
+    assert values[("gpushare_extender_request_duration_seconds_count", filter_verb)] == 2
+    assert values[("gpushare_extender_nodes", frozenset())] == 2
+    assert values[("gpushare_extender_gpu_nodes", frozenset())] == 2
+    assert values[("gpushare_extender_assumed_pods", frozenset())] == 0
     assert served.health("GET", "/metrics")[0] == 200
 
 

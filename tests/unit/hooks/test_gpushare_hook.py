@@ -663,6 +663,21 @@ def test_a_config_with_a_key_twice_is_refused():
     assert "the key 'linux' appears twice" in result.stderr.decode()
 
 
+@pytest.mark.parametrize("where", ["state", "config"])
+def test_json_nested_past_the_recursion_limit_is_refused_with_exit_2(where):
+    """An OCI state or config.json nested deeper than Python can read (100,000 arrays) is a
+    bad input (exit 2, one line naming it), not a crash of the hook."""
+    deep = "[" * 100_000 + "]" * 100_000
+    path = short_dir()
+    with open(os.path.join(path, "config.json"), "w") as f:
+        f.write(deep if where == "config" else '{"process": {"env": []}}')
+    stdin = ('{"id": "c1", "bundle": ' + json.dumps(path) + ', "x": ' + deep + "}").encode()
+    result = run_hook(missing_socket(), "createRuntime", stdin if where == "state" else state(path))
+    assert result.returncode == 2, result.stderr
+    assert "nested too deeply" in result.stderr.decode()
+    assert result.stderr.decode().count("\n") == 1
+
+
 def test_a_request_over_the_protocol_limit_is_refused_unsent(daemon):
     """Spec facts too big for the daemon to read (many long mount paths): refused by the hook
     itself, naming the size; nothing is sent."""
@@ -691,8 +706,8 @@ def imported(result) -> set[str]:
 @pytest.mark.parametrize("gpu", [False, True])
 def test_the_installed_hook_imports_no_slow_module(daemon, gpu):
     """Run as installed (python -I -S), for a container without GPUs and for one the daemon
-    registers, the hook imports none of json, re, socket, enum, argparse or __future__ (each would
-    cost it milliseconds at every container creation) and no site-packages."""
+    registers, the hook imports none of json, re, socket, enum, argparse or __future__ (each
+    would cost it milliseconds at every container creation) and no site-packages."""
     fake = daemon({"allowed": True, "message": "registered"})
     env = GPU_ENV if gpu else ["HOME=/"]
     result = run_hook(

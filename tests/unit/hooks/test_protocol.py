@@ -53,6 +53,23 @@ def test_garbage_is_refused(data, fragment):
         protocol.decode(data)
 
 
+@pytest.mark.parametrize(
+    ("data", "fragment"),
+    [
+        (b'{"stage": "poststop", "stage": "createRuntime"}\n', "the key 'stage' appears twice"),
+        (b'{"spec": {"mounts": [{"a": 1, "a": 2}]}}\n', "the key 'a' appears twice"),
+        (b'{"a": 1} {"a": 2}\n', "not JSON"),
+        (b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+    ],
+)
+def test_what_go_and_python_read_differently_or_not_at_all_is_refused(data, fragment):
+    """A key twice in one object (Go's encoding/json merges or overwrites where Python keeps
+    the last), data after the message and nesting past the interpreter's recursion limit
+    raise ProtocolError naming the problem, never another exception."""
+    with pytest.raises(ProtocolError, match=fragment):
+        protocol.decode(data, max_bytes=len(data))
+
+
 def test_decode_refuses_oversized():
     """A message over the limit is refused before it is parsed."""
     data = protocol.encode({"x": "a" * 100})
