@@ -11,8 +11,8 @@ ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none)
 holds the extender and the libraries it imports (cryptography and cffi's backend
 included: it signs placements), not the node daemon's (gRPC, NVML, psutil,
 jinja2) nor the kubernetes client's parts it never imports (its asyncio client with
-aiohttp, its generated API classes) nor cffi's C parser; every shared object in it finds its libraries
-in it (its own loader says so); the archive is reproducible (the same inputs give the
+aiohttp, its generated API classes) nor cffi's C parser; every shared object in it finds
+its libraries in it (its own loader says so); the archive is reproducible (the same inputs give the
 same digest). ``podman load`` and ``ctr -n k8s.io images import`` (a private
 containerd) both take the archive under its name; in each engine ``gpushare-scheduler
 --help`` runs, and the extender runs exactly as the rendered Deployment runs it: its
