@@ -13,7 +13,7 @@ calls the daemon's own GetDevicePluginOptions, which splits the gap into
 work Allocate cannot skip, one fsync'd ledger commit, alone in this process.
 
 Reported: p50/p99 of Allocate (memory and share calls pooled), of the floor,
-and their ratios; issue 16's target: Allocate p50 and p99 within 2x the floor's.
+and their ratios; the target: Allocate p50 and p99 within 2x the floor's.
 
 Steady state: at most ``window`` pods are held; each admission past that
 deletes the oldest pod, as a node that keeps admitting. The test kubelet does
@@ -44,7 +44,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from tests.harness.daemon_proc import CORE, MEMORY
 from tests.harness.kubelet_sim import TestKubelet
 
-RATIO_TARGET = 2.0  # issue 16: Allocate p50 and p99 within 2x the floor's
+RATIO_TARGET = 2.0  # Allocate p50 and p99 within 2x the floor's
 POD = {MEMORY: 2, CORE: 1}  # 2 GiB and 1 % of one card: memory fills a card first (70 < 100)
 WARMUP_ADMISSIONS = 50  # connections, caches and the first ledger pages: not steady state
 # The daemon's log line when kubelet hands out a device the ledger still holds.

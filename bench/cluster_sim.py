@@ -1,4 +1,4 @@
-"""The cluster side (issue 17): placement without and with gpushare-scheduler, and its costs.
+"""The cluster side: placement without and with gpushare-scheduler, and its costs.
 
 1. Cluster simulation. 50 GPU nodes of 4 simulated 16 GiB cards, 2,000 pods of mixed
    demand (60 % memory + share, 20 % memory only, 10 % share only, 10 % one or two whole
@@ -639,7 +639,7 @@ def figures(args, tmp: str) -> list[Figure]:
 
 
 def run(quick: bool, seed: int = 17) -> list[Figure]:
-    """Every figure of the simulation: the issue's sizes, or a smaller ``quick`` run."""
+    """Every figure of the simulation: the full sizes, or a smaller ``quick`` run."""
     import tempfile
 
     args = argparse.Namespace(seed=seed, nodes=50, pods=2000)

@@ -57,7 +57,7 @@ def measure(runs: int) -> list[float]:
 
 
 # The design's promise: a process over its quota runs at most 2 s more.
-PROMISE_MS = 500  # issue 16: over quota to killed, p99 <= 0.5 s (the design's promise: 2 s)
+PROMISE_MS = 500  # target: over quota to killed, p99 <= 0.5 s (the design's promise: 2 s)
 
 
 def figures(reactions_ms: list[float]) -> list[Figure]:

@@ -24,7 +24,7 @@ Two configurations: the daemon as deployed, with its Kubernetes adapter on
 the scheduler does; the adapter watches them and publishes annotations), and
 with the adapter off (the device plugin alone), which splits the cost.
 
-The targets (issue 16, adapter on): RSS at most 80 MiB, idle CPU under 0.5 % of one
+The targets (adapter on): RSS at most 80 MiB, idle CPU under 0.5 % of one
 core, 100 admissions/s with at most 5 ms of daemon CPU each.
 
 Run: ``.venv/bin/python -m bench.footprint [--idle-seconds 30] [--busy-seconds 10]``
@@ -59,11 +59,11 @@ CHURN_HELD = 16  # churn pods alive at once: half of the 32 % left on the node
 # pod watch must have seen it; kubelet itself learns of pods from the API).
 API_LEAD_SECONDS = 0.5
 MAX_REFUSALS = 20  # while filling the node; more and the section fails
-RSS_TARGET_MIB = 80  # issue 16: idle RSS <= 80 MiB with the adapter on
-IDLE_CPU_TARGET_PERCENT = 0.5  # issue 16: < 0.5 % of a core
-CPU_PER_ADMISSION_TARGET_MS = 5.0  # issue 16: <= 5 ms of daemon CPU per admission
+RSS_TARGET_MIB = 80  # idle RSS <= 80 MiB with the adapter on
+IDLE_CPU_TARGET_PERCENT = 0.5  # < 0.5 % of a core
+CPU_PER_ADMISSION_TARGET_MS = 5.0  # <= 5 ms of daemon CPU per admission
 MIB = 1024 * 1024
-ADMISSIONS_TARGET_PER_S = 100.0  # issue 16: admissions/s sustained, adapter on
+ADMISSIONS_TARGET_PER_S = 100.0  # admissions/s sustained, adapter on
 # The busy phase asks for exactly the target rate, so the rate reached is at most that:
 # kept up within 1 % (the last admission's own time) counts as sustained.
 ADMISSIONS_MET_PER_S = 99.0

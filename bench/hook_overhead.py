@@ -18,10 +18,9 @@ deletion is ``runc delete -f`` (where poststop runs). Reported: p50/p90 per
 variant and the p50 difference to the baseline.
 
 Every runc call is timed to the moment runc exits (``tests.harness.exitwait``
-waits on a pidfd). Up to 2026-11-26 the bench waited with ``subprocess.run(...,
-timeout=60)``, whose wait polls at 1, 3, 7, 15, 31, 63 ms...: every creation
-was read as 31 or 63 ms, and an 8 ms hook pushed it from one step to the next
-(docs/benchmarks.md). containerd's and CRI-O's shims run ``runc create`` then
+waits on a pidfd): ``subprocess.run(..., timeout=60)`` would poll at 1, 3, 7, 15,
+31, 63 ms..., reading every creation as 31 or 63 ms, so that an 8 ms hook would push it
+from one step to the next. containerd's and CRI-O's shims run ``runc create`` then
 ``runc start``: the same rounds also time that pair
 (``hook_overhead_create_start_p50_ms``), the path a Kubernetes node takes.
 
@@ -43,7 +42,7 @@ from bench.stats import percentile
 from tests.harness import exitwait
 from tests.harness.runc_env import EnforcementNode, cri_annotations
 
-OVERHEAD_TARGET_MS = 15.0  # issue 16: the hook adds at most 15 ms to runc run -d, p50
+OVERHEAD_TARGET_MS = 15.0  # target: the hook adds at most 15 ms to runc run -d, p50
 
 
 def measure(rounds: int) -> dict[str, dict[str, list[float]]]:

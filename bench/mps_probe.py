@@ -10,7 +10,7 @@ control daemon runs without a GPU):
   the daemon's reaped children cost; ``RUSAGE_CHILDREN``) and its wall time, over
   ``probes`` probes of one control daemon;
 - idle: the daemon's child-process CPU over ``seconds`` on an 8-card node at the
-  production cadence, adapter off, nothing admitted (the issue's target: < 0.5 %
+  production cadence, adapter off, nothing admitted (the target: < 0.5 %
   of a core with the real binary).
 
 Run: ``.venv/bin/python -m bench.mps_probe [--probes 50] [--seconds 20]``

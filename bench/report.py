@@ -20,7 +20,7 @@ class Figure:
     name: str  # machine-readable, with the unit in it
     value: float | int | str  # a number, or ABSENT / SKIPPED
     label: str  # what it is, for the table
-    target: str = ""  # the target, when it sets one
+    target: str = ""  # the figure's target, when it has one
     met: bool | None = None  # whether the target is met (None: no target, or no value)
     note: str = ""  # why a figure is absent or skipped, or a remark
 

@@ -36,7 +36,7 @@ from tests.harness.daemon_proc import CORE, MEMORY, WHOLE
 from tests.harness.notify_listener import Listener
 
 READY_TIMEOUT_S = 120.0
-READY_TARGET_S = 1.5  # issue 16: SIGTERM to READY=1 again, 384 allocations, 8 cards
+READY_TARGET_S = 1.5  # target: SIGTERM to READY=1 again, 384 allocations, 8 cards
 
 
 def _wait_ready(listener: Listener, deadline: float) -> float:
@@ -114,7 +114,7 @@ def kubelet_restarts(full: FullNode, runs: int) -> list[float]:
 
 def ledger_allocations(full: FullNode) -> tuple[int, str]:
     """The ledger's allocation count, and when it is not one per pod kubelet holds, what
-    differs (issue 15 item 6: 385 for 384 was seen once): the allocations whose owner
+    differs (385 for 384 was seen once): the allocations whose owner
     kubelet does not hold, or that share an owner, with the dump's path."""
     allocations = full.node.allocations()
     held = {key for key, resources in full.kubelet.allocated().items() if resources}

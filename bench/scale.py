@@ -1,6 +1,6 @@
 """How the daemon's cost scales: 1, 8, 16 cards x 0, 384, 1,000 allocations.
 
-The issue: cost stays flat in allocations and grows at most linearly in
+The rule: cost stays flat in allocations and grows at most linearly in
 cards. Per card count, the real gpushare-node on that many simulated H200
 cards, production intervals, Kubernetes adapter off, placement ``spread``; at
 each allocation count: Allocate p99 / floor p99 (the bench makes kubelet's

@@ -101,7 +101,7 @@ FULL = Settings(
     law_units=listandwatch_size.UNITS_MIB,
     law_repeats=3,
     idle_seconds=30,
-    busy_seconds=60,  # issue 16: admissions/s sustained for 60 s
+    busy_seconds=60,  # admissions/s sustained for 60 s
     restarts=5,
     enforcement_runs=40,
     hook_rounds=40,
@@ -144,7 +144,7 @@ QUICK = Settings(
 @dataclass(frozen=True)
 class Section:
     title: str
-    # The names the issue requires from this section: reported as failed if it fails.
+    # The names this section must report: reported as failed if it fails.
     required: tuple[str, ...]
     run: Callable[[], list[Figure]]
 
@@ -370,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def required_names() -> list[str]:
-    """Every name the issue asks for, in order (checked by tests/bench/test_bench.py)."""
+    """Every name the suite reports, in order (checked by tests/bench/test_bench.py)."""
     return [name for s in sections(QUICK, None) for name in s.required]
 
 

@@ -6,6 +6,17 @@ standard library: a container that asks for no GPU is let through without
 even a connection to the daemon. GPU containers are checked by the daemon
 over ``<run_dir>/hook.sock`` (see :mod:`hooks.protocol`).
 
+- ``gpushare_hook``: the hook's command line (``gpushare-hook`` is the launcher
+  ``nodemgr install`` writes; ``oci-hooks.d`` and ``containerd`` hold the runtime
+  configurations);
+- ``protocol``: the hook socket protocol;
+- ``wirejson``: JSON without the ``json`` package (whose import, with ``re``, ``enum``
+  and ``functools``, would cost every creation about 6.5 ms);
+- ``gpuenv``, ``specfacts``: what a container's env and OCI spec ask of the GPUs
+  (shared with the daemon);
+- ``podidentity``: which pod a container belongs to, from its runtime's annotations;
+- ``textsafe``: values from containers made safe to log and show.
+
 What it must not do: import anything outside the standard library (not even
 ``nodemgr``), decide about a GPU container itself, or ever block a creation
 longer than a couple of seconds. Its start-up is most of its cost: nodemgr

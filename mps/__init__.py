@@ -17,6 +17,14 @@ it accepted: mps.connections reads its connections on the control socket from th
 kernel (sock_diag, /proc) and mps.holders says which client holds it by sending
 nothing, so the node daemon can name and act on that process.
 
+- ``control``: talking to a control daemon (``nvidia-cuda-mps-control`` in client mode);
+- ``daemon``: one card's control daemon: start, adopt, probe, stop;
+- ``identity``, ``proc``: which processes are a card's daemon and servers, judged and found;
+- ``layout``: where each card's MPS files live under the run directory;
+- ``shm``, ``mounts``: each card's /dev/shm tmpfs, and mounts read and made;
+- ``namespace``: the mount namespace a card's daemon runs in;
+- ``connections``, ``holders``, ``sockdiag``: who holds a control daemon.
+
 What it must not do: import ``nodemgr`` (it is a library the daemon uses, not
 part of it); kill anything (a health check and a look only read: acting on a holder is
 the node daemon's enforcement); keep

@@ -311,7 +311,7 @@ def _isolation_reasons(allocations: Sequence[Mapping[str, Any]]) -> list[str]:
             reasons[f"{kind} {isolation[kind]}: {isolation[kind + '_detail']}"] = None
     if not reasons:
         return []
-    return ["", "isolation (README, Isolation levels):", *(f"  {r}" for r in sorted(reasons))]
+    return ["", "isolation (docs/isolation.md):", *(f"  {r}" for r in sorted(reasons))]
 
 
 def _header(status: dict[str, Any], now: float) -> str:

@@ -7,7 +7,9 @@
 - ``driver``: NodePrepareResources as admission (read the claim, judge the
   scheduler's allocation, record it in the one ledger, write its CDI spec) and
   NodeUnprepareResources as release;
-- ``cdifiles``: the CDI spec files of prepared claims in ``dra.cdi_dir``.
+- ``cdifiles``: the CDI spec files of prepared claims in ``dra.cdi_dir``;
+- ``recovery``: a ledger made at this start takes the prepared claims back from their
+  CDI specs.
 
 Claims are read and reported through narrow interfaces the wiring hands in (the
 Kubernetes adapter implements them); the allocation state is seen only through

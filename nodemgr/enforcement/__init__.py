@@ -2,6 +2,9 @@
 
 - ``hookserver``: answers the OCI runtime hook over a unix socket;
 - ``registry``: which container (cgroup) holds which allocation;
+- ``cgroupmarks``: registrations written onto the containers' own cgroups, so they
+  outlive a lost ledger;
+- ``hostdevices``: what the host says of NVIDIA's device nodes, for the spec check;
 - ``watchdog``: scans /proc, cgroups and NVML usage, driven by process events,
   and acts on violations (log or kill through a checked pidfd);
 - ``procfs`` and ``procevents``: the /proc reader and the netlink process

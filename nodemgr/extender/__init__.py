@@ -14,6 +14,7 @@ ONE card, with the same arithmetic the node daemon uses
   prioritize, bind, healthz, metrics);
 - ``listener``: HTTP/1.1 on one event loop, with a budget for every peer
   (connections, handshakes, bytes, deadlines);
+- ``metrics``: its Prometheus metrics (prometheus_client's own registry);
 - ``tls``: mutual TLS (kube-scheduler's client certificate), rotated files
   picked up without a restart;
 - ``events``: pod Events (a placement annotation it does not believe);

@@ -1,9 +1,9 @@
 """GPU inventory: which cards this node has, and what processes use on them.
 
-``driverversion`` reads the loaded NVIDIA module's version (doctor, the DRA slice).
-One narrow interface (``Inventory`` in base.py) with two backends: NVML
-(``nvml.py``, the only module of the project that imports pynvml) and
-simulated (cards from the config, per-process usage from a JSON file).
+- ``base``: the one narrow interface (``Inventory``) and its plain data;
+- ``nvml``: the NVML backend, the only module of the project that imports pynvml;
+- ``simulated``: cards from the config, per-process usage from a JSON file;
+- ``driverversion``: the loaded NVIDIA module's version (doctor, the DRA slice).
 Cards of different models and sizes are described one by one, never assumed
 equal.
 

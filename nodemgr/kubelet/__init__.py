@@ -7,6 +7,8 @@
 - ``devicelists``: the ListAndWatch message size, computed without building it;
 - ``registration``: Register with kubelet over kubelet.sock;
 - ``podresources``: kubelet's own record of who holds which device;
+- ``rootsocket``: gRPC servers on root-only unix sockets, each with a budget (the
+  device plugin's and the DRA plugin's);
 - ``api``: code generated from kubelet's .proto files (see docs/kubelet-api.md and
   docs/dra.md).
 

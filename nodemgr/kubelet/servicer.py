@@ -21,8 +21,8 @@ Only kubelet may talk to these sockets, and only root can: each is served by
 :func:`~nodemgr.kubelet.rootsocket.serve_root_only` (bound in a private directory, made
 0600 there and renamed into place, so none wider is ever in the device plugin directory,
 whatever the umask). That is the authentication (kubelet runs as root; the gRPC server
-has none of its own). On top of it each server keeps to ``BUDGET`` (README, Device
-plugin sockets), because root clients can misbehave too: ``MAX_CONNECTIONS`` connections
+has none of its own). On top of it each server keeps to ``BUDGET`` (docs/how-it-works.md,
+Device plugin sockets), because root clients can misbehave too: ``MAX_CONNECTIONS`` connections
 (the rest closed at once by gRPC), a connection that has not finished its HTTP/2
 handshake in ``HANDSHAKE_SECONDS`` or has had no call for ``IDLE_SECONDS`` is closed,
 ``MAX_STREAMS`` calls per connection and ``MAX_CALLS`` per server at once (kubelet needs
@@ -297,8 +297,8 @@ class PluginServer:
 # How long starting a server, or stopping one beyond its grace, may take on the loop.
 START_TIMEOUT_SECONDS = 10.0
 
-# The budget of each device plugin server (README, Device plugin sockets). kubelet holds
-# one connection per plugin (two for a moment when it restarts).
+# The budget of each device plugin server (docs/how-it-works.md, Device plugin sockets).
+# kubelet holds one connection per plugin (two for a moment when it restarts).
 MAX_CONNECTIONS = 8
 HANDSHAKE_SECONDS = 5.0
 IDLE_SECONDS = 30.0

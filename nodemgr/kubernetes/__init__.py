@@ -10,6 +10,8 @@
 - ``podwatch``: this node's pods through it, kept as a candidate index;
 - ``writes`` and ``publish``: the patches and the node annotation (pure);
 - ``sync``: the bridge between the allocation state and the adapter;
+- ``scheduling``: the scheduler extender's requests (its session, the pod
+  annotations, the Binding);
 - ``dra``: the DRA front door's side: the node's ResourceSlice, claims' status,
   refused claims as Events (through the adapter's queued writes).
 

@@ -1,4 +1,10 @@
-"""The daemon process: argv and signals (``main``), wiring (``wiring``), systemd notify.
+"""The daemon process: argv and signals, wiring, the run loop, systemd notify.
+
+- ``main``: the command line, logging and signals;
+- ``fdlimit``: the open-file limit, raised and checked against the budget;
+- ``wiring``: every part built and started in order, each start followed by its stop;
+- ``loop``: serve kubelet, register, watch, reconcile, reload, tell systemd;
+- ``notify``: the systemd service protocol.
 
 ``wiring.run`` builds every part, starts each worker with its stop registered
 at once on an ExitStack, and runs the loop that serves and registers with

@@ -38,7 +38,7 @@ from nodemgr.common.connbudget import (
 from nodemgr.common.serveloop import ServeLoop
 from nodemgr.errors import BindError
 
-# The budget (README, Metrics). A scrape is one short request answered in milliseconds;
+# The budget (docs/operations.md, Metrics). A scrape is one short request answered in milliseconds;
 # Prometheus scrapes every 15 s or so, one connection at a time.
 MAX_CONNECTIONS = 16
 HEAD_SECONDS = 2.0  # the whole request head, in all (not per read)

@@ -464,7 +464,7 @@ def _allocations(allocations: list[Mapping[str, Any]]) -> Iterator[Metric]:
         "gpushare_allocation_isolation",
         "Always 1: what the node really enforces for the allocation now, memory (exclusive, "
         "enforced, watched, advisory, unlimited) and compute (exclusive, advisory, unlimited); "
-        "see README, Isolation levels.",
+        "see docs/isolation.md.",
         ISOLATION_LABELS,
     )
     for labels, merged in _by_owner(allocations).items():

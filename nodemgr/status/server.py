@@ -6,10 +6,11 @@ of :mod:`nodemgr.domain.statusdoc` as one JSON line (or ``{"error": "..."}``) an
 closes. ``LiveStatus`` gathers the live state for that document and for
 the metrics endpoint; it reads, it never changes anything.
 
-The socket's budget (README, ``nodemgr status``): ``MAX_CONNECTIONS`` served at once (the
-rest closed at once, unread), the request whole within ``READ_TIMEOUT_SECONDS`` and at
-most ``MAX_REQUEST_BYTES``, each connection cut ``DEADLINE_SECONDS`` after it was accepted
-(the answer to a slow reader included), see :mod:`nodemgr.common.unixserver`.
+The socket's budget (docs/operations.md, ``nodemgr status``): ``MAX_CONNECTIONS`` served
+at once (the rest closed at once, unread), the request whole within
+``READ_TIMEOUT_SECONDS`` and at most ``MAX_REQUEST_BYTES``, each connection cut
+``DEADLINE_SECONDS`` after it was accepted (the answer to a slow reader included), see
+:mod:`nodemgr.common.unixserver`.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """The MPS supervisor: one NVIDIA MPS control daemon per shared card, kept healthy.
 
-Starts, adopts, probes and restarts each card's control daemon (through the
-``mps`` library), sets each card's compute mode, and turns MPS trouble into
-card health that the allocation state publishes to kubelet.
+- ``supervisor``: starts, adopts, probes and restarts each card's control daemon
+  (through the ``mps`` library), sets each card's compute mode, mounts and empties
+  each card's /dev/shm, and turns MPS trouble into card health that the allocation
+  state publishes to kubelet.
 
 What it must not do: import ``kubelet``, ``enforcement`` or ``kubernetes``;
 kill anything on a card but the control daemon it started or verified.

@@ -2,7 +2,7 @@
 driver 535, fetched by scripts/setup-real-parts) on a machine without the NVIDIA
 kernel driver: pynvml loads the real library, ``nvmlInit`` fails with "Driver Not
 Loaded", ``nodemgr.inventory`` turns that into its clear message, and
-``gpushare-node`` with ``gpus.backend: nvml`` logs it and exits 1 (README: exit 1,
+``gpushare-node`` with ``gpus.backend: nvml`` logs it and exits 1 (docs/real-parts.md: exit 1,
 cannot start: no GPUs/NVML). The library is found through LD_LIBRARY_PATH, as
 the loader finds the driver's own copy on a GPU node.
 
@@ -77,7 +77,8 @@ def test_inventory_loads_the_real_library_and_says_the_driver_is_not_loaded(real
 
 def test_gpushare_node_with_the_nvml_backend_exits_1_saying_the_driver_is_not_loaded(real_nvml):
     """gpushare-node with gpus.backend: nvml and the real library exits 1 and logs
-    "cannot run: NVIDIA kernel driver not loaded: ..." (README's exit code for no NVML)."""
+    "cannot run: NVIDIA kernel driver not loaded: ..." (the exit code docs/real-parts.md
+    gives for no NVML)."""
     node = Node(gpus={"backend": "nvml"})
     try:
         node.start(env={"LD_LIBRARY_PATH": real_nvml.nvml_dir})

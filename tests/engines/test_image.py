@@ -28,7 +28,7 @@ over mutual TLS only to the client kube-scheduler builds from the rendered
 ``gpushare-scheduler-config`` tlsConfig (no answer without its certificate, none to
 plain HTTP); the bind leaves the pod bound with a placement that a node holding
 ``placement.pub`` believes (``nodemgr.kubernetes.podwatch``) and one holding another
-key does not. README's ways to a registry work: ``skopeo copy oci-archive:...
+key does not. docs/scheduler-extender.md's ways to a registry work: ``skopeo copy oci-archive:...
 docker://...`` (the registry serves the archive's manifest digest) and ``podman load`` +
 ``podman push``, into a real registry (``scripts/setup-registry``: Debian's
 docker-registry) from which containerd pulls and runs the image.
@@ -899,10 +899,10 @@ def registry(tmp_path):
 def test_pushed_to_a_registry_as_the_readme_says_and_pulled_by_containerd(
     image, registry, podman, containerd
 ):
-    """README's two ways to a registry: ``skopeo copy oci-archive:... docker://...`` keeps
-    the manifest as written (the registry serves the archive's digest), and ``podman load``
-    then ``podman push``; containerd pulls each (as kubelet would from a registry) and
-    runs ``gpushare-scheduler --help`` from it."""
+    """docs/scheduler-extender.md's two ways to a registry: ``skopeo copy oci-archive:...
+    docker://...`` keeps the manifest as written (the registry serves the archive's
+    digest), and ``podman load`` then ``podman push``; containerd pulls each (as kubelet
+    would from a registry) and runs ``gpushare-scheduler --help`` from it."""
     address, skopeo = registry
     tag = image.ref.rsplit(":", 1)[1]
     copied = f"{address}/gpushare-scheduler:{tag}"

@@ -16,7 +16,7 @@ systemd would start it), ``after_fault`` checks:
    the pod's long-running container (started before the faults, so still registered on
    the allocation: a process of no registered container would be killed as unallocated).
 
-The pods' counts go into the README row (``Kept.row``) as observed, never as constants.
+The pods' counts go into the docs/faults.md row (``Kept.row``) as observed, never as constants.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def pod_from(name: str, result: AdmitResult) -> Pod:
 
 
 # Without the Kubernetes API the daemon sees a container's resources one at a time; a share
-# placed first may leave its card no room for the memory (README, How it works). The faults
+# placed first may leave its card no room for the memory (docs/how-it-works.md). The faults
 # are not about that order, so every pod of the matrix asks its memory first.
 MEMORY_FIRST = [MEMORY, CORE]
 

@@ -1,13 +1,13 @@
-"""The fault matrix (issue 15): every fault against the real gpushare-node, the test
+"""The fault matrix: every fault against the real gpushare-node, the test
 kubelet and real runc containers; after each, the same checks (tests/faults/survival.py):
 ``nodemgr check-ledger`` passes, the ledger agrees with kubelet's record with 0
 allocations lost (same IDs) and 0 double-booked, and every admitted pod still works (a
 new container of it is admitted by the runtime hook, and the watchdog kills it over
 quota while sparing the pod's long-running container).
 
-Each test records one row of the README table "Faults and what survives them" from what
-it observed: exit statuses, refusal messages, device health, counts in the log. The last
-test compares the table with the README (``scripts/update-tables`` rewrites it).
+Each test records one row of the table in docs/faults.md from what it observed: exit
+statuses, refusal messages, device health, counts in the log. The last test compares the
+table with that file (``scripts/update-tables`` rewrites it).
 
 Faults that need their own state_dir (read-only file system, 1 MiB tmpfs) or the
 Kubernetes API run on nodes of their own; the rest share one node, in order (the nodes:
@@ -18,7 +18,7 @@ its successor served again (on a node running NVIDIA's control binary: the super
 1 s restart backoff sets the pace).
 
 Why this module is longer than 400 lines: it is the matrix itself, one test per row of
-the README table, each fault next to what it observed; the helpers live apart.
+the table, each fault next to what it observed; the helpers live apart.
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.outcome_table]
 TABLE = OutcomeTable(
     "fault-matrix",
     "tests/faults/test_fault_matrix.py",
+    "docs/faults.md",
     ("fault", "what the daemon does", "what is kept"),
     (
         "kubelet restart",
@@ -610,14 +611,14 @@ class TestDiskFull:
         )
 
 
-# ---------------------------------------------------------------------- the README
+# ---------------------------------------------------------------------- the docs table
 
 
-def test_readme_table_says_what_was_observed():
-    """The README's fault-matrix table says what this run observed (after a complete run
+def test_docs_table_says_what_was_observed():
+    """docs/faults.md's fault-matrix table says what this run observed (after a complete run
     only: a partial one does not judge it)."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

@@ -1,7 +1,7 @@
 """On a machine with an NVIDIA GPU (``pytest -m gpu``): what one MPS client can do to another
 tenant of its card through the control socket every client is given (the client directory:
 only a hard link to ``control``, no ``control_privileged``), which nothing on the node can
-stop today (README, "Isolation levels").
+stop today (docs/isolation.md).
 
 Tenant A is a CUDA client running through the card's MPS server that, on each line on its
 stdin, computes again and says whether that worked. Tenant B, another process of the same
@@ -105,7 +105,7 @@ def settle(check) -> bool:
 @pytest.mark.xfail(
     strict=True,
     reason="expected a hole in MPS: the control daemon takes terminate_client of any client "
-    "from any client of its unprivileged control socket (README, Isolation levels)",
+    "from any client of its unprivileged control socket (docs/isolation.md)",
 )
 def test_a_tenant_cannot_terminate_another_tenants_client(daemon, tenant, record_property):
     """B asks for A's termination through ``control``: A must still compute, still be the
@@ -124,7 +124,7 @@ def test_a_tenant_cannot_terminate_another_tenants_client(daemon, tenant, record
 @pytest.mark.xfail(
     strict=True,
     reason="expected a hole in MPS: the control daemon takes shutdown_server from any "
-    "client of its unprivileged control socket (README, Isolation levels)",
+    "client of its unprivileged control socket (docs/isolation.md)",
 )
 def test_a_tenant_cannot_shut_down_the_server_under_another_tenant(daemon, tenant, record_property):
     """B asks for a forced shutdown of A's server through ``control``: the server must

@@ -10,7 +10,9 @@
 - ``runc_env``: real runc containers with the shipped OCI hook;
 - ``mps_tenant``: a node with NVIDIA's real MPS control binary whose containers act as
   tenants (bind-mounted binary, host network, impostors);
-- ``outcome_table``: README tables rendered from what a test module observed;
+- ``outcome_table``: docs tables rendered from what a test module observed;
+- ``transcript``: a console transcript in a Markdown page (the README's quick start)
+  read as commands to run and the output they must print;
 - small helpers: simulated ``cards``, a hand-moved ``clock``, a systemd
   ``notify_listener`` and ledger rows.
 

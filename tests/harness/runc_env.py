@@ -304,7 +304,7 @@ class EnforcementNode:
         """Admit a pod through kubelet; the env and mounts its container gets."""
         # Memory first: this node runs without the Kubernetes API, where the daemon sees one
         # resource at a time and a share placed first may leave no room for the memory
-        # (README, How it works); these tests are about enforcement, not that order.
+        # (docs/how-it-works.md); these tests are about enforcement, not that order.
         result = self.kubelet.admit_pod(
             "default",
             pod,

@@ -1,6 +1,6 @@
 """What the hostile-tenant cases share: the one node they run on (put back to empty before
 each case), what they read of the processes, and how an outcome is turned into the text of
-a README row (what the attacks themselves do is in attacks.py).
+a row of docs/attacks.md (what the attacks themselves do is in attacks.py).
 
 The row text is derived from what was observed: the hook's refusal as runc passes it on
 (who refused, and its reason with ids and paths replaced by placeholders, so the row is
@@ -22,7 +22,8 @@ from tests.harness import mps_tenant, runc_env
 from tests.harness.mps_tenant import MpsNode
 from tests.hostile import attacks
 
-# The watchdog's promise with action: kill (README: "keeps every violation under 2 s").
+# The watchdog's promise with action: kill (docs/configuration.md: "keeps every violation
+# under 2 s").
 KILL_DEADLINE_SECONDS = 2.0
 # Long enough for several watchdog scans (every 0.25 s while GPU processes run).
 SCANS_SECONDS = 1.5

@@ -16,8 +16,8 @@ through kubelet's DRA connection meanwhile, its container made from its CDI spec
 process over the claim's memory killed, and a device plugin pod admitted. The root-only
 sockets are flooded as root (a misbehaving agent: a hostile root can stop the daemon
 anyway); a local user cannot connect to them at all. Each test records one row of the
-README table "Exhaustion" from what it observed; the last test compares the table with the
-README (``scripts/update-tables`` rewrites it).
+table "Exhaustion" of docs/attacks.md from what it observed; the last test compares the
+table with that file (``scripts/update-tables`` rewrites it).
 """
 
 from __future__ import annotations
@@ -100,6 +100,7 @@ LOCAL_USER = "a local user (uid 65534) connects to the status, hook, device plug
 TABLE = OutcomeTable(
     "hostile-exhaustion",
     "tests/hostile/test_exhaustion.py",
+    "docs/attacks.md",
     ("attack", "result", "what the attacker got"),
     (IDLE_METRICS, METRICS, STATUS, HOOK, *PLUGIN.values(), *DRA.values(), LOCAL_USER),
 )
@@ -546,10 +547,10 @@ def test_a_local_user_cannot_connect_to_the_root_only_sockets(site, dra_node):
     )
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

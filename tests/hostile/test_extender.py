@@ -7,10 +7,9 @@ client without kube-scheduler's certificate, a flood of connections or bytes, a 
 owner's own annotations. Whatever the flood, kube-scheduler's own filter and bind (the
 client built from exactly the rendered KubeSchedulerConfiguration) are answered
 meanwhile, and SIGTERM still ends the process promptly. Each test records one row of the
-README table "Attacks tried, and what they got" (section "Scheduler extender") from what
-it observed; the last test compares the table with the README (``scripts/update-tables``
-rewrites it). An attack that gets something would be recorded as such with its test a
-strict xfail.
+table "Scheduler extender" of docs/attacks.md from what it observed; the last test
+compares the table with that file (``scripts/update-tables`` rewrites it). An attack
+that gets something would be recorded as such with its test a strict xfail.
 
 Why this module is longer than 400 lines: it is the table, one test per row, with the
 attack and its observation side by side, and the two sites (an extender and a node) the
@@ -93,6 +92,7 @@ COPIED = "the extender's signed placement of another pod copied onto the owner's
 TABLE = OutcomeTable(
     "hostile-extender",
     "tests/hostile/test_extender.py",
+    "docs/attacks.md",
     ("attack", "result", "what the attacker got"),
     (
         ESCAPE_PLAIN, ESCAPE_NO_CERT, ESCAPE_OTHER_CA, ESCAPE_EXPIRED, ESCAPE_SERVER_CERT,
@@ -756,13 +756,13 @@ def test_a_copied_signature(node_site):
     )
 
 
-# --- the README ---------------------------------------------------------------------------------
+# --- the docs table -----------------------------------------------------------------------------
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

@@ -5,9 +5,9 @@ a fork storm, short-lived processes and memory either side of enforcement.grace_
 
 The node is the real gpushare-node with NVIDIA's real MPS control binary, the test kubelet
 and real runc containers made from real Allocate responses with their pod's CRI identity.
-Each test records one row of the README table "Attacks tried, and what they got" from what
+Each test records one row of the table "Tenant attacks" of docs/attacks.md from what
 it observed (tests/hostile/tenant.py turns refusals and kills into the row's words); the last
-test compares the table with the README (``scripts/update-tables`` rewrites it). An attack
+test compares the table with that file (``scripts/update-tables`` rewrites it). An attack
 that succeeds is recorded as what the tenant got and its test is an xfail(strict=True)
 naming why.
 
@@ -72,6 +72,7 @@ LATE_USE = "over the quota 1.5 s after its exec, on a node where no GPU process 
 TABLE = OutcomeTable(
     "hostile-tenant",
     "tests/hostile/test_hostile_tenant.py",
+    "docs/attacks.md",
     ("attack", "result", "what the tenant got"),
     (
         IMPOSTOR, QUIT, CGROUP_0XFF, NO_POD, OTHER_POD, SUMMED, METRICS, REUSED_ID,
@@ -673,13 +674,13 @@ def test_memory_taken_late_on_an_idle_node_is_killed(site):
     TABLE.record(LATE_USE, f"{killed} (memory)", "nothing: the process is gone")
 
 
-# --- the README -------------------------------------------------------------------------------
+# --- the docs table ---------------------------------------------------------------------------
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

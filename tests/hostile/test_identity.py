@@ -1,4 +1,4 @@
-"""Runtime identity and spec checks under attack: the attacks of README's table "Runtime
+"""Runtime identity and spec checks under attack: the attacks of docs/attacks.md's table "Runtime
 identity and spec checks", each recorded from what it observed.
 
 The node is the real gpushare-node with NVIDIA's real MPS control binary, the test kubelet and
@@ -7,7 +7,7 @@ real runc containers whose specs are written as the runtimes write them: CRI-O's
 annotations and hooks. The CRI-O identity attack runs once more under the real podman 4.3
 (its hooks dir as ``nodemgr install`` writes it, the annotations given with ``--annotation``).
 Each test records one row (tests/hostile/tenant.py turns refusals and kills into the row's
-words); the last test compares the table with the README (``scripts/update-tables`` rewrites
+words); the last test compares the table with that file (``scripts/update-tables`` rewrites
 it). An attack that still gets something is an xfail(strict=True) naming why.
 """
 
@@ -68,6 +68,7 @@ FORGED_PATH = (
 TABLE = OutcomeTable(
     "hostile-identity",
     "tests/hostile/test_identity.py",
+    "docs/attacks.md",
     ("attack", "result", "what the attacker got"),
     (
         FORGED_SHARED,
@@ -350,13 +351,13 @@ def test_terminal_controls_in_a_mount_path_are_shown_escaped(site):
     )
 
 
-# --- the README -------------------------------------------------------------------------------
+# --- the docs table ---------------------------------------------------------------------------
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

@@ -1,5 +1,5 @@
-"""Hostile tenants at the MPS control socket and on whole cards: the README table "MPS
-control socket and whole cards".
+"""Hostile tenants at the MPS control socket and on whole cards: the table "MPS
+control socket and whole cards" of docs/attacks.md.
 
 NVIDIA's control daemon serves one client at a time and waits, with no time-out, for the
 client it accepted to speak: a container that connects to its card's ``control`` socket
@@ -17,7 +17,7 @@ real_parts), the test kubelet and real runc containers made from real Allocate r
 (per-process GPU memory is simulated: no GPU here). The silent client is the host's own
 Python, bind-mounted read-only into the container (busybox has no unix-socket client).
 Each test records its row from what it observed; the last test compares the table with
-the README (``scripts/update-tables`` rewrites it).
+docs/attacks.md (``scripts/update-tables`` rewrites it).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ WHOLE_NEIGHBOUR = "a shared container's process using a card given out whole to 
 TABLE = OutcomeTable(
     "hostile-mps-socket",
     "tests/hostile/test_mps_socket.py",
+    "docs/attacks.md",
     ("attack", "result", "what the attacker got"),
     (SILENT, SILENT_LOG, RESPAWN, UNREAD, HOST_HOLDER, BRIEF, WHOLE_STRAY, WHOLE_NEIGHBOUR),
 )
@@ -421,13 +422,13 @@ def test_a_shared_tenant_on_another_pods_whole_card_is_killed(site):
     )
 
 
-# --- the README -------------------------------------------------------------------------------
+# --- the docs table ---------------------------------------------------------------------------
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

@@ -4,8 +4,8 @@ PyTorch's data loaders pass tensors through files in /dev/shm, so what a contain
 there is other tenants' data. Each test makes its attack as a tenant would, from inside a
 real runc container made from a real Allocate response (with its pod's CRI identity),
 against the real gpushare-node with NVIDIA's real MPS control binary and the test kubelet,
-and records one row of the README table "Shared memory (/dev/shm)" from what it observed;
-the last test compares the table with the README (``scripts/update-tables`` rewrites it).
+and records one row of the table "Shared memory (/dev/shm)" of docs/attacks.md from what it
+observed; the last test compares the table with that file (``scripts/update-tables`` rewrites it).
 An attack that still gets something stays in the table with what it got, and its test is
 a strict xfail naming why.
 
@@ -41,6 +41,7 @@ SAME_CARD = "read, overwrite and delete a file of a tenant on the same card"
 TABLE = OutcomeTable(
     "hostile-shm",
     "tests/hostile/test_shm.py",
+    "docs/attacks.md",
     ("attack", "result", "what the tenant got"),
     (READ, OVERWRITE, FILL, LEFT_BEHIND, OTHER_CARD, NODE_WIDE, SAME_CARD),
 )
@@ -221,7 +222,7 @@ def test_the_node_wide_shm_of_earlier_versions_is_refused(site):
 @pytest.mark.xfail(
     strict=True,
     raises=AttackSucceeded,
-    reason="known limit (README, Isolation levels): the tenants of one card share its "
+    reason="known limit (docs/isolation.md): the tenants of one card share its "
     "/dev/shm tmpfs; whether a private /dev/shm per container works with MPS is not yet "
     "known (docs/gpu-tests.md)",
 )
@@ -246,10 +247,10 @@ def test_a_tenant_of_the_same_card_reaches_a_shm_file(site):
     TABLE.record(SAME_CARD, "not there: “No such file or directory”", "nothing")
 
 
-def test_readme_table_says_what_was_observed():
-    """After a complete run, the README table is what this module observed."""
+def test_docs_table_says_what_was_observed():
+    """After a complete run, the table in docs/attacks.md is what this module observed."""
     if not TABLE.complete:
         missing = [c for c in TABLE.expected_cases if c not in TABLE.rows]
-        pytest.skip(f"partial run, the README table is not judged (no row for {missing})")
+        pytest.skip(f"partial run, the docs table is not judged (no row for {missing})")
     problem = TABLE.check_or_update()
     assert problem is None, problem

@@ -2,7 +2,14 @@
 
 Pins:
 - every relative Markdown link in README.md, docs/*.md and deploy/README.md
-  resolves to a file or directory inside the checkout;
+  resolves to a file or directory inside the checkout, and its ``#anchor``, if any,
+  to a heading (or an ``<a id>``) of the Markdown file it names;
+- the module lists stay true: every module of a product package (nodemgr, mps,
+  hooks) is named in its package's ``__init__`` docstring list and under its
+  package in docs/layout.md, and every name listed there is a module of that package;
+- README.md stays a page an admin reads in minutes (the depth is in docs/), and no
+  page a user reads, nor the product's code, scripts or benchmarks, cites an issue
+  by number;
 - every repository path named in a tracked text file (code, comments,
   docstrings, docs, scripts, configs) exists, and every ``nodemgr.<module>``
   named there is a module of the package (with the name after it, if any,
@@ -17,6 +24,7 @@ ls-files``, read only), so a new file is checked before it is committed.
 
 from __future__ import annotations
 
+import ast
 import re
 import subprocess
 from functools import cache
@@ -96,26 +104,84 @@ def markdown_links(text: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+_ATX_HEADING = re.compile(r"^ {0,3}#{1,6}[ \t]+(.*?)(?:[ \t]+#+)?[ \t]*$", re.M)
+_HTML_ANCHOR = re.compile(r"<a\s+(?:id|name)=[\"']([^\"']+)[\"']", re.I)
+_INLINE_MARKUP = re.compile(r"!?\[([^\]]*)\]\([^)]*\)")  # a link in a heading: its text
+
+
+def heading_slug(heading: str) -> str:
+    """The anchor GitHub gives a heading: its text without markup, lower case, every
+    character but letters, digits, ``_``, ``-`` and spaces dropped, spaces made ``-``."""
+    text = _INLINE_MARKUP.sub(r"\1", heading).replace("`", "")
+    text = re.sub(r"<[^>]+>", "", text)
+    return re.sub(r"[^\w\- ]", "", text.strip().lower()).replace(" ", "-")
+
+
+@cache
+def anchors_of(markdown_file: Path) -> frozenset[str]:
+    """Every anchor a Markdown file has: one per heading outside code (a repeated one
+    gets ``-1``, ``-2``, ... as on GitHub), and each ``<a id>``/``<a name>``."""
+    text = markdown_file.read_text()
+    prose = _FENCED_BLOCK.sub(_blank, text)
+    found: set[str] = set()
+    seen: dict[str, int] = {}
+    for match in _ATX_HEADING.finditer(prose):
+        slug = heading_slug(match.group(1))
+        count = seen.get(slug, 0)
+        seen[slug] = count + 1
+        found.add(slug if count == 0 else f"{slug}-{count}")
+    found.update(_HTML_ANCHOR.findall(text))
+    return frozenset(found)
+
+
 def broken_link(markdown_file: str, target: str) -> str | None:
-    """Why a link target does not resolve inside the checkout; None if it does or is external."""
+    """Why a link target does not resolve inside the checkout; None if it does or is external.
+    An anchor must name a heading of the Markdown file linked (or of this file)."""
     if _SCHEME.match(target):  # http:, https:, mailto:
         return None
-    path = target.split("#", 1)[0].split("?", 1)[0]
-    if not path:
-        return None  # an anchor in the same file
+    path, _, anchor = target.partition("#")
+    path = path.split("?", 1)[0]
     if path.startswith("/"):
         return "an absolute path, outside any checkout"
-    resolved = ((ROOT / markdown_file).parent / path).resolve()
+    if not path:  # an anchor in the same file
+        resolved = ROOT / markdown_file
+    else:
+        resolved = ((ROOT / markdown_file).parent / path).resolve()
     if not resolved.is_relative_to(ROOT):
         return "leads outside the repository"
     if not resolved.exists():
         return "no such file"
+    if anchor and resolved.suffix == ".md" and anchor not in anchors_of(resolved):
+        return f"no heading #{anchor} in {resolved.relative_to(ROOT)}"
     return None
+
+
+def test_heading_anchors_are_made_as_github_makes_them(tmp_path):
+    """The anchors the link check accepts are GitHub's: code marks and punctuation
+    dropped, spaces made hyphens, a repeated heading numbered; code blocks have none."""
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Operating a node: systemd, `nodemgr status`\n"
+        "## Installing (systemd): `nodemgr install`\n"
+        "### `nodemgr/cli/doctor/`\n"
+        "## /dev/shm\n## /dev/shm\n"
+        "```\n# not a heading\n```\n"
+        '<a id="kept-by-hand"></a>\n'
+    )
+    assert anchors_of(page) == {
+        "operating-a-node-systemd-nodemgr-status",
+        "installing-systemd-nodemgr-install",
+        "nodemgrclidoctor",
+        "devshm",
+        "devshm-1",
+        "kept-by-hand",
+    }
 
 
 def test_relative_markdown_links_resolve_to_files_in_the_repository():
     """Every relative link in README.md, docs/*.md and deploy/README.md names an existing
-    file or directory of the checkout (anchors stripped; http(s) and mailto links ignored)."""
+    file or directory of the checkout, and an anchor in it a heading of the Markdown file
+    it names (http(s) and mailto links ignored)."""
     files = markdown_files()
     assert "README.md" in files and "deploy/README.md" in files
     broken, checked = [], 0
@@ -248,3 +314,147 @@ def test_no_pointer_to_notes_outside_the_repository():
         for match in _OUTSIDE_POINTER.finditer(text):
             found.append(f"{name}:{line_of(text, match.start())}: {match.group(0)}")
     assert not found, "pointers outside the repository (use docs/...):\n" + "\n".join(found)
+
+
+# ------------------------------------------------------------ (d) module lists
+
+PRODUCT_PACKAGES = ("nodemgr", "mps", "hooks")
+LAYOUT = "docs/layout.md"
+# A list item naming modules: "- ``a``: ...", "- ``a``, ``b`` and ``c``: ..." (docstrings,
+# reStructuredText literals) or the same with single backticks (docs/layout.md).
+_JOIN = r"(?:,\s+and\s+|,\s+|\s+and\s+)"
+_DOCSTRING_ITEM = re.compile(rf"^- ((?:``\w+``{_JOIN})*``\w+``):", re.M)
+_LAYOUT_ITEM = re.compile(rf"^- ((?:`\w+`{_JOIN})*`\w+`):", re.M)
+_ITEM_NAME = re.compile(r"`+(\w+)`+")
+_LAYOUT_PACKAGE = re.compile(r"^#{2,3} `([\w/]+)/`$", re.M)
+
+
+def product_packages() -> dict[str, set[str]]:
+    """Each product package (repo-relative path) and its modules: its .py files but
+    ``__init__`` and generated gRPC code (``*_pb2*``), and its sub-packages."""
+    packages = {}
+    for top in PRODUCT_PACKAGES:
+        for init in sorted((ROOT / top).rglob("__init__.py")):
+            package = init.parent
+            modules = {
+                entry.stem if entry.suffix == ".py" else entry.name
+                for entry in package.iterdir()
+                if (entry.suffix == ".py" and entry.stem != "__init__" and "_pb2" not in entry.stem)
+                or (entry / "__init__.py").is_file()
+            }
+            packages[package.relative_to(ROOT).as_posix()] = modules
+    return packages
+
+
+def listed_in_docstring(package: str) -> set[str]:
+    """The modules a package's ``__init__`` docstring lists."""
+    docstring = ast.get_docstring(ast.parse((ROOT / package / "__init__.py").read_text())) or ""
+    return {
+        name for item in _DOCSTRING_ITEM.findall(docstring) for name in _ITEM_NAME.findall(item)
+    }
+
+
+def listed_in_layout() -> dict[str, set[str]]:
+    """The modules docs/layout.md lists under each package's heading."""
+    text = (ROOT / LAYOUT).read_text()
+    headings = list(_LAYOUT_PACKAGE.finditer(text))
+    listed: dict[str, set[str]] = {}
+    for heading, following in zip(headings, [*headings[1:], None], strict=True):
+        section = text[heading.end() : following.start() if following else len(text)]
+        section = re.split(r"^#{1,6} ", section, maxsplit=1, flags=re.M)[0]
+        names = {n for item in _LAYOUT_ITEM.findall(section) for n in _ITEM_NAME.findall(item)}
+        listed[heading.group(1)] = names
+    return listed
+
+
+def list_problems(where: str, modules: set[str], listed: set[str]) -> list[str]:
+    problems = []
+    if missing := sorted(modules - listed):
+        problems.append(f"{where} does not list {missing}")
+    if unknown := sorted(listed - modules):
+        problems.append(f"{where} lists {unknown}, not modules of the package")
+    return problems
+
+
+def test_package_docstrings_list_every_module_and_only_modules():
+    """Each product package's ``__init__`` docstring names every one of its modules and
+    sub-packages in a list item (``- ``name``: what``), and names nothing else there."""
+    packages = product_packages()
+    assert {"nodemgr", "nodemgr/allocation", "mps", "hooks"} <= set(packages)
+    problems = []
+    for package, modules in packages.items():
+        where = f"{package}/__init__.py"
+        problems += list_problems(where, modules, listed_in_docstring(package))
+    assert not problems, "module lists out of date:\n" + "\n".join(problems)
+
+
+def test_layout_page_lists_every_module_of_every_package():
+    """docs/layout.md has a heading per product package with modules (``### `nodemgr/<x>/```)
+    whose list items name every module of that package, and only those."""
+    packages = {p: m for p, m in product_packages().items() if m}
+    layout = listed_in_layout()
+    problems = [f"{LAYOUT} has no section for {p}/" for p in sorted(set(packages) - set(layout))]
+    problems += [
+        f"{LAYOUT} has a section for {p}/, not a package" for p in set(layout) - set(packages)
+    ]
+    for package in sorted(set(packages) & set(layout)):
+        where = f"{LAYOUT} under {package}/"
+        problems += list_problems(where, packages[package], layout[package])
+    assert not problems, "docs/layout.md out of date:\n" + "\n".join(problems)
+
+
+def test_module_list_parsers_read_names_and_catch_drift(tmp_path):
+    """The list-item patterns read one name, several joined by commas and "and", and
+    ignore names that are not at the start of an item; a drifted list is reported both
+    ways (a module not listed, a name listed that is no module)."""
+    docstring = (
+        "Text naming ``notlisted``.\n- ``a``: x\n- ``b``, ``c`` and ``d``: y (``e``)\n"
+        "  - ``f``: an indented item is prose\n"
+    )
+    assert {n for i in _DOCSTRING_ITEM.findall(docstring) for n in _ITEM_NAME.findall(i)} == {
+        "a", "b", "c", "d",
+    }  # fmt: skip
+    layout = "- `x`, `y`: z\n- `w` words: no colon after the names\n- `u` and\n  `v`: wrapped\n"
+    assert _LAYOUT_ITEM.findall(layout) == ["`x`, `y`", "`u` and\n  `v`"]
+    assert list_problems("p", {"a", "b"}, {"b", "z"}) == [
+        "p does not list ['a']",
+        "p lists ['z'], not modules of the package",
+    ]
+
+
+# --------------------------------------------------- (e) what a user reads first
+
+README_MAX_LINES = 300  # about 300 lines: what an admin needs; every deeper topic in docs/
+# Where a user reads (pages, command help, messages) and what ships with the product.
+USER_FACING = (
+    "README.md",
+    "docs/",
+    "deploy/",
+    "nodemgr/",
+    "mps/",
+    "hooks/",
+    "scripts/",
+    "systemd/",
+    "bench/",
+)
+_ISSUE_NUMBER = re.compile(r"\bissues? #?\d+", re.I)
+
+
+def test_readme_stays_short():
+    """README.md is a page an admin reads in about ten minutes: at most about 300 lines;
+    each deeper topic has its own page in docs/, linked from it."""
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines: move depth to docs/"
+
+
+def test_no_issue_numbers_where_users_read():
+    """No issue is cited by number in the docs, the product's code (its command help and
+    messages), its scripts or benchmarks: a reader has no issue tracker to look it up in;
+    the facts are written out instead."""
+    found = []
+    for name, text in text_files():
+        if not name.startswith(USER_FACING):
+            continue
+        for match in _ISSUE_NUMBER.finditer(text):
+            found.append(f"{name}:{line_of(text, match.start())}: {match.group(0)}")
+    assert not found, "issue numbers cited:\n" + "\n".join(found)

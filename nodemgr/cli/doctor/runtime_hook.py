@@ -47,7 +47,7 @@ def _install_hook_fix(containerd_config: str = CONTAINERD_CONFIG) -> str:
         "`nodemgr install` writes the CRI-O/podman hooks into /etc/containers/oci/hooks.d; for "
         "containerd run `/etc/gpushare/containerd/make-base-spec > "
         "/etc/containerd/gpushare-base-spec.json`, set it as base_runtime_spec of the runc "
-        f'runtime in {containerd_config} and restart containerd (README "Enforcement")'
+        f"runtime in {containerd_config} and restart containerd (docs/enforcement.md)"
     )
 
 

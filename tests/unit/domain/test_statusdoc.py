@@ -255,13 +255,13 @@ def test_table_shows_isolation_levels_and_their_reasons():
     assert "ISOLATION MEM/CORE" in next(line for line in lines if line.startswith("POD"))
     assert "enforced/advisory" in next(line for line in lines if line.startswith("ns/p1"))
     assert "exclusive/exclusive" in next(line for line in lines if "whole card" in line)
-    reasons = lines[lines.index("isolation (README, Isolation levels):") + 1 :]
+    reasons = lines[lines.index("isolation (docs/isolation.md):") + 1 :]
     assert len(reasons) == 2  # a1 and a2 share their reasons; whole cards need none
     assert reasons[0].startswith("  compute advisory: MPS applies the share from the client")
     assert reasons[1].startswith("  memory enforced: the watchdog adds up")
     unknown = render_table(status(allocations[:1]), now=1065.0)
     assert "?" in next(line for line in unknown.splitlines() if line.startswith("ns/p1"))
-    assert "isolation (README" not in unknown
+    assert "isolation (docs/" not in unknown
 
 
 def test_claims_and_device_plugin_allocations_share_one_table_with_isolation():

@@ -58,7 +58,7 @@ def test_no_hook_anywhere_fails_with_install_fix():
     )
     assert result.status == FAIL
     assert result.detail.startswith("containers are not checked at creation")
-    assert "nodemgr install" in result.fix and 'README "Enforcement"' in result.fix
+    assert "nodemgr install" in result.fix and "docs/enforcement.md" in result.fix
 
 
 def test_valid_hooks_pass_and_broken_ones_fail():
