@@ -824,6 +824,11 @@ class Allocator:
 
     # -- reconcile with kubelet ---------------------------------------------
 
+    def awaiting_adoption(self) -> set[str]:
+        """The allocation IDs the next reconcile is to adopt with (``keep_id_hints``)."""
+        with self._lock:
+            return set(self._id_hints.values())
+
     def keep_id_hints(self, id_hints: Mapping[ContainerRef, str]) -> None:
         """Old allocation IDs for the next reconcile to adopt with (kubelet was not
         readable when a lost ledger was recovered; see nodemgr.allocation.recovery)."""

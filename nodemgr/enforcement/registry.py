@@ -84,6 +84,11 @@ class AdmissionState(Protocol):
         """kubelet's record disagrees with an allocation: reconcile now, not at the period."""
         ...
 
+    def awaiting_adoption(self) -> set[str]:
+        """Allocation IDs taken back from cgroup marks that the next reconcile is to adopt
+        from kubelet's record (a lost ledger recovered while kubelet could not be read)."""
+        ...
+
 
 class ContainerRegistry:
     def __init__(
@@ -393,11 +398,24 @@ class ContainerRegistry:
             return list(self._registrations.values())
 
     def prune(self) -> None:
-        """Drop containers whose init process is gone without a poststop."""
+        """Drop containers whose init process is gone without a poststop, and those whose
+        allocation is gone and not about to be adopted (a container taken back from its
+        cgroup mark that kubelet's record did not give back): a registration of no
+        allocation breaks the ledger's invariants, and without it the watchdog judges the
+        container's GPU processes the same (unallocated)."""
+        pending = self._allocator.awaiting_adoption()
         for registration in self.registrations():
             if procfs.read_start_ticks(registration.init_pid) != registration.init_start_ticks:
                 self.release(
                     registration.container_id, "its init process is gone; no poststop came"
+                )
+            elif (
+                registration.allocation_id not in pending
+                and self._allocator.allocation(registration.allocation_id) is None
+            ):
+                self.release(
+                    registration.container_id,
+                    f"its allocation {registration.allocation_id} is gone",
                 )
 
 
