@@ -64,6 +64,10 @@ class Health:
         return self.state is HealthState.HEALTHY
 
 
+# A unix socket's path (sun_path) holds 108 bytes with its terminating NUL.
+MAX_SOCKET_PATH_BYTES = 107
+
+
 class CardDaemon:
     """The MPS control daemon of one card."""
 
@@ -119,6 +123,14 @@ class CardDaemon:
 
     def start(self) -> None:
         """Start the daemon detached (it forks away) and wait until it answers."""
+        longest = os.path.join(self.pipe_dir, "control_privileged")
+        if len(os.fsencode(longest)) > MAX_SOCKET_PATH_BYTES:
+            # The binary itself would only say it cannot access its pipe directory.
+            raise MpsUnavailable(
+                f"the MPS control socket {longest} would be {len(os.fsencode(longest))} "
+                f"bytes, over the {MAX_SOCKET_PATH_BYTES} a unix socket path may have: give "
+                "gpushare-node a shorter run_dir"
+            )
         for directory in (self.pipe_dir, self.log_dir):
             os.makedirs(directory, mode=0o755, exist_ok=True)
         env = {

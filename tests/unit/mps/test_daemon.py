@@ -76,3 +76,19 @@ def test_no_client_directory_publishes_nothing(tmp_path):
     card = CardDaemon(GPU, "unused", str(tmp_path / "pipe"), str(tmp_path / "log"), 1)
     card.publish()
     assert os.listdir(tmp_path) == []
+
+
+def test_a_pipe_directory_too_long_for_its_sockets_is_refused_naming_the_fix(tmp_path):
+    """A unix socket path holds at most 107 bytes: a pipe directory whose
+    ``control_privileged`` would be longer cannot work (the binary only says it cannot
+    access CUDA_MPS_PIPE_DIRECTORY), so the start is refused first, naming the path, its
+    length and the fix, and the binary is not run."""
+    deep = tmp_path / ("d" * 60) / ("e" * 40)
+    card = CardDaemon(GPU, "/nonexistent/binary", str(deep / "pipe"), str(deep / "log"), 1)
+    with pytest.raises(MpsError) as error:
+        card.start()
+    socket_path = os.path.join(card.pipe_dir, "control_privileged")
+    assert str(error.value) == (
+        f"the MPS control socket {socket_path} would be {len(socket_path.encode())} bytes, "
+        f"over the 107 a unix socket path may have: give gpushare-node a shorter run_dir"
+    )
