@@ -3,9 +3,7 @@
 ``driverversion`` reads the loaded NVIDIA module's version (doctor, the DRA slice).
 One narrow interface (``Inventory`` in base.py) with two backends: NVML
 (``nvml.py``, the only module of the project that imports pynvml) and
-simulated (cards from the config, per-process usage from a JSON file).
-Cards of different models and sizes are described one by one, never assumed
-equal.
+simulated. Cards are described one by one, never assumed equal.
 
 What it must not do: decide anything about allocations; hold a lock or do
 slow work when asked for the card list (the allocator asks it at start-up).
