@@ -24,8 +24,7 @@ violations like any other.
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
 
-Longer than 400 lines: the scan, its fail-closed handling, the event loop and the
-snapshots other threads read share the watchdog's caches and stats lock.
+Longer than 400 lines: the scan, the event loop and the snapshots share one set of caches.
 """
 
 from __future__ import annotations

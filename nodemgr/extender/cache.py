@@ -26,8 +26,7 @@ pod never stops the LIST (the cache would stay unsynced, and GPU scheduling with
 What it must not do: I/O (the watch threads and the server do it), or hold
 the lock while iterating a LIST (``replace`` builds first, then swaps).
 
-Longer than 400 lines: the node and pod caches, the per-card arithmetic and the assume
-cache share one lock and change together.
+Longer than 400 lines: the caches and the assumed binds share one lock, changing together.
 """
 
 from __future__ import annotations

@@ -23,8 +23,7 @@ Refusals and cuts are counted by listener and reason (``Stats``). The plain list
 What it must not do: run a handler on the loop thread, read a body it is
 going to refuse, or keep a connection past its deadline.
 
-Longer than 400 lines: one HTTP/1.1 server whose state machine, TLS upgrade and loop
-life cycle each read the others' state.
+Longer than 400 lines: one HTTP/1.1 server whose parts each read the others' state.
 """
 
 from __future__ import annotations

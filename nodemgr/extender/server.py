@@ -15,9 +15,6 @@ port, for kubelet's probes (which present no client certificate), ``/healthz`` a
 unread when its length says so) with the reason.
 
 What it must not do: make an API request while holding the cache lock.
-
-Longer than 400 lines: the extender's whole HTTP surface, its verbs sharing one
-request path.
 """
 
 from __future__ import annotations

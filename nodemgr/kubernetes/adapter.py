@@ -17,8 +17,7 @@ missing (the daemon then runs as a plain device plugin), touch node labels
 outside ``kubernetes.label_prefix``, or use the kubernetes client's global
 default configuration.
 
-Longer than 400 lines: the facade, write queue, event rate limit and writer thread
-share one lock and one mode, kept readable in one place.
+Longer than 400 lines: the facade, write queue and writer thread share one lock and mode.
 """
 
 from __future__ import annotations

@@ -9,8 +9,7 @@
 
 What it must not do: start threads, sleep or retry (the adapter does).
 
-Longer than 400 lines: the one user of the client's configuration, requests and
-exceptions, all sharing one error mapping.
+Longer than 400 lines: the client's whole surface, sharing one error mapping.
 """
 
 from __future__ import annotations

@@ -512,7 +512,7 @@ def _by_owner(allocations: list[Mapping[str, Any]]) -> dict[tuple[str, ...], dic
             str(a["gpu"]),
             "whole" if a["whole"] else "shared",
         )
-        isolation = a.get("isolation")  # null while unknown; older documents lack it
+        isolation = a.get("isolation")  # null or absent while unknown
         levels = {(isolation["memory"], isolation["compute"])} if isolation else set()
         row = {
             "memory_mib": a["memory_mib"],

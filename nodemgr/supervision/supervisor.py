@@ -30,6 +30,8 @@ handed to the watchdog (``control_holds``). The supervisor itself never kills.
 
 Stopping leaves every control daemon running: they and their clients outlive a restart
 or upgrade of gpushare-node.
+
+Longer than 400 lines: one thread drives each card's mode, daemon, tmpfs and holds.
 """
 
 from __future__ import annotations

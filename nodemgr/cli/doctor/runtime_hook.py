@@ -11,6 +11,8 @@ resolved under ``Host.root``.
 The containerd config read is the one each running containerd owned by root was started
 with (``--config``/``-c`` from its cmdline, relative to its cwd; else the default path):
 anyone can start a binary named containerd pointing at a config of their own.
+
+Longer than 400 lines: two runtimes' configuration formats, each found, read and judged.
 """
 
 from __future__ import annotations
