@@ -1,8 +1,7 @@
 """What a container's environment asks of the GPUs (pure; standard library only).
 
-Shared by the runtime hook (to let non-GPU containers through without asking
-the daemon) and the daemon (to check GPU containers), so both read an env the
-same way.
+The runtime hook (letting non-GPU containers through unasked) and the daemon (checking
+GPU containers) both use it, so both read an env the same way.
 """
 
 VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
@@ -27,12 +26,10 @@ GPU_ENV_NAMES = (
 )
 
 _NO_GPU_VALUES = ("", "void", "none")
-# Exact ASCII forms: digits are ASCII 0-9 only (str.isdigit, int() and float() alone take
-# other scripts' digits, such as Arabic-Indic or fullwidth ones), and the only spaces taken
-# are ASCII space and tab (Python's str.strip() also takes NBSP and the like). A C library
-# reading these values (MPS: atoi/strtod) would read such a value differently from us, so
-# it is refused rather than guessed at. Parsed by hand, not with ``re``: importing ``re``
-# costs the runtime hook, which reads these at every GPU container's creation, ~7 ms.
+# Exact ASCII forms: ASCII digits only (isdigit, int() and float() also take other
+# scripts' digits) and only space and tab around them (str.strip() also takes NBSP). MPS
+# reads these with atoi/strtod, which would read such values differently, so they are
+# refused. Parsed by hand: importing ``re`` would cost the hook ~7 ms per GPU container.
 _SPACES = " \t"
 _PINNED_UNITS = "MmGg"
 PINNED_LIMIT_FORM = "ASCII digits as 0=4096M or 0=4G (comma-separated per device)"
@@ -46,10 +43,9 @@ class EnvError(ValueError):
 def env_from_list(entries: list[str]) -> dict[str, str]:
     """The GPU-relevant names of an OCI ``process.env`` list (``NAME=value`` strings).
 
-    A name given twice with different values is an EnvError: which one a
-    program sees depends on its C library, so neither can be trusted. So is,
-    for a container that needs the daemon (it asks for GPUs), a quota value
-    not in its exact ASCII form (:func:`quota_env_form_problem`).
+    EnvError for a name given twice with different values (which one a program sees
+    depends on its C library) and, when the container needs the daemon, for a quota
+    value not in its exact form (:func:`quota_env_form_problem`).
     """
     env: dict[str, str] = {}
     for entry in entries:
@@ -126,7 +122,6 @@ def parse_thread_percentage(value: str) -> float:
 
 
 def _digits(text: str, most: int) -> bool:
-    """1 to ``most`` ASCII digits, nothing else."""
     return 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 

@@ -2,48 +2,35 @@
 
 The OCI runtime hook.
 
-The runtime passes the container's state JSON on stdin (``id``, ``pid``,
-``bundle``, ``annotations``); the hook reads ``<bundle>/config.json``. Both are
-read with a size cap: a state over ``MAX_STATE_BYTES``, or a config.json over
-``MAX_CONFIG_BYTES`` or that is not a regular file, is refused without being read
-whole (exit 2), whether or not the container asks for GPUs: what it asks for
-cannot be known without reading it.
+The runtime passes the container's state JSON on stdin (``id``, ``pid``, ``bundle``,
+``annotations``); the hook reads ``<bundle>/config.json``. A state over
+``MAX_STATE_BYTES``, or a config.json over ``MAX_CONFIG_BYTES`` or not a regular file, is
+refused unread (exit 2), GPU container or not: what it asks for is unknown until read.
 
-- ``createRuntime``: a container that asks for no GPU (and claims no gpushare
-  allocation) and whose spec touches no GPU (:func:`hooks.specfacts.touches_gpu`:
-  no NVIDIA device node or device rule, no mount of gpushare-node's MPS directory,
-  of an NVIDIA node, of an NVIDIA device list or of a path of the daemon's own) exits 0
-  at once. Any other is sent
-  to the daemon with those spec facts (mount paths resolved through symlinks, the
-  numbers of a bind-mounted device node; NVIDIA's majors besides 195, such as nvidia-uvm's,
-  read from /proc/devices, which must be readable), which checks its GPU env and spec against
-  a live allocation and registers its cgroup; exit 0 if allowed, else exit 1 with
-  one line on stderr. If the daemon cannot be reached the container is refused
-  (fail closed).
-- ``poststop``: tells the daemon the container is gone; always exits 0 (the
-  daemon also drops registrations of containers that stopped unseen).
+- ``createRuntime``: a container that asks for no GPU, claims no allocation and whose
+  spec touches no GPU nor a path of the daemon's own
+  (:func:`hooks.specfacts.touches_gpu`) exits 0 at once. Any other is sent to the
+  daemon with its spec facts (mount paths with their real paths, the numbers of a
+  bind-mounted device node; NVIDIA's dynamic majors from /proc/devices, which must be
+  readable); exit 0 if allowed, else 1 with one line on stderr. A daemon that does not
+  answer refuses the container (fail closed).
+- ``poststop``: tells the daemon the container is gone; always exits 0 (the daemon
+  also drops registrations of containers that stopped unseen).
 
-``--run-dir`` is gpushare-node's run_dir (its MPS directories are in ``<run_dir>/mps``);
-without it, the directory of the socket. ``--runtime`` (``containerd`` or ``cri-o``; podman
-counts as CRI-O) is the runtime whose configuration runs the hook: the pod identity is read
-only from that runtime's annotation keys, and the other runtime's keys, where present, must
-name the same pod (:mod:`hooks.podidentity`). The hook sends the daemon the keys it found, the
-runtime and the identity it read; the daemon reads them again and refuses a container whose
-annotations name two pods. Without ``--runtime`` (a configuration from an older install)
-either family is read, and both must agree where both are present. ``--guard PATH``
-(repeated) names a path of the daemon's own besides its run_dir and socket (its status
-socket, state_dir, device plugin sockets): a container whose mounts show one (it, a path in
-it, or a directory above it) is sent to the daemon, which refuses it unless it is node-wide.
+``--run-dir`` is gpushare-node's run_dir (MPS directories in ``<run_dir>/mps``; default:
+the socket's directory). ``--runtime`` (``containerd`` or ``cri-o``; podman counts as
+CRI-O) names the runtime whose keys give the pod identity (:mod:`hooks.podidentity`);
+without it either family is read and both must agree. ``--guard PATH`` (repeated) names a
+path of the daemon's own besides its run_dir and socket: a container whose mounts show
+one is sent to the daemon, which refuses it unless it is node-wide.
 
-Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input
-(also a refusal: the runtime stops the container either way).
+Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input (also a
+refusal: the runtime stops the container either way).
 
-It runs at every container creation on the node, so start-up is kept short: the
-runtimes run it through the launcher ``nodemgr install`` writes, which starts Python
-with ``-I -S`` (no site-packages, no environment variables read); it imports no
-``json``, ``re``, ``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`),
-and the socket code only when it calls the daemon. Run as a file (``python3 -I -S
-.../hooks/gpushare_hook.py``) it finds its own package next to this file.
+It runs at every container creation, so start-up is kept short: the launcher
+``nodemgr install`` writes starts Python with ``-I -S``; it imports no ``json``, ``re``,
+``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`), and the socket
+code only to call the daemon. Run as a file it finds its package next to this file.
 """
 
 import os
@@ -64,8 +51,7 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024
 # A line per cgroup hierarchy, each path at most PATH_MAX (also the cap on /proc/devices).
 MAX_CGROUP_BYTES = 128 * 1024
 PROC_DEVICES = "/proc/devices"  # char and block majors by driver name
-# hooks.podidentity.RUNTIMES, imported only for containers sent to the daemon (a test keeps
-# the two equal).
+# hooks.podidentity.RUNTIMES, not imported for non-GPU containers (a test keeps them equal).
 RUNTIMES = ("containerd", "cri-o")
 USAGE = (
     "usage: gpushare-hook [--socket PATH] [--run-dir DIR] [--runtime {containerd,cri-o}] "
@@ -73,11 +59,9 @@ USAGE = (
 )
 
 DEFAULT_SOCKET = "/run/gpushare/hook.sock"
-# gpushare-node's MPS directories in its run_dir (mps/layout.py's MpsLayout.root; the hook
-# imports nothing of mps or nodemgr, a test keeps the two equal).
+# mps/layout.py's MpsLayout.root under run_dir (a test keeps the two equal).
 MPS_SUBDIR = "mps"
-# The daemon answers from memory, one question to kubelet and one SQLite write; this
-# bounds the whole call (a hung daemon, or one at its connection cap for that long).
+# The daemon answers from memory, one question to kubelet and one SQLite write.
 TIMEOUT_SECONDS = 2.0
 
 
@@ -102,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         return _create(options, state)
     except Refusal as e:
         # One line: the runtime passes it on into the pod's events (values in it escaped).
-        from hooks.textsafe import one_line  # only a refusal writes
+        from hooks.textsafe import one_line
 
         print(f"gpushare-hook: {one_line(str(e))}", file=sys.stderr)
         return e.code
@@ -285,10 +269,8 @@ class _ProcMajors(specfacts.HostMajors):
 
 
 def _nvidia_majors() -> frozenset[int]:
-    """NVIDIA's char majors on this host besides 195 (nvidia-uvm's, nvidia-caps', ...), from
-    /proc/devices, read only when the spec names a major from the kernel's dynamic range
-    (specfacts.HostMajors). Without them a node or rule of nvidia-uvm could not be told
-    from any other: where it cannot be read, the container is refused (exit 2)."""
+    """NVIDIA's char majors besides 195 from /proc/devices. Without them an nvidia-uvm
+    node or rule cannot be told from any other, so an unreadable file refuses (exit 2)."""
     try:
         with open(PROC_DEVICES, "rb") as f:
             text = f.read(MAX_CGROUP_BYTES).decode("ascii", "replace")
@@ -332,12 +314,9 @@ def _read_cgroup(state: dict) -> str:
 
 
 def _resolve_host_paths(facts: dict) -> None:
-    """Add to each mount's host paths their real paths (a symlink shows its target) and the
-    numbers of the char device nodes they name (a node's name says nothing).
-
-    The mounts are made by now (runc runs createRuntime hooks after them), from the same
-    paths in this same mount namespace.
-    """
+    """Add to each mount's host paths their real paths and the numbers of the char device
+    nodes they name (a node's name says nothing). runc runs createRuntime hooks after the
+    mounts, from the same paths in this mount namespace."""
     for mount in facts["mounts"]:
         for path in list(mount["sources"]):
             real = os.path.realpath(path)

@@ -1,29 +1,21 @@
 """Which pod a container belongs to, from the OCI annotations its CRI runtime wrote (pure;
-standard library only: the runtime hook reads the keys, the daemon judges them with the same
-function).
+standard library only: the hook reads the keys, the daemon judges them the same way).
 
-Each CRI runtime writes a container's pod identity under keys of its own family:
+Each CRI runtime writes the identity under keys of its own family, after the pod's own
+annotations, so its keys always name the real pod:
 
-- containerd: ``io.kubernetes.cri.sandbox-namespace``, ``sandbox-name``, ``sandbox-uid`` and
-  ``io.kubernetes.cri.container-name``, written after the pod annotations its
-  ``pod_annotations`` setting passes through, so they always name the real pod;
-- CRI-O (and podman, where they are given with ``--annotation``):
-  ``io.kubernetes.pod.namespace``, ``io.kubernetes.pod.name``, ``io.kubernetes.pod.uid`` and
-  ``io.kubernetes.container.name``, kubelet's container labels, written after everything
-  else, so they always name the real pod too.
+- containerd: ``io.kubernetes.cri.sandbox-namespace``, ``sandbox-name``, ``sandbox-uid``
+  and ``io.kubernetes.cri.container-name``;
+- CRI-O (and podman, given with ``--annotation``): kubelet's labels
+  ``io.kubernetes.pod.namespace``, ``.name``, ``.uid`` and ``io.kubernetes.container.name``.
 
-The other family's keys carry nothing the runtime vouches for: CRI-O copies every annotation
-of the pod into each of its containers' OCI annotations, so a pod's author can write
-containerd's keys naming any pod (and containerd passes the pod's ``io.kubernetes.pod.*``
-annotations on where ``pod_annotations`` lets them through). So the identity is read only
-from the family of the runtime the hook was installed for (``--runtime``). If keys of the
-other family are there too, each must name the same as the runtime's (the same namespace,
-pod, uid or container), else the container is refused, naming both: a pod may repeat its own
-identity, never claim another's.
-
-Without ``--runtime`` (a hook configuration written by an older ``nodemgr install``), the
-family whose namespace, pod and container keys are all present is read (containerd's first),
-and the other's keys, where present, must agree with it in the same way.
+The other family's keys are the pod author's to write: CRI-O copies every pod annotation
+into its containers' OCI annotations, and containerd passes ``io.kubernetes.pod.*`` on
+where ``pod_annotations`` lets them through. So the identity is read only from the family
+of the runtime the hook was installed for (``--runtime``); the other family's keys, where
+present, must name the same, else the container is refused naming both: a pod may repeat
+its own identity, never claim another's. Without ``--runtime`` the family whose namespace,
+pod and container keys are all present is read (containerd's first), with the same check.
 """
 
 from hooks.textsafe import quote
@@ -93,7 +85,6 @@ def resolve(found: dict[str, str], runtime: str | None) -> dict[str, str]:
 
 
 def _named(found: dict[str, str], family: str) -> str:
-    """What one family's keys name: namespace/pod/container (uid ...), ? where absent."""
     keys = FAMILIES[family]
     parts = [quote(found[keys[f]]) if keys[f] in found else "?" for f in REQUIRED]
     named = "/".join(parts)

@@ -14,11 +14,10 @@ Requests::
      "spec": {"mounts": [...], "devices": [...], "rules": [...]}}
     {"stage": "poststop", "container_id": "..."}
 
-``identity`` is what the hook read (:mod:`hooks.podidentity`; {} for none), from the
-``identity_annotations`` it also sends, for the ``runtime`` its configuration names (null: an
-older configuration without ``--runtime``). The daemon reads the annotations again itself
-and refuses a container whose annotations name two pods, or whose ``identity`` is not what
-they say.
+``identity`` is what the hook read (:mod:`hooks.podidentity`; {} for none) from the
+``identity_annotations`` it also sends, for the ``runtime`` its configuration names (null:
+none named). The daemon reads the annotations again and refuses a container whose
+annotations name two pods or disagree with ``identity``.
 
 ``spec`` holds what the container's config.json shows of the GPUs
 (:mod:`hooks.specfacts`), at most ``specfacts.MAX_ENTRIES`` entries per list:
@@ -32,19 +31,16 @@ they say.
 - ``rules``: ``{"allow", "type", "major", "minor", "access"}`` of the
   ``linux.resources.devices`` rules that may allow using one (``null``: any number).
 
-A createRuntime request without ``spec`` or ``identity_annotations`` comes from a hook
-older than the daemon and is refused (the hook and the daemon ship together).
+A createRuntime request without ``spec`` or ``identity_annotations`` is refused (the
+hook and the daemon ship together).
 
 Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 ``message`` is the one line the runtime shows the user.
 
-Timeouts are deadlines for the whole exchange, never per read: a peer sending
-a byte at a time cannot stretch them. A daemon at its connection cap closes a
-new connection unread; ``call`` then connects again while its time lasts.
-
-The runtime hook runs this at container creation, so it uses the C modules
-``_socket`` and ``_json`` (:mod:`hooks.wirejson`) rather than ``socket`` and
-``json``, whose imports would cost it more than the call itself.
+Timeouts are deadlines for the whole exchange, never per read, so a peer sending a
+byte at a time cannot stretch them. It uses ``_socket`` and ``_json``
+(:mod:`hooks.wirejson`): importing ``socket`` and ``json`` would cost the hook more than
+the call itself.
 """
 
 import _socket
@@ -52,10 +48,9 @@ import time
 
 from hooks import wirejson
 
-# env, cgroup, identity and spec facts of one container; the hook refuses a container
-# whose request would be bigger (thousands of long mount paths).
+# The hook refuses a container whose request would be bigger (thousands of long mounts).
 MAX_MESSAGE_BYTES = 1024 * 1024
-CREATE = "createRuntime"  # the stages, as in gpushare_hook
+CREATE = "createRuntime"
 POSTSTOP = "poststop"
 
 
@@ -122,12 +117,12 @@ _RETRY_MAX_SECONDS = 0.2
 
 
 def call(socket_path: str, message: dict | bytes, timeout_seconds: float) -> dict:
-    """Send one request (a message, or one ``encode`` made) and return the answer; OSError
+    """Send one request (a message, or ``encode``'s bytes) and return the answer; OSError
     or ProtocolError on failure.
 
-    ``timeout_seconds`` bounds the whole call. A connection the daemon closes or
-    resets without answering (it is at its connection cap) is tried again, after a
-    short pause, while time is left; a daemon that is not there is not waited for.
+    ``timeout_seconds`` bounds the whole call. A connection closed or reset unanswered
+    (the daemon is at its connection cap) is tried again while time is left; a daemon
+    that is not there is not waited for.
     """
     deadline = time.monotonic() + timeout_seconds
     data = message if isinstance(message, bytes) else encode(message)

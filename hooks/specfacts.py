@@ -1,8 +1,8 @@
 """What a container's OCI spec shows of the GPUs (pure; standard library only).
 
-Shared by the runtime hook and the daemon, so both read a spec the same way. ``read_facts``
-reads config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as runc does
-(Go's encoding/json) into the facts the hook sends (see :mod:`hooks.protocol`):
+The hook and the daemon share it, so both read a spec the same way. ``read_facts`` reads
+config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as runc does (Go's
+encoding/json) into the facts the hook sends (:mod:`hooks.protocol`):
 
 - ``mounts``: every mount that shows host paths (a bind mount's source, resolved against the
   bundle when relative; overlay's lowerdir/upperdir/workdir; ``/dev`` for devtmpfs; any
@@ -16,18 +16,17 @@ reads config.json's mounts, ``linux.devices`` and ``linux.resources.devices`` as
 - ``rules``: the ``linux.resources.devices`` rules that allow reading or writing a char
   device of one of NVIDIA's majors or of any major (a wildcard, or ``a``: every device).
 
-``touches_gpu`` says cheaply whether the facts touch a GPU at all, or a path of the daemon's
-own (its run_dir, hook and status sockets, state_dir, device plugin sockets: what makes the
-hook ask the daemon for a container without GPU env); :mod:`nodemgr.domain.speccheck` decides
-whether they stay within an allocation.
+``touches_gpu`` says cheaply whether the facts touch a GPU or a path of the daemon's own
+(then the hook asks the daemon even without GPU env); :mod:`nodemgr.domain.speccheck`
+decides whether they stay within an allocation.
 
-Where Go reads a document differently from Python, the spec is refused (``SpecError``)
-rather than read one way: a key that differs from a field runc reads only in case (Go
-matches field names case-insensitively, with ``ſ`` as ``s`` and the Kelvin sign as ``k``),
-or a value of the wrong JSON type (runc would fail on it anyway).
+Where Go reads a document differently from Python the spec is refused (``SpecError``): a
+key that differs from a field runc reads only in case (Go matches field names
+case-insensitively, ``ſ`` as ``s``, the Kelvin sign as ``k``), or a value of the wrong
+JSON type (runc would fail on it anyway).
 """
 
-import posixpath  # host paths are POSIX paths; pure text work, no file system
+import posixpath
 
 NVIDIA_MAJOR = 195  # /dev/nvidia<minor> and the control nodes below
 CONTROL_MINORS = {255: "/dev/nvidiactl", 254: "/dev/nvidia-modeset"}
@@ -73,8 +72,7 @@ def covers(path: str, target: str) -> bool:
 
 
 def _fold(key: str) -> str:
-    """A key as Go's encoding/json compares it with a field name (simple case folding:
-    ASCII case, and the two non-ASCII letters that fold to ASCII ones)."""
+    """A key as Go's encoding/json compares it with a field name (simple case folding)."""
     return key.lower().replace("\u017f", "s")  # "\u212a" (Kelvin) lowers to "k" already
 
 
@@ -133,9 +131,8 @@ def process_env(config: dict) -> list:
 
 
 def nvidia_majors(proc_devices: str) -> frozenset[int]:
-    """The char device majors that ``/proc/devices`` gives NVIDIA's drivers besides 195
-    (``nvidia-uvm``, ``nvidia-caps``, ``nvidia-nvswitch``, ...: their majors are chosen when
-    the module loads, so only the host can say them)."""
+    """The char majors ``/proc/devices`` gives NVIDIA's drivers besides 195 (nvidia-uvm,
+    nvidia-caps, ...: chosen when the module loads, so only the host can say them)."""
     majors = set()
     in_char = False
     for line in proc_devices.splitlines():
@@ -156,9 +153,9 @@ DYNAMIC_MAJORS = (range(234, 255), range(384, 512))
 
 
 class HostMajors:
-    """NVIDIA's majors besides 195 as ``in`` asks them, read (:meth:`read`, once) only when a
-    number from the kernel's dynamic range is asked about: an ordinary spec's rules (1, 5,
-    10, 136) never make the hook read /proc/devices. A subclass reads them."""
+    """NVIDIA's majors besides 195 for ``in``, read once (a subclass's :meth:`read`) and only
+    when a number of the dynamic range is asked: ordinary rules (1, 5, 10, 136) never make
+    the hook read /proc/devices."""
 
     _majors: frozenset[int] | None = None
 
@@ -177,8 +174,7 @@ Majors = frozenset[int] | HostMajors
 
 
 def read_facts(config: dict, bundle: str, majors: Majors = frozenset()) -> dict:
-    """The mounts, devices and rules of config.json that may touch a GPU (see the module);
-    ``majors``: NVIDIA's majors on this host besides 195 (:func:`nvidia_majors`)."""
+    """The mounts, devices and rules of config.json that may touch a GPU (see the module)."""
     config = top_level(config)
     linux = _fields(config.get("linux"), ("devices", "resources"), "linux")
     resources = _fields(linux.get("resources"), ("devices",), "linux.resources")
@@ -263,8 +259,7 @@ def nvidia_named(path: str) -> bool:
 
 
 def device_may_be_nvidia(device: dict, majors: Majors = frozenset()) -> bool:
-    """A linux.devices node that is, or may be, NVIDIA's: see the module; ``majors``:
-    NVIDIA's majors on this host besides 195."""
+    """A linux.devices node that is, or may be, NVIDIA's (see the module)."""
     char = device["type"] in ("c", "u")
     major = device["major"]
     return nvidia_named(device["path"]) or (
@@ -336,8 +331,7 @@ def touches_gpu(
     guarded: tuple[str, ...] = (),
     majors: Majors = frozenset(),
 ) -> str | None:
-    """What in the facts touches a GPU or a path of the daemon's own (``guarded``, lexically
-    normal), or None: see the module; ``majors``: NVIDIA's majors besides 195."""
+    """What in the facts touches a GPU or one of the daemon's ``guarded`` paths, or None."""
     for mount in facts["mounts"]:
         if any(under(mount["destination"], d) for d in DEVICE_LIST_DIRS):
             return f"mount at {mount['destination']}"

@@ -1,17 +1,14 @@
 """JSON for the runtime hook without the ``json`` package (pure; standard library only).
 
-``import json`` costs the hook as much as the interpreter's own start-up (about 10 ms on a
-busy 2-core node: its decoder imports ``re``, which imports ``enum``, ``functools`` and
-more), and the hook runs at every container creation on the node. ``json`` itself parses and
-escapes in its C accelerator ``_json``; this module drives that accelerator directly and adds
-only what ``json.loads``/``json.dumps`` add around it. Where ``_json`` is missing (not
-CPython), ``json`` does the work, with the same rules.
+``import json`` costs as much as the interpreter's start-up (about 10 ms on a busy
+2-core node: it imports ``re``, ``enum``, ``functools`` and more), and the hook runs at
+every container creation. This module drives json's C accelerator ``_json`` directly;
+where it is missing (not CPython), ``json`` does the work with the same rules.
 
-``loads`` reads what ``json.loads`` reads, except an object with the same key twice, which it
-refuses (``JSONError``): Go's encoding/json, which runc, containerd and CRI-O use, merges two
-objects under one key into one struct where Python keeps only the last, so the runtime and
-the hook would see different specs. Nesting deeper than the interpreter's recursion limit is
-a ``JSONError``, not a crash. ``dumps`` writes what ``json.dumps`` writes, compact.
+``loads`` reads what ``json.loads`` reads, except an object with a key given twice
+(``JSONError``): Go's encoding/json (runc, containerd, CRI-O) merges the two where Python
+keeps the last, so the runtime and the hook would see different specs. Too deep nesting
+is a ``JSONError``, not a crash. ``dumps`` writes what ``json.dumps`` writes, compact.
 """
 
 import sys

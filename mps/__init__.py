@@ -1,16 +1,16 @@
 """MPS control library: one NVIDIA MPS control daemon per card.
 
 Start, adopt, health-check and stop ``nvidia-cuda-mps-control`` for one card
-(``CUDA_VISIBLE_DEVICES=<card UUID>``, its own pipe and log directories), send
-it control commands and parse the answers. Every call has a timeout: a hung
-control daemon or binary is reported as an error, never waited on.
+(``CUDA_VISIBLE_DEVICES=<card UUID>``, its own pipe and log directories), send it
+control commands and parse the answers. Every call has a timeout: a hung control
+daemon is reported as an error, never waited on.
 
-It also tells which process is a card's control daemon and which are its MPS
-servers, from facts in /proc that no container can forge (mps.identity), and
-keeps what containers see of a daemon to its client directory (mps.layout). Each
-card has a /dev/shm tmpfs of its own (mps.shm), and its daemon runs in a mount
-namespace where /dev/shm is that tmpfs (mps.namespace), so its MPS servers share
-the card's tmpfs with the card's containers and with no one else.
+It tells which process is a card's control daemon and which are its MPS servers from
+facts in /proc no container can forge (mps.identity); gives containers only a client
+directory (mps.layout); gives each card a /dev/shm tmpfs (mps.shm) that its daemon
+and MPS servers see too (mps.namespace); and names a client that holds the
+one-client-at-a-time control daemon by sending nothing (mps.connections,
+mps.holders), for the node daemon to act on.
 
 The control daemon serves one client at a time and waits, with no time-out, on the one
 it accepted: mps.connections reads its connections on the control socket from the

@@ -3,29 +3,22 @@
 What mps.holders judges, read from the kernel:
 
 - the daemon's sockets: the ``socket:[inode]`` links of /proc/PID/fd;
-- which of them are connections accepted on its listening sockets (``control``, and
-  ``control_privileged``, which root on the host may use), their peer socket and what
-  waits unread in either end: sock_diag (mps.sockdiag), asked first in our own
-  network namespace, then in the namespace whose /proc/PID/net/unix lists the socket
-  (an accepted socket lives in the client's network namespace). A /proc/net/unix
-  line is only a hint where to ask: a process can print lines there (a bound path
-  holding a newline), so only sock_diag's answer counts, and only for a socket bound
-  to one of those socket files (device and inode); a peer is asked where its
-  connection was found (both ends live in the client's namespace). A socket in a
-  namespace no process is in any more is asked for its namespace itself
-  (mps.sockdiag.namespace_of: a duplicate of the daemon's fd, for a moment);
+- which are connections accepted on ``control`` or ``control_privileged``, their peer
+  and what waits unread in either end: sock_diag (mps.sockdiag), asked in our network
+  namespace, then in those whose /proc/PID/net/unix lists the socket (an accepted
+  socket lives in the client's namespace), then of the socket itself for a namespace
+  no process is in any more (mps.sockdiag.namespace_of). /proc/net/unix lines can be
+  forged, so they only say where to ask; only sock_diag's answer for a socket bound
+  to one of those files (device and inode) counts;
 - what the daemon is blocked on: /proc/PID/syscall;
-- who holds each peer socket: processes' ``socket:[inode]`` links, each process with
-  its start time, and whether it descends from the node daemon or from the control
-  daemon (its parent chain in /proc/PID/stat). The processes of the network namespace
-  the connection was found in are read first (the client made it there), and the rest
-  of the process table only when none of them holds it: a holder elsewhere (its socket
-  passed on) is found at a later look, once the first ones are gone. A process holding
-  many files slows this walk (a million fds take a second or two) but cannot hide in it.
+- who holds each peer: processes' ``socket:[inode]`` links, with start time and
+  whether they descend from the node daemon or the control daemon. The namespace the
+  connection was found in is read first, the rest of the process table only when none
+  there holds it (a passed-on socket is found at a later look). Many fds slow this
+  walk (a million take a second or two) but cannot hide a holder.
 
-Every read fails closed: what cannot be read makes the look's ``problem`` (then nobody
-is judged), never an exception. The process table is walked only when asked (the
-supervisor asks while a card does not answer), within ``deadline_seconds``.
+What cannot be read becomes the look's ``problem`` (nobody is judged), never an
+exception. The process table is walked only when asked, within ``deadline_seconds``.
 """
 
 from __future__ import annotations
@@ -47,9 +40,8 @@ DEADLINE_SECONDS = 60.0
 def look(
     daemon: DaemonIdentity, pipe_dir: str, ours: int, deadline_seconds: float = DEADLINE_SECONDS
 ) -> Look:
-    """The connections the control daemon ``daemon`` accepted on ``<pipe_dir>/control``
-    (or ``control_privileged``) now; ``ours``: the node daemon's PID (its descendants are
-    its control commands)."""
+    """The connections ``daemon`` accepted on ``<pipe_dir>/control`` (or
+    ``control_privileged``) now; ``ours``: the node daemon's PID."""
     deadline = time.monotonic() + deadline_seconds
     stat = proc.stat_of(daemon.pid)
     if stat is None or stat.start_ticks != daemon.start_ticks or stat.state == "Z":
@@ -96,7 +88,7 @@ def look(
         )
         for fd, record in accepted
     )
-    again = proc.stat_of(daemon.pid)  # the same process still (its state may change)
+    again = proc.stat_of(daemon.pid)
     if again is None or again.start_ticks != stat.start_ticks or again.state == "Z":
         return Look(daemon, stopped, problem="the control daemon exited while it was read")
     return Look(daemon, stopped, connections)
@@ -130,11 +122,9 @@ def daemon_sockets(pid: int) -> dict[int, int] | None:
 def find_sockets(
     sockets: dict[int, int], daemon_pid: int, deadline: float
 ) -> tuple[dict[int, sockdiag.UnixSocket], dict[int, FileId | None]]:
-    """sock_diag's record of each of the daemon's ``sockets`` (fd -> inode) it finds, and
-    of each connected one's peer, and the network namespace each was found in: ours
-    first, then those whose /proc/PID/net/unix lists one of the rest, then the one each
-    socket left says it is in. SockDiagError when sock_diag cannot be asked at all, or
-    the namespaces are not all looked through by ``deadline``."""
+    """sock_diag's records of the daemon's ``sockets`` (fd -> inode) and their peers, and
+    the network namespace each was found in (order: see the module). SockDiagError when
+    sock_diag cannot be asked, or the namespaces are not looked through by ``deadline``."""
     inodes = set(sockets.values())
     own_ns = proc.file_id(f"{proc.PROC}/self/ns/net")
     with sockdiag.DiagSocket() as ours:
@@ -155,7 +145,7 @@ def find_sockets(
                 answered = _with_peers(theirs, listed)
         except sockdiag.SockDiagError:
             if proc.stat_of(pid) is None:
-                continue  # the process (and with it our way into its namespace) is gone
+                continue  # gone, and with it our way into its namespace
             raise
         found.update(answered)
         where.update(dict.fromkeys(answered, namespace))
@@ -213,10 +203,8 @@ def _one_per_network_namespace(own: FileId | None) -> Iterable[tuple[int, FileId
 def holders(
     peers: dict[int, FileId | None], daemon: DaemonIdentity, ours: int, deadline: float
 ) -> dict[int, list[Holder]] | None:
-    """Peer inode -> the processes holding it (the control daemon itself left out).
-    ``peers``: each peer and the network namespace its connection was found in, whose
-    processes are read first; the others only for a peer none of them holds. None when
-    the walk did not finish by ``deadline`` (monotonic)."""
+    """Peer inode -> the processes holding it, the control daemon left out; ``peers``:
+    each peer's namespace (see the module). None when not done by ``deadline``."""
     links = {f"socket:[{peer}]": peer for peer in peers}
     namespaces = set(peers.values())
     found: dict[int, list[Holder]] = {}
@@ -242,7 +230,7 @@ def _note_holder(
     found: dict[int, list[Holder]],
     deadline: float,
 ) -> bool:
-    """Add ``pid`` to ``found`` under each peer it holds; False once past ``deadline``."""
+    """False once past ``deadline``."""
     if time.monotonic() > deadline:
         return False
     if pid == daemon.pid:

@@ -1,16 +1,15 @@
 """Talking to a control daemon: ``nvidia-cuda-mps-control`` in client mode.
 
-The client reads commands on stdin and prints answers on stdout; it finds its
-daemon through ``CUDA_MPS_PIPE_DIRECTORY``. Each call runs the binary in its
-own process group with a timeout, and kills the group when the time is up.
+The client reads commands on stdin, prints answers on stdout and finds its daemon
+through ``CUDA_MPS_PIPE_DIRECTORY``. Each call runs in its own process group, killed
+when its time is up.
 
-The dialect is NVIDIA's (driver 535, pinned by tests/contract): a non-zero exit
-means no daemon answered, but a daemon that refuses a command still exits 0 and
-says why on stdout (``Unknown command "x"``, ``Server 42 not found``, the kept
-value for an invalid percentage, "Not enough privilege ..." for ``quit``). So
-setters check their answer, and the pinned memory limit is read back: the
-daemon shows it in whole GiB once it is 1 GiB or more (4096M reads ``4G``,
-1536M reads ``1G``).
+The dialect is NVIDIA's (driver 535, pinned by tests/contract): a non-zero exit means
+no daemon answered, but a refused command still exits 0 and says why on stdout
+(``Unknown command "x"``, ``Server 42 not found``, the kept value for an invalid
+percentage, "Not enough privilege ..." for ``quit``). So setters check their answer,
+and the pinned memory limit is read back: it shows in whole GiB from 1 GiB up (4096M
+reads ``4G``, 1536M reads ``1G``).
 """
 
 from __future__ import annotations
@@ -49,7 +48,6 @@ class MpsUnsupported(MpsProtocolError):
 def run_binary(
     argv: list[str], env: dict[str, str], timeout_seconds: float, stdin: str = ""
 ) -> subprocess.CompletedProcess:
-    """Run the control binary; on timeout kill its whole process group."""
     try:
         proc = subprocess.Popen(
             argv,
@@ -58,7 +56,7 @@ def run_binary(
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            start_new_session=True,  # its own group, so a timeout kills all of it
+            start_new_session=True,
         )
     except FileNotFoundError as e:
         raise MpsUnavailable(
@@ -142,8 +140,8 @@ class ControlClient:
         return [self._pid(text, command) for text in answer]
 
     def set_default_pinned_mem_limit(self, device: str, memory_mib: int) -> None:
-        """Set the default pinned memory limit and read it back: the daemon answers
-        nothing either way, and keeps no limit for a device it cannot resolve."""
+        """Set it and read it back: the daemon answers nothing either way, and keeps no
+        limit for a device it cannot resolve."""
         command = f"set_default_device_pinned_mem_limit {device} {memory_mib}M"
         answer = self.command(command)
         if answer:
@@ -157,8 +155,7 @@ class ControlClient:
             )
 
     def default_pinned_mem_limit_mib(self, device: str) -> int | None:
-        """The default pinned memory limit as the daemon shows it, in MiB (``4G`` is
-        4096: GiB values are rounded down); None when none is set."""
+        """As the daemon shows it, in MiB (``4G`` is 4096); None when none is set."""
         command = f"get_default_device_pinned_mem_limit {device}"
         answer = self.command(command)
         if not answer:
@@ -188,10 +185,9 @@ class ControlClient:
             raise self._unexpected(command, answer) from None
 
     def quit(self) -> None:
-        """Ask the daemon to exit. The client's exit status is then the daemon's own
-        (non-zero when its servers did not exit gracefully), so it is no error: the
-        caller checks that the daemon is gone. A refusal is one (a caller that is
-        neither root nor the daemon's user: "Not enough privilege ...")."""
+        """Ask the daemon to exit. The client then exits with the daemon's status
+        (non-zero when its servers did not exit gracefully), so that is no error: the
+        caller checks the daemon is gone. A refusal ("Not enough privilege ...") is."""
         answer = self._answer("quit", self._send("quit").stdout)
         if answer:
             raise self._unexpected("quit", answer)
@@ -210,8 +206,7 @@ class ControlClient:
 
 
 def shown_pinned_limit_mib(memory_mib: int) -> int | None:
-    """What the daemon reads back for a limit set in MiB: whole GiB from 1 GiB up;
-    0 means no limit."""
+    """What the daemon reads back for a limit set in MiB (0: no limit)."""
     if memory_mib <= 0:
         return None
     return memory_mib if memory_mib < 1024 else memory_mib // 1024 * 1024

@@ -1,22 +1,18 @@
 """One card's control daemon: start, adopt, probe, stop; what containers see of it.
 
-A control daemon is found by its pipe directory: whoever answers there is the
-card's daemon, whether this process started it or an earlier run of the node
-daemon did (adoption). Which process that is comes from facts a container cannot
-forge (mps.identity: the listening ``control`` socket it holds, the file it runs,
-its user, its mount namespace), never from a command line or an environment, and
-no PID file is kept.
+Whoever answers at the card's pipe directory is its daemon, whether this process or an
+earlier run of the node daemon started it (adoption). Which process that is comes from
+facts a container cannot forge (mps.identity), never from a command line, an
+environment or a PID file.
 
-With a card namespace (mps.namespace) the daemon is started in it, so the daemon and
-its MPS servers have the card's tmpfs as /dev/shm, the one the card's containers get; a
-daemon found in the host's namespace (started by an older gpushare-node, or by hand) is
-still the card's daemon, and ``on_card_shm`` tells the caller it is not on that tmpfs.
+With a card namespace (mps.namespace) the daemon starts in it, so it and its MPS servers
+share the card's tmpfs as /dev/shm with the card's containers; a daemon found in the
+host's namespace is still the card's, and ``on_card_shm`` says it is not on that tmpfs.
 
-Containers never see the pipe directory itself: it holds ``control_privileged``,
-through which root may ``quit`` the daemon. They get the client directory, which
-holds only ``control``: a hard link to the daemon's socket, renewed whenever a
-daemon (re)starts, since each start makes a new socket (docs/mps.md says why a
-bind mount over ``control_privileged`` does not hold).
+Containers never see the pipe directory: it holds ``control_privileged``, through which
+root may ``quit`` the daemon. They get the client directory, holding only ``control``: a
+hard link to the daemon's socket, renewed at each daemon start since each start makes a
+new socket (docs/mps.md says why a bind mount over ``control_privileged`` does not hold).
 """
 
 from __future__ import annotations
@@ -82,8 +78,7 @@ class CardDaemon:
         namespace: CardNamespace | None = None,
     ):
         """``client_dir``: what containers mount as their pipe directory (None: none).
-        ``namespace``: where the daemon is started, with the card's tmpfs at /dev/shm
-        (None: in ours, with our /dev/shm)."""
+        ``namespace``: where the daemon is started (None: ours)."""
         self.card_uuid = card_uuid
         self.binary = binary
         self.pipe_dir = pipe_dir
@@ -119,7 +114,7 @@ class CardDaemon:
         try:
             return self.client.server_status(server_pid) == "FAULT"
         except MpsUnsupported:
-            return False  # driver 535 has no get_server_status: a FAULT cannot be seen
+            return False  # driver 535 has no get_server_status: FAULT cannot be seen
 
     def start(self) -> None:
         """Start the daemon detached (it forks away) and wait until it answers."""
@@ -174,8 +169,8 @@ class CardDaemon:
             time.sleep(0.05)
 
     def identify(self, previous: DaemonIdentity | None = None) -> DaemonIdentity | None:
-        """The verified control daemon of this pipe directory; None when no process (or
-        no single one) passes (mps.identity). ``previous`` stays while it still passes."""
+        """The verified control daemon of this pipe directory (mps.identity); None when
+        no single process passes. ``previous`` stays while it still passes."""
         bound = None if self.namespace is None else self.namespace.bound()
         return proc.find_daemon(
             self.pipe_dir, self.binary, previous, () if bound is None else (bound,)
@@ -202,19 +197,17 @@ class CardDaemon:
         return None if identity is None else identity.pid
 
     def servers(self, daemon: DaemonIdentity) -> frozenset[tuple[int, int]]:
-        """(PID, start ticks) of the MPS servers of ``daemon`` (its direct children that
-        run the server binary); empty once it is not that process any more."""
+        """(PID, start ticks) of ``daemon``'s MPS servers; empty once it is gone."""
         return proc.find_servers(daemon, self.binary)
 
     def look(self, daemon: DaemonIdentity, ours: int) -> Look:
         """The connections ``daemon`` accepted on its control socket now, and who holds
-        them (mps.connections; judged by mps.holders). ``ours``: the node daemon's PID."""
+        them (mps.connections). ``ours``: the node daemon's PID."""
         return connections.look(daemon, self.pipe_dir, ours)
 
     def publish(self) -> None:
-        """Make ``<client dir>/control`` the daemon's current ``control`` socket (a hard
-        link: a container connecting there reaches the daemon, but only through the
-        unprivileged socket). Replaced in one rename, so a client never finds it missing."""
+        """Make ``<client dir>/control`` a hard link to the daemon's current ``control``
+        socket, replaced in one rename so a client never finds it missing."""
         if self.client_dir is None:
             return
         source = os.path.join(self.pipe_dir, "control")
@@ -242,7 +235,7 @@ class CardDaemon:
 
 
 def _alive(pid: int | None) -> bool:
-    """True while the process runs (a zombie, exited but not reaped, counts as gone)."""
+    """True while the process runs (a zombie counts as gone)."""
     if pid is None:
         return False
     try:

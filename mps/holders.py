@@ -2,24 +2,19 @@
 sends nor reads.
 
 NVIDIA's control daemon serves one client at a time and waits, with no time-out, for
-the client it accepted to speak. A process that connects to the card's ``control``
-socket and stays silent therefore stops the daemon for every tenant of the card (the
-node daemon sees it as hung). mps.connections reads what the kernel shows of the
-daemon's connections; this module says which of them hold it:
+the one it accepted to speak, so a silent client of the card's ``control`` socket stops
+it for every tenant. mps.connections reads the daemon's connections from the kernel; a
+connection holds the daemon when:
 
-- the daemon runs (not stopped: a stopped daemon waits on nobody), and is the same
-  daemon at both looks;
-- the connection was accepted on one of the daemon's listening sockets (the kernel ties
-  it to the socket's file, which no process can forge), and the daemon is blocked on
-  exactly that connection (/proc/PID/syscall: a read- or write-family system call on its
-  fd) waiting for the client: reading, with nothing unread in its end (the client sends
-  nothing), or writing, with what it sent before still unread in the client's end (the
-  client reads nothing: its socket is full);
-- the same connection to the same peer socket was seen so at two looks, one after
-  the other, while the card did not answer (a legitimate client sends its first
-  message at once after connecting);
-- the processes holding the peer socket are neither the node daemon's own (its
-  control commands) nor the control daemon's (the daemon and its MPS servers).
+- the same daemon runs (not stopped: a stopped daemon waits on nobody) at both looks;
+- it was accepted on the daemon's listening socket (the kernel ties it to the socket's
+  file) and the daemon is blocked on exactly its fd (/proc/PID/syscall) waiting for the
+  client: reading with nothing unread, or writing with its earlier bytes still unread
+  in the client's end;
+- two looks in a row saw the same connection and peer so while the card did not answer
+  (a legitimate client sends its first message at once);
+- its peer is held by neither the node daemon's processes (its control commands) nor
+  the control daemon's (the daemon and its MPS servers).
 
 A look that could not see everything (``problem``) judges nobody: the caller says why.
 """
@@ -30,11 +25,9 @@ from dataclasses import dataclass
 
 from mps.identity import DaemonIdentity
 
-# System calls a process blocked on one file descriptor (their first argument) is in, per
-# architecture (asm/unistd_64.h; asm-generic/unistd.h for aarch64). Reading: read,
-# pread64, readv, recvfrom, recvmsg, recvmmsg; writing: write, pwrite64, writev, sendto,
-# sendmsg, sendmmsg. A daemon in any other call is not judged waiting on a client (on an
-# architecture not listed here, never).
+# read, pread64, readv, recvfrom, recvmsg, recvmmsg and their write/send counterparts
+# (fd first), per asm/unistd_64.h and asm-generic/unistd.h. On another architecture no
+# daemon is judged waiting on a client.
 READ_SYSCALLS = {
     "x86_64": frozenset({0, 17, 19, 45, 47, 299}),
     "aarch64": frozenset({63, 65, 67, 207, 212, 243}),
@@ -61,11 +54,11 @@ class Holder:
 class Connection:
     """A connection the control daemon accepted on its control socket."""
 
-    fd: int  # the daemon's file descriptor of it
+    fd: int
     inode: int  # the daemon's end
     peer: int | None  # the client's end; None: the client closed it
     unread: int | None  # bytes the client sent that the daemon has not read yet
-    blocked: str | None  # READING or WRITING: the daemon is blocked on this connection now
+    blocked: str | None  # READING or WRITING: the daemon is blocked on this connection
     holders: tuple[Holder, ...] = ()
     peer_unread: int | None = None  # bytes the daemon sent that the client has not read
 
@@ -81,9 +74,8 @@ class Look:
 
 
 def parse_syscall(data: bytes) -> tuple[int, tuple[int, ...]] | None:
-    """/proc/PID/syscall of a blocked process: its system call number and arguments.
-    None for a running process ("running"), one outside a system call ("-1 ...") or
-    anything not as the kernel writes it."""
+    """/proc/PID/syscall as (number, arguments); None for "running", "-1 ..." (outside a
+    system call) or anything malformed."""
     fields = data.split()
     if len(fields) < 2 or not _is_number(fields[0]):
         return None
@@ -99,8 +91,7 @@ def parse_syscall(data: bytes) -> tuple[int, tuple[int, ...]] | None:
 
 
 def blocked_on(syscall: tuple[int, tuple[int, ...]] | None, machine: str) -> tuple[str, int] | None:
-    """(READING or WRITING, the file descriptor) of a process blocked in a read- or
-    write-family system call; None in any other call (or on an architecture not known)."""
+    """(READING or WRITING, fd) of a process blocked in a read- or write-family call."""
     if syscall is None or not syscall[1]:
         return None
     number, arguments = syscall
@@ -112,8 +103,7 @@ def blocked_on(syscall: tuple[int, tuple[int, ...]] | None, machine: str) -> tup
 
 
 def holding(before: Look | None, after: Look) -> list[Connection]:
-    """The connections of ``after`` that hold the daemon (see the module's rules), each
-    with the holders to act on (the node daemon's and the control daemon's left out)."""
+    """The connections of ``after`` that hold the daemon (see the module)."""
     if before is None or before.problem is not None or after.problem is not None:
         return []
     if before.daemon != after.daemon or before.stopped or after.stopped:
@@ -124,14 +114,14 @@ def holding(before: Look | None, after: Look) -> list[Connection]:
         if not _waits_on_client(connection) or (connection.inode, connection.peer) not in earlier:
             continue
         if any(h.ours or h.daemons for h in connection.holders) or not connection.holders:
-            continue  # our own control command, or the daemon's own: never acted on
+            continue
         held.append(connection)
     return held
 
 
 def waiting(look: Look) -> list[Connection]:
-    """Connections on which the daemon waits for a client other than ours or its own:
-    candidates, held once a later look shows the same (``holding``)."""
+    """Connections on which the daemon waits for a client other than ours or its own
+    (held once a later look shows the same)."""
     if look.problem is not None or look.stopped:
         return []
     return [

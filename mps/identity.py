@@ -1,33 +1,26 @@
 """Which process is a card's MPS control daemon, and which are its MPS servers (pure).
 
-The node daemon spares a card's MPS servers from enforcement (they are GPU processes in
-no container), so who they are must come from facts no container can choose. A process
-chooses its argv, its environ and its name; these it cannot:
+The node daemon spares a card's MPS servers from enforcement (GPU processes in no
+container), so who they are must come from facts no container can choose. A process
+chooses its argv, environ and name; not these:
 
-- the listening unix socket bound at ``<pipe dir>/control``, the one every client
-  connects to, as /proc/net/unix lists it, held open by the process
-  (``socket:[inode]`` in /proc/PID/fd);
-- the file it runs: /proc/PID/exe is that file (its device and inode, not its name),
-  or ``<path> (deleted)`` once a package upgrade replaced the file at ``path``. A
-  control binary that is a ``#!`` script (the tests' stand-in) runs as its interpreter,
-  so a script is run by a process that holds the script file itself open;
-- its user: the node daemon's own (root on a node: uid 0, real, effective, saved and
-  file system uid alike);
-- its mount namespace: the node daemon's own, or the card's own namespace, the one bound
-  at ``<run_dir>/mps/ns/<card UUID>`` (mps.namespace: the host's, with the card's tmpfs at
-  /dev/shm, made by gpushare-node for the daemons it starts). Every container has a mount
-  namespace of its own (every OCI runtime makes one; Kubernetes has no setting to share
-  the host's), gpushare-node stays in the host's, and only root in the host's namespace
-  can bind a namespace at that path. A process in either is in no container.
+- it holds open (``socket:[inode]`` in /proc/PID/fd) the listening unix socket bound at
+  ``<pipe dir>/control``, as /proc/net/unix lists it;
+- it runs the control binary: /proc/PID/exe is that file (device and inode), or
+  ``<path> (deleted)`` once an upgrade replaced it. A ``#!`` script (the tests'
+  stand-in) runs as its interpreter, which holds the script file open;
+- its user is the node daemon's (uid 0 real, effective, saved and file system alike);
+- its mount namespace is the node daemon's or the card's, bound at
+  ``<run_dir>/mps/ns/<card UUID>`` (mps.namespace). Every OCI runtime gives each
+  container a mount namespace of its own and only root in the host's namespace can bind
+  one at that path, so a process in either is in no container.
 
-The MPS servers are the direct children of that daemon that run the server binary
-(the daemon forks, sets the client's uid and execs ``nvidia-cuda-mps-server`` through
-its PATH), in the daemon's mount namespace: never a descendant further down, never a
-child that runs something else.
+The MPS servers are the daemon's direct children running the server binary (it forks,
+sets the client's uid and execs ``nvidia-cuda-mps-server`` through its PATH) in its
+mount namespace: never a grandchild, never a child running something else.
 
-Every parser takes bytes as /proc gives them and answers None (or nothing) for what
-is not as the kernel writes it: the caller then treats the process as not the daemon
-and not a server (fail closed).
+Parsers take /proc's bytes and answer None for anything not as the kernel writes it:
+the process is then neither the daemon nor a server (fail closed).
 """
 
 from __future__ import annotations
@@ -39,8 +32,7 @@ from dataclasses import dataclass
 
 LISTENING = 0x10000  # __SO_ACCEPTCON in the Flags column: the socket called listen()
 UNCONNECTED = 0x01  # SS_UNCONNECTED in the St column: what a listening socket shows
-# One /proc/net/unix line: "Num: RefCount Protocol Flags Type St Inode[ Path]" (the
-# inode right-aligned in 5 columns). The path is the rest, printed as bound, raw.
+# "Num: RefCount Protocol Flags Type St Inode[ Path]"; the path is printed raw, as bound.
 _UNIX_LINE = re.compile(
     rb"[0-9a-fA-F]+: [0-9A-F]{8} [0-9A-F]{8} ([0-9A-F]{8}) [0-9A-F]{4} ([0-9A-F]{2}) +"
     rb"([0-9]{1,20})(?: (.*))?",
@@ -53,7 +45,7 @@ DEFAULT_SEARCH_PATH = "/bin:/usr/bin"  # where execlp looks when PATH is not set
 
 @dataclass(frozen=True)
 class FileId:
-    """A file as the kernel knows it: its device and inode (what a name cannot fake)."""
+    """A file's device and inode (what a name cannot fake)."""
 
     dev: int
     ino: int
@@ -61,8 +53,6 @@ class FileId:
 
 @dataclass(frozen=True)
 class Executable:
-    """A program file: where it is, which file that is, and whether it is a ``#!`` script."""
-
     path: str
     file: FileId
     script: bool
@@ -70,8 +60,6 @@ class Executable:
 
 @dataclass(frozen=True)
 class Stat:
-    """The fields of /proc/PID/stat used here."""
-
     state: str  # R, S, D, Z, ... (one ASCII letter)
     parent: int
     start_ticks: int  # clock ticks since boot: with the PID, names one process
@@ -87,8 +75,7 @@ class DaemonIdentity:
 
 @dataclass(frozen=True)
 class Candidate:
-    """A process that holds the listening control socket, runs the control binary, as
-    the node daemon's user, in a trusted mount namespace (the node daemon's, the card's)."""
+    """A process that passes every test of the module but the choice among several."""
 
     pid: int
     parent: int
@@ -97,8 +84,6 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Child:
-    """A direct child of the daemon and what /proc showed of it."""
-
     pid: int
     parent: int
     start_ticks: int
@@ -108,14 +93,11 @@ class Child:
 
 
 def listening_inodes(lines: Iterable[bytes], path: bytes) -> set[int]:
-    """Inodes of the sockets that /proc/net/unix lines list as listening at exactly ``path``.
+    """Inodes of the sockets /proc/net/unix lines list as listening at exactly ``path``.
 
-    The kernel prints a path as bound, newlines included, so a process that binds a
-    socket at a path holding "\\n<a line>" adds a line of its own choosing. Such a line
-    can only add a claim that some inode listens here; each claim is then checked
-    against the process holding that socket (what it runs, its user, its mount
-    namespace), and a claim no such process backs finds nothing. A line is never used
-    to rule a socket out, so an added line cannot hide the daemon either.
+    A bound path may hold a newline, so a process can add a line of its choosing. Such a
+    line only adds a claim, checked against the process holding that socket; a line never
+    rules a socket out, so it cannot hide the daemon either.
     """
     found = set()
     for line in lines:
@@ -129,8 +111,8 @@ def listening_inodes(lines: Iterable[bytes], path: bytes) -> set[int]:
 
 
 def listed_inodes(lines: Iterable[bytes]) -> set[int]:
-    """Inodes of every socket that /proc/net/unix lines list (a line a process printed
-    through its bound path may add one: use it only as a hint where to look)."""
+    """Inodes of every socket /proc/net/unix lines list (a forged line may add one: only
+    a hint where to look)."""
     found = set()
     for line in lines:
         match = _UNIX_LINE.fullmatch(line.removesuffix(b"\n"))
@@ -146,8 +128,8 @@ def socket_inode(link: str) -> int | None:
 
 
 def parse_stat(data: bytes) -> Stat | None:
-    """State, parent and start time of /proc/PID/stat (the name, field 2, may hold spaces
-    and ')': fields are split after the last ')'); None when malformed."""
+    """/proc/PID/stat, split after the last ')' (the name may hold spaces and ')');
+    None when malformed."""
     close = data.rfind(b")")
     fields = data[close + 2 :].split() if close >= 0 else []
     if len(fields) < 20:
@@ -193,8 +175,8 @@ def environ_path(data: bytes) -> str | None:
 
 
 def search_path(path_env: str | None, name: str) -> list[str]:
-    """Where execlp looks for ``name``, in order. An empty PATH entry means the
-    daemon's working directory, which proves nothing about the file: it is left out."""
+    """Where execlp looks for ``name``, in order; relative entries (the working
+    directory) prove nothing about the file and are left out."""
     directories = (DEFAULT_SEARCH_PATH if path_env is None else path_env).split(":")
     return [posixpath.join(d, name) for d in directories if d.startswith("/")]
 
@@ -207,9 +189,7 @@ def is_script(head: bytes) -> bool:
 def runs(
     exe: FileId | None, exe_link: str | None, held: Collection[FileId], program: Executable
 ) -> bool:
-    """Whether a process runs ``program``: its exe is that file; or its exe is the file
-    once at that path, since replaced (an upgrade: the link reads "<path> (deleted)");
-    or, for a script, the process holds the script file open (its exe is the interpreter)."""
+    """Whether a process runs ``program`` (see the module)."""
     if exe is not None and exe == program.file:
         return True
     if exe_link is not None and exe_link == program.path + " (deleted)":
@@ -220,12 +200,11 @@ def runs(
 def choose_daemon(
     candidates: Sequence[Candidate], previous: DaemonIdentity | None = None
 ) -> DaemonIdentity | None:
-    """The control daemon among the processes that pass every test; None when unclear.
+    """The control daemon among the candidates; None when unclear (fail closed).
 
-    The daemon verified before stays while it still passes. Otherwise exactly one
-    candidate must be the parent of all others: a fork of the daemon holds its
-    sockets until it execs (an MPS server being started). Two unrelated candidates
-    are an ambiguity nobody can settle from /proc: None (fail closed).
+    The daemon verified before stays while it passes. Otherwise exactly one candidate
+    must be the parent of all others: a fork of the daemon holds its sockets until it
+    execs an MPS server. Two unrelated candidates cannot be told apart from /proc.
     """
     identities = {DaemonIdentity(c.pid, c.start_ticks) for c in candidates}
     if previous is not None and previous in identities:
@@ -241,8 +220,7 @@ def choose_daemon(
 
 
 def choose_servers(daemon: DaemonIdentity, children: Iterable[Child]) -> frozenset[tuple[int, int]]:
-    """(PID, start ticks) of the daemon's MPS servers: its live direct children that run
-    the server binary in the daemon's mount namespace."""
+    """(PID, start ticks) of the daemon's live MPS servers (see the module)."""
     return frozenset(
         (child.pid, child.start_ticks)
         for child in children

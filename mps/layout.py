@@ -16,13 +16,10 @@ CONTAINER_SHM_DIRECTORY = "/dev/shm"
 class MpsLayout:
     """``<run_dir>/mps/<card UUID>/{pipe,log,client,shm}`` and ``<run_dir>/mps/ns/<card UUID>``.
 
-    ``pipe`` is the control daemon's own pipe directory (with ``control_privileged``, which
-    lets root quit it): only the node daemon uses it. ``client`` is what containers
-    mount: it holds only ``control``, a hard link to the daemon's socket. Both stay on one
-    file system (hard links need it). ``shm`` is the card's own tmpfs: the /dev/shm of the
-    card's shared containers and of its control daemon and MPS servers. ``ns/<card UUID>``
-    keeps the mount namespace that daemon runs in (mps.namespace), in a directory of its
-    own that is a private mount.
+    ``pipe`` is the daemon's own pipe directory, used only by the node daemon;
+    ``client``, what containers mount (mps.daemon), on the same file system (hard links
+    need it); ``shm``, the card's tmpfs (mps.shm); ``ns/<card UUID>``, the mount
+    namespace the daemon runs in (mps.namespace), in a private-mount directory.
     """
 
     run_dir: str
@@ -52,6 +49,6 @@ class MpsLayout:
 
     @property
     def retired_shm_dir(self) -> str:
-        """The one tmpfs earlier versions gave every shared container of every card: never
-        mounted again, unmounted at start (mps.shm)."""
+        """A tmpfs for every card's containers, left by an older install: never used,
+        unmounted at start."""
         return os.path.join(self.root, "shm")

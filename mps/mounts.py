@@ -1,11 +1,9 @@
 """What is mounted where (/proc/self/mountinfo), and mount(8)/umount(8) run with a timeout.
 
-The card's tmpfs (mps.shm) and the private directory that keeps each card's mount
-namespace (mps.namespace) are made with util-linux's ``mount``, as an admin would type
-it, so what gpushare-node does shows in one line of its log. Whether a path is a mount
-point comes from mountinfo, not from comparing devices: a directory bind-mounted on
-itself has the device and a different inode of its parent, which ``os.path.ismount``
-does not take for a mount.
+Mounts are made with util-linux's ``mount`` as an admin would type it, so each shows
+in one line of the log. Whether a path is a mount point comes from mountinfo:
+``os.path.ismount`` does not see a directory bind-mounted on itself (same device as
+its parent).
 """
 
 from __future__ import annotations
@@ -24,8 +22,6 @@ class MountError(Exception):
 
 @dataclass(frozen=True)
 class MountEntry:
-    """One line of mountinfo, the fields used here."""
-
     mount_point: str
     fstype: str
     propagation: frozenset[str]  # the optional fields: "shared:N", "master:N", ...
@@ -33,8 +29,8 @@ class MountEntry:
 
 
 def parse_mountinfo(data: bytes) -> list[MountEntry]:
-    """The lines of mountinfo in order (a later mount on the same point is on top). A line
-    not as the kernel writes it is skipped."""
+    """The lines of mountinfo in order (a later mount on the same point is on top);
+    malformed lines skipped."""
     entries = []
     for raw in data.split(b"\n"):
         fields = raw.split(b" ")
@@ -69,8 +65,7 @@ def _unescape(field: bytes) -> str:
 
 
 def top_mount(path: str, mountinfo: str = MOUNTINFO) -> MountEntry | None:
-    """The mount on top at exactly ``path`` (as mountinfo spells it: absolute, normal), or
-    None when nothing is mounted there."""
+    """The mount on top at exactly ``path`` (absolute, normal); None for none."""
     try:
         with open(mountinfo, "rb") as f:
             data = f.read(MOUNTINFO_MAX_BYTES + 1)

@@ -1,28 +1,25 @@
 """The mount namespace a card's MPS control daemon runs in: the host's, with the card's
 tmpfs at /dev/shm.
 
-An MPS server is started by its control daemon and inherits its mount namespace, so a
-daemon started in the host's namespace gives its servers the host's /dev/shm, which no
-container shares. NVIDIA's own Kubernetes device plugin runs each MPS daemon with a
-/dev/shm from the same host tmpfs its clients get; here the daemon runs on the host, so
-it is started in a namespace of its own that differs from the host's in one mount: the
-card's tmpfs (mps.shm) over /dev/shm.
+MPS servers inherit their control daemon's mount namespace, so a daemon in the host's
+gives them the host's /dev/shm, which no container shares. NVIDIA's Kubernetes device
+plugin gives each MPS daemon the host tmpfs its clients get; here the daemon runs on the
+host, in a namespace that differs from the host's in one mount: the card's tmpfs
+(mps.shm) over /dev/shm.
 
-How one is made (``CardNamespace.create``): a helper, ``unshare --mount --propagation
-slave``, binds the card's tmpfs over /dev/shm and waits; its /proc/PID/ns/mnt is
-bind-mounted at ``<run_dir>/mps/ns/<card UUID>``, which keeps the namespace after the
-helper exits; ``nsenter --mount=<that file>`` then runs ``<control binary> -d`` there.
-Slave propagation: what the host unmounts is unmounted there too, so the namespace
-keeps no copy of a file system the host let go (a container's rootfs, a volume), and
-nothing mounted there reaches the host. The kernel refuses to bind a namespace's file on
-a mount that propagates into that same namespace (a loop), so ``<run_dir>/mps/ns`` is a
-private mount (bound on itself: ``prepare_directory``), made before any namespace.
+``CardNamespace.create``: a helper, ``unshare --mount --propagation slave``, binds the
+tmpfs over /dev/shm and waits; its /proc/PID/ns/mnt is bind-mounted at
+``<run_dir>/mps/ns/<card UUID>``, keeping the namespace after it exits; ``nsenter
+--mount=<that file>`` runs ``<control binary> -d`` there. Slave propagation: what the host
+unmounts goes there too (no copy of a container's rootfs is kept) and nothing mounted
+there reaches the host. The kernel refuses to bind a namespace file on a mount that
+propagates into that namespace, so ``<run_dir>/mps/ns`` is a private mount
+(``prepare_directory``), made first.
 
-Only root in the host's mount namespace can mount there; a namespace found bound at a
-card's file was put there by gpushare-node (or by root by hand), never by a container.
-mps.identity therefore trusts a control daemon in that namespace as it trusts one in the
-host's. Each start makes a new namespace and binds it in place of the last one, so a
-namespace never outlives the daemon started in it by more than one restart.
+Only root in the host's mount namespace can bind there, never a container, so
+mps.identity trusts a daemon in that namespace as one in the host's. Each start binds a
+new namespace in place of the last, so one never outlives its daemon by more than one
+restart.
 """
 
 from __future__ import annotations
@@ -41,7 +38,7 @@ from mps.mounts import MountError
 
 TOOLS = ("unshare", "nsenter", "mount")
 READY = "ready"
-# The helper: /dev/shm becomes the card's tmpfs, then it waits until its stdin closes.
+# /dev/shm becomes the card's tmpfs, then the helper waits until its stdin closes.
 HELPER = 'mount --bind -- "$0" /dev/shm && echo ' + READY + " && exec cat >/dev/null"
 
 
@@ -54,8 +51,8 @@ def nsfs_device() -> int | None:
 
 
 def prepare_directory(directory: str) -> None:
-    """``directory`` (0700) as a private mount of itself, so that namespace files can be
-    bound in it; MountError when that cannot be had."""
+    """``directory`` (0700) as a private mount of itself, so namespace files can be bound
+    in it."""
     os.makedirs(directory, mode=0o700, exist_ok=True)
     top = mounts.top_mount(os.path.abspath(directory))
     if top is None:
@@ -86,12 +83,10 @@ class CardNamespace:
         return FileId(st.st_dev, st.st_ino)
 
     def command(self, argv: list[str]) -> list[str]:
-        """``argv`` run in the namespace."""
         return ["nsenter", f"--mount={self.path}", "--", *argv]
 
     def create(self) -> FileId:
-        """A new namespace for the card, bound at ``path`` in place of the last one.
-        MpsUnavailable naming what failed."""
+        """A new namespace for the card, bound at ``path`` in place of the last one."""
         missing = missing_tools()
         if missing:
             raise MpsUnavailable(
@@ -117,7 +112,7 @@ class CardNamespace:
     def _unbind(self) -> bool:
         if mounts.top_mount(os.path.abspath(self.path)) is None:
             return False
-        mounts.run(["umount", "--lazy", self.path])  # detached even while a reader holds it
+        mounts.run(["umount", "--lazy", self.path])
         return True
 
     def _bind_new(self) -> FileId:

@@ -1,16 +1,9 @@
 """Finding a card's control daemon and its MPS servers in /proc (the judging is mps.identity).
 
-Every file is read as bytes up to a cap and parsed by mps.identity. A process that
-vanishes while it is read, a file that cannot be read, is larger than its cap or is
-not what the kernel writes: that process is neither the daemon nor a server (fail
-closed), and the search goes on with the others. Nothing here raises because of what
-a process did: a hostile tenant must not stop the watchdog's scan.
-
-The daemon is the process that holds the listening socket bound at
-``<pipe dir>/control``, runs the control binary, as our user, in our mount namespace or
-the card's own (mps.namespace); its servers are its direct children running
-``nvidia-cuda-mps-server`` in the daemon's mount namespace, found where its execlp finds
-it (the daemon's PATH) or next to the control binary.
+Every file is read as bytes up to a cap. A process that vanishes while read, or whose
+file is unreadable, too large or malformed, is neither the daemon nor a server (fail
+closed) and the search goes on. Nothing here raises because of what a process did: a
+hostile tenant must not stop the watchdog's scan.
 """
 
 from __future__ import annotations
@@ -43,12 +36,11 @@ from mps.identity import (
 
 PROC = "/proc"
 SERVER_NAME = "nvidia-cuda-mps-server"
-# The most each file is read before it is refused as not what the kernel writes.
 STAT_MAX_BYTES = 4096  # 52 numeric fields and a name of at most 64 bytes
 STATUS_MAX_BYTES = 64 * 1024
 ENVIRON_MAX_BYTES = 1024 * 1024
 CHILDREN_MAX_BYTES = 1024 * 1024
-# A /proc/net/unix line holds a path of at most 108 bytes: a longer one is not a line.
+# A /proc/net/unix line holds a path of at most 108 bytes.
 NET_UNIX_LINE_MAX_BYTES = 512
 MAX_FDS = 65536  # a process holding more open files is not looked through: not the daemon
 _CHUNK_BYTES = 64 * 1024
@@ -62,10 +54,8 @@ def find_daemon(
     previous: DaemonIdentity | None = None,
     namespaces: Collection[FileId] = (),
 ) -> DaemonIdentity | None:
-    """The control daemon serving ``pipe_dir``, verified; None when no process (or more
-    than one unrelated process) passes. ``previous``: the daemon verified before, which
-    stays while it still passes. ``namespaces``: mount namespaces trusted besides ours
-    (the card's own, as mps.namespace keeps it)."""
+    """The control daemon serving ``pipe_dir``, verified; None when no single process
+    passes. ``namespaces``: mount namespaces trusted besides ours (the card's)."""
     program = executable(binary)
     listening = listening_at(os.path.join(pipe_dir, "control"))
     our_ns = mount_ns("self")
@@ -74,8 +64,7 @@ def find_daemon(
     trusted = {our_ns, *namespaces}
     uid = os.geteuid()
     if previous is not None:
-        # The daemon verified before wins while it still passes (choose_daemon): checking
-        # it alone spares a walk of the whole process table at every health check.
+        # Checking it alone spares a walk of the process table at every health check.
         again = _candidate(previous.pid, program, listening, trusted, uid)
         if again is not None and again.start_ticks == previous.start_ticks:
             return previous
@@ -90,10 +79,10 @@ def find_daemon(
 def _candidate(
     pid: int, program: Executable, listening: set[int], trusted: set[FileId], uid: int
 ) -> Candidate | None:
-    """``pid`` as a candidate, if it passes every test (checked cheapest first)."""
+    """``pid`` as a candidate if it passes every test, cheapest first."""
     exe, link = exe_of(pid)
     if not program.script and not runs(exe, link, (), program):
-        return None  # a binary: exe alone decides, no need to look further
+        return None  # a binary: exe alone decides
     if mount_ns(pid) not in trusted:
         return None
     uids = uids_of(pid)
@@ -112,8 +101,7 @@ def _candidate(
 
 
 def find_servers(daemon: DaemonIdentity, binary: str) -> frozenset[tuple[int, int]]:
-    """(PID, start ticks) of the MPS servers of ``daemon``: its direct children that run
-    the server binary. Empty when the daemon is no longer the one verified."""
+    """(PID, start ticks) of ``daemon``'s MPS servers; empty once it is gone."""
     control = executable(binary)
     daemon_ns = mount_ns(daemon.pid)
     if control is None or daemon_ns is None or not _still(daemon):
@@ -153,9 +141,8 @@ def _child(pid: int, programs: list[Executable], daemon_ns: FileId) -> Child | N
 
 
 def server_programs(daemon_pid: int, control: Executable) -> list[Executable]:
-    """The MPS server binaries the daemon may have started: the first
-    ``nvidia-cuda-mps-server`` on its PATH (its execlp finds it there) and the one next
-    to the control binary (NVIDIA's own installer puts them side by side)."""
+    """The server binaries the daemon may start: the first on its PATH (its execlp) and
+    the one next to the control binary (where NVIDIA's installer puts it)."""
     paths = []
     environ = read_file(f"{PROC}/{daemon_pid}/environ", ENVIRON_MAX_BYTES)
     if environ is not None:
@@ -171,8 +158,7 @@ def server_programs(daemon_pid: int, control: Executable) -> list[Executable]:
 
 
 def executable(binary: str, search: str | None = None) -> Executable | None:
-    """The program file ``binary`` names (a path, or a name looked up in PATH as the node
-    daemon runs it); None when there is none."""
+    """The program file ``binary`` names (a path, or a name looked up in PATH)."""
     path = binary if "/" in binary else shutil.which(binary, path=search)
     if path is None:
         return None
@@ -187,8 +173,7 @@ def executable(binary: str, search: str | None = None) -> Executable | None:
 
 
 def listening_at(path: str) -> set[int] | None:
-    """Inodes of the unix sockets /proc/net/unix lists as listening at ``path`` (in our
-    network namespace, the host's); None when it cannot be read."""
+    """Inodes of the sockets our /proc/net/unix lists as listening at ``path``."""
     try:
         with _open(f"{PROC}/net/unix", "rb") as f:
             return listening_inodes(_lines(f), os.fsencode(path))
@@ -197,8 +182,7 @@ def listening_at(path: str) -> set[int] | None:
 
 
 def sockets_listed(pid: int) -> set[int]:
-    """Inodes of the unix sockets /proc/PID/net/unix lists (the network namespace of
-    ``pid``); empty when it cannot be read."""
+    """Inodes of the sockets /proc/PID/net/unix lists; empty when unreadable."""
     try:
         with _open(f"{PROC}/{pid}/net/unix", "rb") as f:
             return listed_inodes(_lines(f))
@@ -240,7 +224,6 @@ def mount_ns(pid: int | str) -> FileId | None:
 
 
 def exe_of(pid: int) -> tuple[FileId | None, str | None]:
-    """The file the process runs, and what its exe link reads (None where unreadable)."""
     path = f"{PROC}/{pid}/exe"
     try:
         link: str | None = os.readlink(path)
@@ -250,8 +233,8 @@ def exe_of(pid: int) -> tuple[FileId | None, str | None]:
 
 
 def held_by(pid: int, files: bool) -> tuple[set[int], set[FileId]] | None:
-    """The socket inodes the process holds open and, with ``files``, the files it holds
-    open; None when its fd directory cannot be read or holds more than MAX_FDS."""
+    """The socket inodes and, with ``files``, the files the process holds open; None
+    when its fd directory is unreadable or holds more than MAX_FDS."""
     directory = f"{PROC}/{pid}/fd"
     try:
         names = os.listdir(directory)
@@ -277,8 +260,8 @@ def held_by(pid: int, files: bool) -> tuple[set[int], set[FileId]] | None:
 
 
 def children_of(pid: int) -> list[int] | None:
-    """The direct children of ``pid`` (from each thread's children file; by a scan of
-    every process's parent where the kernel has no such file); None when unreadable."""
+    """The direct children of ``pid`` (each thread's children file, or a scan where the
+    kernel has none); None when unreadable."""
     if not os.path.exists(f"{PROC}/{pid}/task/{pid}/children"):
         return _children_by_scan(pid) if os.path.isdir(f"{PROC}/{pid}/task") else None
     try:

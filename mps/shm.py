@@ -1,22 +1,19 @@
 """A card's /dev/shm: one tmpfs per card, its size, and emptying it.
 
-MPS clients and servers, and PyTorch's data loaders, pass data through files in /dev/shm,
-so whoever shares a /dev/shm reads, overwrites, deletes and crowds out the others' files.
-Each card gets a tmpfs of its own at ``<run_dir>/mps/<card UUID>/shm`` (mps.layout): the
-/dev/shm of that card's shared containers and of its control daemon and MPS servers
-(mps.namespace), and of no one else.
+MPS clients and servers, and PyTorch's data loaders, pass data through files in
+/dev/shm, so whoever shares one reads, overwrites, deletes and crowds out the others'
+files. Each card gets a tmpfs at ``<run_dir>/mps/<card UUID>/shm``: the /dev/shm of its
+shared containers, its control daemon and MPS servers (mps.namespace), and no one else.
 
-The tmpfs is mounted ``nosuid,nodev,mode=1777`` (the host's /dev/shm has the same) with a
-size and at most one file per 4 KiB of it (``nr_inodes``): a tmpfs inode costs kernel
-memory that its size does not count, so a tenant making empty files would otherwise take
-kernel memory without bound. A second mount at start changes the size of the one there
-(remount), so running containers and the daemon keep the same file system.
+It is mounted ``nosuid,nodev,mode=1777`` (as the host's /dev/shm) with at most one inode
+per 4 KiB (``nr_inodes``): an inode costs kernel memory the size does not count, so
+empty files would otherwise take it without bound. A later start remounts it to resize,
+so running containers and the daemon keep the same file system.
 
-Emptying (when the card holds no shared allocation any more) removes what tenants left,
-whatever they made of it: nothing is followed (every directory is opened with
-O_NOFOLLOW relative to its parent's descriptor, symbolic links are removed as links),
-and a tree of any depth is taken apart with two descriptors open at most, by moving the
-entries of a directory that is not empty up into the tmpfs's root.
+Emptying (once the card holds no shared allocation) follows nothing (directories opened
+O_NOFOLLOW relative to their parent, links removed as links) and takes a tree of any
+depth apart with two descriptors open, by moving a non-empty directory's entries up into
+the root.
 """
 
 from __future__ import annotations
@@ -34,8 +31,8 @@ from mps.mounts import MountError
 BYTES_PER_INODE = 4096
 MIN_INODES = 1024
 TMPFS = "tmpfs"
-# Entries moved up while emptying get this name (plus a number): a tenant's file of the
-# same name is replaced, which is what emptying does to it anyway.
+# Name (plus a number) of entries moved up while emptying; a tenant's file of that name
+# is replaced, which emptying does to it anyway.
 HOISTED = ".gpushare-emptying-"
 
 
@@ -50,8 +47,8 @@ def inodes_for(size_mib: int) -> int:
 
 
 def mount(path: str, size_mib: int) -> str:
-    """A tmpfs of ``size_mib`` at ``path`` (made if missing): mounted, resized, or left as it
-    is. Says which, for the log. MountError when it cannot be had."""
+    """A tmpfs of ``size_mib`` at ``path``; says what was done ("mounted", "resized",
+    "kept") for the log. MountError when it cannot be had."""
     os.makedirs(path, mode=0o755, exist_ok=True)
     options = f"size={size_mib}m,nr_inodes={inodes_for(size_mib)}"
     top = mounts.top_mount(os.path.abspath(path))
@@ -67,7 +64,6 @@ def mount(path: str, size_mib: int) -> str:
 
 
 def sized(path: str) -> tuple[int, int]:
-    """(bytes, inodes) of the file system at ``path``."""
     st = os.statvfs(path)
     return st.f_blocks * st.f_frsize, st.f_files
 
@@ -78,7 +74,6 @@ def is_tmpfs(path: str) -> bool:
 
 
 def device(path: str) -> int | None:
-    """The device of the file system at ``path``; None when it cannot be read."""
     try:
         return os.stat(path).st_dev
     except OSError:
@@ -86,8 +81,7 @@ def device(path: str) -> int | None:
 
 
 def unmount(path: str) -> bool:
-    """Detach whatever is mounted at ``path`` (lazily: processes holding it keep it, the
-    kernel frees it after them); False when nothing was mounted there."""
+    """Detach whatever is mounted at ``path`` (lazily: holders keep it); False for none."""
     if mounts.top_mount(os.path.abspath(path)) is None:
         return False
     mounts.run(["umount", "--lazy", path])
@@ -95,9 +89,8 @@ def unmount(path: str) -> bool:
 
 
 def empty(path: str, deadline_seconds: float = 10.0) -> Emptied:
-    """Remove everything under ``path``, not ``path`` itself. Stops when nothing is left,
-    when a round removes and moves nothing (what is left cannot be removed), or after
-    ``deadline_seconds``. OSError when ``path`` itself cannot be opened."""
+    """Remove everything under ``path``, not ``path`` itself, until nothing is left, a
+    round makes no progress, or ``deadline_seconds`` pass."""
     flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
     root = os.open(path, flags)
     removed = 0
@@ -123,8 +116,7 @@ def empty(path: str, deadline_seconds: float = 10.0) -> Emptied:
 
 
 def _remove(root: int, name: str) -> bool | None:
-    """Unlink ``name`` (a directory: rmdir). True: gone; None: a directory with entries;
-    False: it could not be removed (vanished counts as gone)."""
+    """True: gone (or vanished); None: a directory with entries; False: not removable."""
     try:
         os.unlink(name, dir_fd=root)
         return True
@@ -145,8 +137,7 @@ def _remove(root: int, name: str) -> bool | None:
 
 
 def _hoist(root: int, name: str, flags: int, serials: Iterator[int]) -> int:
-    """Move the entries of directory ``name`` into the root, each under a new name; how
-    many moved."""
+    """Move directory ``name``'s entries into the root under new names; how many moved."""
     try:
         directory = os.open(name, flags, dir_fd=root)
     except OSError:

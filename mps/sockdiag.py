@@ -1,31 +1,22 @@
 """Unix sockets as the kernel's sock_diag netlink interface shows them (UNIX_DIAG).
 
-/proc/net/unix lists a socket's inode, state and bound path, but not what it is
-connected to. sock_diag (``NETLINK_SOCK_DIAG``, family ``AF_UNIX``) also gives, per
-socket: its peer's inode (``UDIAG_SHOW_PEER``), the device and inode of the file it is
-bound to (``UDIAG_SHOW_VFS``: a socket accepted on a listening socket carries the
-listener's file, so a connection to a control socket is known by that file, not by a
-path string a process could choose) and how much waits unread in it
-(``UDIAG_SHOW_RQLEN``). Read here with the standard library's ``socket`` and ``struct``
-over the fixed layouts of ``linux/netlink.h``, ``linux/sock_diag.h`` and
-``linux/unix_diag.h``.
+/proc/net/unix does not say what a socket is connected to. sock_diag
+(``NETLINK_SOCK_DIAG``, ``AF_UNIX``) gives per socket its peer's inode
+(``UDIAG_SHOW_PEER``), the device and inode of the file it is bound to
+(``UDIAG_SHOW_VFS``: an accepted socket carries its listener's file, so a connection to
+a control socket is known by that file, not by a path a process could choose) and what
+waits unread in it (``UDIAG_SHOW_RQLEN``). Read with ``socket`` and ``struct`` over the
+fixed layouts of ``linux/netlink.h``, ``linux/sock_diag.h`` and ``linux/unix_diag.h``.
 
-Unix sockets belong to a network namespace, and a socket accepted on a listening
-socket is made in the *connecting* socket's namespace: a container with a network
-namespace of its own that connects to a host socket leaves the accepted end in its own
-namespace, where the host's sock_diag (and /proc/net/unix) does not see it.
-``DiagSocket`` therefore opens its netlink socket inside the namespace it is given
-(``setns`` in a thread made only for that: a socket stays in the namespace it was made
-in, and the thread ends there).
+A socket accepted on a listener is made in the *connecting* socket's network namespace,
+where the host's sock_diag does not see it, so ``DiagSocket`` opens its netlink socket
+inside a given namespace (``setns`` in a thread made for that alone: the socket stays
+in the namespace it was made in). ``namespace_of`` asks a socket itself for its
+namespace (``pidfd_getfd``, then ``SIOCGSKNS``), for a namespace no process is in any
+more.
 
-Which namespace a socket lives in can also be asked of the socket itself:
-``namespace_of`` takes a duplicate of another process's socket fd (``pidfd_getfd``) and
-asks it for its namespace (the ``SIOCGSKNS`` ioctl), for a namespace no process is in
-any more (a client that connected from a namespace of its own, handed its socket out
-and exited).
-
-The parsers are pure (bytes in, records out) and refuse what is not as the kernel
-writes it; the I/O raises ``SockDiagError`` naming what failed.
+The parsers are pure and refuse what is not as the kernel writes it; the I/O raises
+``SockDiagError`` naming what failed.
 """
 
 from __future__ import annotations
@@ -48,7 +39,7 @@ CLONE_NEWNET = 0x40000000
 SIOCGSKNS = 0x894C  # linux/sockios.h: a socket's network namespace, as a new fd
 SYS_PIDFD_GETFD = 438  # the same number on every architecture (asm-generic/unistd.h)
 
-# linux/unix_diag.h: what to show, and the attributes that show it.
+# linux/unix_diag.h
 UDIAG_SHOW_NAME = 0x01
 UDIAG_SHOW_VFS = 0x02
 UDIAG_SHOW_PEER = 0x04
@@ -83,8 +74,6 @@ class SockDiagError(Exception):
 
 @dataclass(frozen=True)
 class UnixSocket:
-    """One unix socket as sock_diag shows it."""
-
     inode: int
     type: int  # socket.SOCK_STREAM, SOCK_DGRAM or SOCK_SEQPACKET
     state: int  # ESTABLISHED, LISTEN, ... (TCP numbers)
@@ -103,9 +92,8 @@ def request(inode: int, seq: int, show: int = SHOW) -> bytes:
 
 
 def parse_answer(data: bytes, seq: int) -> tuple[list[UnixSocket], int | None]:
-    """The sockets in one datagram of answers to request ``seq``, and the errno of an
-    NLMSG_ERROR among them (0 is an acknowledgement, not an error). Messages of other
-    requests are skipped; a message that is not as the kernel writes it raises."""
+    """The sockets in one datagram of answers to request ``seq`` (other requests' skipped),
+    and the errno of an NLMSG_ERROR among them (0 is an acknowledgement)."""
     found: list[UnixSocket] = []
     error: int | None = None
     for kind, message_seq, payload in _messages(data):
@@ -136,7 +124,6 @@ def _messages(data: bytes) -> Iterator[tuple[int, int, bytes]]:
 
 
 def parse_socket(payload: bytes) -> UnixSocket:
-    """One ``unix_diag_msg`` and its attributes."""
     if len(payload) < _UNIX_DIAG_MSG.size:
         raise SockDiagError("a truncated unix_diag_msg")
     family, kind, state, _, inode, _, _ = _UNIX_DIAG_MSG.unpack_from(payload)
@@ -160,7 +147,6 @@ def parse_socket(payload: bytes) -> UnixSocket:
 
 
 def attributes(data: bytes) -> Iterator[tuple[int, bytes]]:
-    """(type, value) of each netlink attribute in ``data``."""
     offset = 0
     while offset < len(data):
         if len(data) - offset < _NLATTR.size:
@@ -193,10 +179,10 @@ def device_number(st_dev: int) -> int:
 
 
 class DiagSocket:
-    """A sock_diag netlink socket in one network namespace (None: ours)."""
+    """A sock_diag netlink socket in one network namespace (a file such as
+    ``/proc/PID/ns/net``; None: ours)."""
 
     def __init__(self, netns: str | None = None):
-        """``netns``: a network namespace file such as ``/proc/PID/ns/net``."""
         self.netns = netns
         self._seq = 0
         self._socket = _open(netns)
@@ -258,7 +244,6 @@ def _open(netns: str | None) -> socket.socket:
     failed: list[BaseException] = []
 
     def enter() -> None:
-        # This thread alone moves into the namespace, and it ends right after.
         try:
             fd = os.open(netns, os.O_RDONLY | os.O_CLOEXEC)
             try:
@@ -292,9 +277,8 @@ def _setns(fd: int, nstype: int) -> None:
 
 
 def namespace_of(pid: int, fd: int, start_ticks_of) -> int:
-    """A new fd of the network namespace of process ``pid``'s socket ``fd`` (close it);
-    ``start_ticks_of(pid)`` must give the same start time before and after the pidfd is
-    taken (a reused PID is another process). SockDiagError when it cannot be had."""
+    """A new fd (close it) of the network namespace of process ``pid``'s socket ``fd``;
+    ``start_ticks_of`` proves the pidfd names the process meant, not a reused PID."""
     before = start_ticks_of(pid)
     try:
         pidfd = os.pidfd_open(pid)

@@ -1,8 +1,8 @@
 """The small error hierarchy of gpushare-node.
 
-Errors are translated where they enter (NVML, SQLite, YAML, gRPC) into one of
-these, with the original chained, and carry what an operator needs: which
-card, which pod, how much, what to do.
+Errors are translated where they enter (NVML, SQLite, YAML, gRPC) into one of these,
+the original chained, and carry what an operator needs: which card, which pod, how
+much, what to do.
 """
 
 
@@ -11,11 +11,8 @@ class GpushareError(Exception):
 
 
 class ConfigError(GpushareError):
-    """The configuration file or a value in it is unusable.
-
-    ``key`` is the dotted path of the offending key (``resources.placement``),
-    or the file itself when the file cannot be read or parsed.
-    """
+    """The configuration file or a value in it is unusable; ``key`` is the dotted key
+    (``resources.placement``), or the file when it cannot be read or parsed."""
 
     def __init__(self, key: str, problem: str):
         super().__init__(f"{key}: {problem}")
@@ -35,9 +32,8 @@ class AllocationError(GpushareError):
     """A kubelet request that cannot be honoured; the message goes to kubelet."""
 
 
-# kubelet turns a failed GetPreferredAllocation or Allocate into UnexpectedAdmissionError:
-# the pod fails and kubelet never admits it again. Every such refusal ends with this
-# (``final_refusal``), so the pod's events say what happened to it and what to do.
+# kubelet turns a failed GetPreferredAllocation or Allocate into UnexpectedAdmissionError
+# and never admits the pod again, so every such refusal says so and what to do.
 REFUSAL_IS_FINAL = (
     "kubelet rejects the pod for good (UnexpectedAdmissionError) and never retries it: "
     "create it again, or run it under a controller that does (a Deployment, a Job); with "
@@ -46,8 +42,6 @@ REFUSAL_IS_FINAL = (
 
 
 def final_refusal(message: str) -> str:
-    """A refusal's message as kubelet passes it on for an admission call: with what it
-    means for the pod."""
     return f"{message}. {REFUSAL_IS_FINAL}"
 
 
@@ -68,10 +62,7 @@ class BindError(GpushareError):
 
 
 class KubeApiError(GpushareError):
-    """A request to the Kubernetes API server failed (nodemgr.kubernetes maps the client's errors).
-
-    ``status`` is the HTTP status when the server answered, else None.
-    """
+    """A request to the Kubernetes API server failed; ``status``: the HTTP status, if any."""
 
     def __init__(self, message: str, status: int | None = None):
         super().__init__(message)

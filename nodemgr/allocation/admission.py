@@ -1,19 +1,11 @@
 """Admission: which container is asking, and the carry-over of its second shared resource.
 
-kubelet admits pods one at a time and, for one container, allocates its
-resources one after another (GetPreferredAllocation then Allocate, per
-resource). So after a container's first shared resource is allocated, the
-container is *open*: its next shared request, for the resource it does not
-hold yet, is carried onto the same card when
-
-- its pod is known (the Kubernetes pod cache) and it asks exactly what the
-  pod's spec says (no time limit needed); or
-- without the pod, the request comes within ``ADMISSION_WINDOW_SECONDS``.
-  The guess can be wrong for two single-resource pods admitted back to back;
-  kubelet's PodResources record corrects the ledger at the next reconcile.
-
-``DemandFinder`` finds the container being admitted in the pod cache,
-waiting up to ``POD_WAIT_SECONDS`` for the pod watch to catch up with kubelet.
+kubelet admits pods one at a time and allocates a container's resources one after
+another. After a container's first shared resource the container is *open*: its
+request for the other one is carried onto the same card when its pod is known and it
+asks exactly what the pod's spec says, or, without the pod cache, within
+``ADMISSION_WINDOW_SECONDS`` (a guess that can link two single-resource pods admitted
+back to back; kubelet's record corrects it at the next reconcile).
 """
 
 from __future__ import annotations
@@ -31,12 +23,11 @@ from nodemgr.errors import NoFitError
 
 log = logging.getLogger(__name__)
 
-# kubelet allocates a container's resources back to back, in milliseconds;
-# five seconds leaves room for a slow node without linking unrelated pods.
+# kubelet allocates a container's resources milliseconds apart; five seconds leaves
+# room for a slow node without linking unrelated pods.
 ADMISSION_WINDOW_SECONDS = 5.0
-# kubelet and our pod watch see a newly bound pod at about the same time; when
-# no cached pod matches yet, Allocate waits this long for the watch to catch up
-# (only while the watch is live: with the API server down it does not wait).
+# kubelet and the pod watch see a newly bound pod at about the same time; Allocate
+# waits this long for the watch to catch up, only while it is live.
 POD_WAIT_SECONDS = 1.0
 
 # (namespace, pod, container, pod UID or "") -> resource names it already holds
@@ -45,11 +36,9 @@ HeldResources = HeldByContainer
 
 @dataclass(frozen=True)
 class OpenAdmission:
-    """The container whose second shared resource may come next."""
-
     allocation_id: str
-    since_monotonic: float  # when its first resource was allocated
-    demand: Demand | None  # its pod's demand, when the pod was known
+    since_monotonic: float
+    demand: Demand | None  # None: the pod was not known
 
 
 def carried_allocation(
@@ -75,7 +64,7 @@ def carried_allocation(
 
 
 class PodSource(Protocol):
-    """The pods bound to this node that kubelet may still admit (the Kubernetes adapter)."""
+    """The pods bound to this node (the Kubernetes adapter)."""
 
     @property
     def live(self) -> bool:
@@ -89,13 +78,10 @@ class PodSource(Protocol):
         """Pending pods asking for a shared resource; cheap, no I/O."""
         ...
 
-    def pod(self, namespace: str, name: str) -> PodInfo | None:
-        """The cached pod of that name bound to this node (any phase); None if none."""
-        ...
+    def pod(self, namespace: str, name: str) -> PodInfo | None: ...
 
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
-        """Those of them some container of which requests exactly ``size`` of
-        ``resource`` (podmatch.asked_sizes); an index lookup, no walk, no I/O."""
+        """Those requesting exactly ``size`` of ``resource``: an index lookup, no walk."""
         ...
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int: ...
@@ -117,12 +103,12 @@ class DemandFinder:
         self._monotonic = monotonic
 
     def find(self, kind: ResourceKind, size: int, held: HeldResources) -> Demand | None:
-        """The demand asking ``size`` of ``kind``; may wait up to POD_WAIT_SECONDS for the watch."""
+        """May wait up to POD_WAIT_SECONDS for the watch."""
         names = self._names
         name, memory, core = names[kind], names[ResourceKind.MEMORY], names[ResourceKind.CORE]
         generation = self._pods.generation
-        # Only the pods asking exactly this can match: with hundreds pending, walking
-        # them all was a quarter of the daemon's CPU per admission.
+        # Walking hundreds of pending pods per admission would cost a quarter of the
+        # daemon's CPU; only those asking exactly this can match.
         demand = find_demand(
             self._pods.candidates_asking(name, size), name, size, memory, core, held
         )
@@ -151,11 +137,8 @@ def place_demand(
     describe: NoFitDescriber,
     node_name: str,
 ) -> str:
-    """The card for a container's whole demand (memory and share together).
-
-    A card the scheduler extender chose (``ALIYUN_COM_GPU_MEM_IDX``) is honoured
-    for both, or refused clearly when the extender's view has gone stale.
-    """
+    """The card for a container's whole demand; the extender's choice is honoured, or
+    refused clearly when its view has gone stale."""
     request = SharedRequest(demand.memory_units, demand.core_percent)
     who = f"{demand.namespace}/{demand.pod}/{demand.container}"
     if demand.extender_card_index is None:
@@ -190,7 +173,6 @@ def carry_refusal(
     card_label: str,
     demand: Demand | None = None,
 ) -> str:
-    """Why the open container's second resource cannot follow its first onto its card."""
     request = SharedRequest(
         memory_units=size if kind is ResourceKind.MEMORY else carried.memory_units,
         core_percent=size if kind is ResourceKind.CORE else carried.core_percent,

@@ -1,25 +1,21 @@
 """The allocation state of the node: devices, health, placement and the ledger.
 
-The gRPC servicers only translate messages and call this object; tests call
-it directly. Every decision happens under one lock and touches nothing slower
-than the local SQLite ledger, so Allocate's latency does not depend on the
-cluster (no API server, no kubelet call, no subprocess on that path). The one
-exception is ``while_idle``: the MPS supervisor empties an idle card's /dev/shm
-under the lock, so that no container of a new allocation meets the emptying.
+Every decision happens under one lock and touches nothing slower than the local SQLite
+ledger, so Allocate's latency does not depend on the cluster. The one exception is
+``while_idle``: the MPS supervisor empties an idle card's /dev/shm under the lock, so no
+container of a new allocation meets the emptying.
 
 The allocations are held once, in the ledger's committed image: every change is a
-ledger commit made under this object's lock (``_apply``), after which its indexes
-follow: per-card totals (:mod:`nodemgr.allocation.usage`) and what the next
-reconcile must judge (:mod:`nodemgr.allocation.backlog`). Which container is
-asking, and how its second shared resource follows its first onto the same card,
-is :mod:`nodemgr.allocation.admission`. The device plugin servers see this object
-only through :class:`~nodemgr.allocation.resources.ResourceManager`, the
-enforcement through narrow Protocols of its own.
+ledger commit under this lock (``_apply``), then the indexes follow (per-card totals,
+:mod:`nodemgr.allocation.usage`; what the next reconcile must judge,
+:mod:`nodemgr.allocation.backlog`). The device plugin servers see this object only
+through :class:`~nodemgr.allocation.resources.ResourceManager`, the enforcement through
+narrow Protocols of its own.
 
 What it must not do: decide what needs no lock (placement, reconcile plans, envs
 live in nodemgr.domain); wait on anything but the ledger while holding its lock.
 
-Why longer than 400 lines: every method reads or changes the state under the one lock.
+Longer than 400 lines: every method reads or changes the state under the one lock.
 """
 
 from __future__ import annotations
@@ -79,12 +75,9 @@ T = TypeVar("T")
 
 
 def shared_mounts(layout: MpsLayout | None, card_uuid: str) -> tuple[Mount, ...]:
-    """What a shared container of the card mounts (both resources, and a DRA claim, give
-    the same): the card's MPS client directory, read-only, and the card's own tmpfs as
-    /dev/shm. Not the daemon's pipe directory: root could ``quit`` the daemon through its
-    ``control_privileged``. Read-only: a container must not replace ``control`` for the
-    card's other tenants (docs/mps.md). Not another card's tmpfs, nor one for the whole
-    node: a /dev/shm holds tenants' data (PyTorch passes tensors through it)."""
+    """The card's MPS client directory, read-only (a container must not replace
+    ``control`` for the card's other tenants, docs/mps.md), and the card's own tmpfs as
+    /dev/shm (it holds tenants' data: PyTorch passes tensors through it)."""
     if layout is None:
         return ()
     return (
@@ -127,45 +120,30 @@ class Allocator:
         self._clock = clock
         self._monotonic = monotonic
         self._lock = threading.Lock()
-        # Moves on every change of what is served (allocations, card health).
-        self.changes = ChangeCounter()
-        # Moves only when a card's state changes: its health (a problem set or
-        # cleared), given out whole or no longer, holding shared work or no longer.
-        # The device lists depend on nothing else, so ListAndWatch streams and the
-        # MPS supervisor wait on this one and sleep through ordinary admissions.
+        self.changes = ChangeCounter()  # every change of allocations or card health
+        # Only a card's health, whole use or shared use: the device lists depend on
+        # nothing else, so ListAndWatch streams and the MPS supervisor sleep through
+        # ordinary admissions.
         self.card_changes = ChangeCounter()
-        # The container whose second shared resource may come next (admission.py).
-        self._open: OpenAdmission | None = None
-        # None: MPS off, shared containers get env quotas only.
-        self._mps_layout = mps_layout
-        # None: no Kubernetes API; a container's resources are linked by timing.
-        self._pods = pods
+        self._open: OpenAdmission | None = None  # admission.py
+        self._mps_layout = mps_layout  # None: MPS off
+        self._pods = pods  # None: no Kubernetes API; resources are linked by timing
         self._demands = (
             DemandFinder(pods, self.resource_names, self.node_name, monotonic)
             if pods is not None
             else None
         )
-        # Told of every refusal whose pod is known (the daemon posts a pod Event).
-        self._on_refusal = on_refusal
-        # card UUID -> why it takes no shared work now (its MPS daemon is down, ...).
-        self._card_problems: dict[str, str] = {}
-        # Old allocation IDs for the next reconcile (a lost ledger recovered; see keep_id_hints).
-        self._id_hints: dict[ContainerRef, str] = {}
-        # Set by request_reconcile (PreStartContainer, the registry): the run loop
-        # reconciles at once rather than at its period.
+        self._on_refusal = on_refusal  # posts a pod Event
+        self._card_problems: dict[str, str] = {}  # why a card takes no shared work now
+        self._id_hints: dict[ContainerRef, str] = {}  # keep_id_hints
         self.reconcile_requested = threading.Event()
-        # The allocations: the ledger's committed image, read-only here, the one copy.
-        # Every commit of them is made under this object's lock, so under it they hold still.
+        # Read-only here; every commit is made under this lock, so under it they hold still.
         self._allocations = ledger.allocations
-        # Indexes of them, kept change by change (_apply): per-card totals, who holds which
-        # device, and what the next reconcile must judge.
         self._usage = CardUsage()
         for allocation in self._allocations.values():
             self._usage.add(allocation)
         self._backlog = Backlog()
-        # Per resource, the device list every ListAndWatch stream shares.
-        self._device_lists: dict[ResourceKind, _DeviceList] = {}
-        # kubelet's record as last read (the same object again is not read again).
+        self._device_lists: dict[ResourceKind, _DeviceList] = {}  # shared by all streams
         self._view: KubeletView | None = None
         self._check_memory_unit()
 
@@ -184,12 +162,9 @@ class Allocator:
     # -- devices and health (ListAndWatch) ---------------------------------
 
     def devices(self, kind: ResourceKind) -> list[DeviceInfo]:
-        """The full device list of one resource, with linkage health.
-
-        The same list object while what it shows is unchanged: a card taking or dropping
-        shared work moves ``card_changes`` (the whole-card list shows it) but not the
-        memory and share lists, which stay as they were (16 cards: ~17,000 memory IDs, not
-        rebuilt and compared at every such flip)."""
+        """The full device list of one resource, with linkage health: the same object while
+        what it shows is unchanged (16 cards: ~17,000 memory IDs, not rebuilt at every
+        ``card_changes``)."""
         with self._lock:
             generation = self.card_changes.generation
             cached = self._device_lists.get(kind)
@@ -212,11 +187,9 @@ class Allocator:
         return listing
 
     def _list_shows(self, kind: ResourceKind) -> tuple[frozenset[str], frozenset[str]]:
-        """All one resource's device list depends on (the cards are fixed): the cards it
-        shows unhealthy and the IDs DRA claims hold. A whole card is unhealthy while it
-        holds shared work or a claim holds it whole; a card's memory and share IDs while it
-        is given out whole or has a problem, and each ID a claim holds (so kubelet never
-        hands out what a claim has; docs/dra.md, "Both doors")."""
+        """All one resource's device list depends on: the cards it shows unhealthy and the
+        IDs claims hold (kubelet never hands out what a claim has; docs/dra.md, "Both
+        doors")."""
         claimed = frozenset(i for k, i in self._usage.claim_held if k is kind)
         if kind is ResourceKind.WHOLE:
             shared = self._usage.shared_cards() | self._usage.claim_whole_cards()
@@ -250,7 +223,6 @@ class Allocator:
             # kubelet may not have seen the list that marks a claim's IDs Unhealthy yet.
             held = self._usage.claim_held
             available = [i for i in available if (kind, i) not in held]
-        # kubelet lists every free ID of the node (hundreds): each one's card, once.
         cards = cards_of(kind, available)
         if kind is ResourceKind.WHOLE:
             return self._preferred_whole(available, cards, must_include, size)
@@ -276,11 +248,9 @@ class Allocator:
         must_include: Sequence[str],
         size: int,
     ) -> list[str]:
-        """Whole cards kubelet offers, by index, leaving out those holding shared work (a
-        claim's share too): kubelet's list can show a card healthy for a moment after a
-        share landed on it (the ListAndWatch update is in flight), and Allocate would
-        refuse it, failing the pod for good. Refused here, naming them, when they are all
-        that is left."""
+        """Whole cards kubelet offers, by index, without those holding shared work: kubelet's
+        list can show one healthy for a moment after a share landed (the update in
+        flight), and Allocate would refuse it, failing the pod for good."""
         busy = self._usage.shared_cards()
         free_ids = {
             i for i, c in zip(available, cards, strict=True) if c in self._cards and c not in busy
@@ -299,8 +269,6 @@ class Allocator:
         return picked
 
     def _shared_work_refusal(self, cards: Sequence[str], size: int) -> str:
-        """Why ``cards``, which kubelet offered or chose whole, cannot be given whole: what
-        each holds, and that kubelet's device list (which shows them Unhealthy) was stale."""
         claims: dict[str, set[str]] = {c: set() for c in cards}
         for kind, device_id in self._usage.claim_held:
             card_uuid = card_of(kind, device_id)
@@ -320,7 +288,6 @@ class Allocator:
         )
 
     def _stale_list_note(self, kind: ResourceKind, whole: Sequence[str]) -> str:
-        """Said of a refusal where kubelet offered or chose shared IDs of cards given whole."""
         labels = ", ".join(self._card_label(c) for c in sorted(whole, key=self._card_index))
         return (
             f" (kubelet offered {self.resource_names[kind]} IDs of {labels}, given out whole: "
@@ -377,9 +344,8 @@ class Allocator:
         return list(must_include) + on_card[: max(size - len(must_include), 0)]
 
     def _release_refused(self, carried: Allocation, why: str) -> None:
-        """kubelet fails a pod one of whose resources is refused and never reports the others:
-        the container's first resource goes now rather than after the grace. Only with its
-        pod known (``demand``): without, the link to the first resource is a guess."""
+        """kubelet fails a pod one of whose resources is refused and never reports the
+        others, so the first goes now; only with its pod known (else the link is a guess)."""
         if carried.confirmed_at is not None:
             return  # kubelet reported it: reconcile decides
         try:
@@ -395,14 +361,13 @@ class Allocator:
         """The card for a container's whole demand (memory and share together).
 
         kubelet's free IDs are the truth for ``kind``; for the other resource the ledger
-        counts, and it may still hold pods kubelet has let go (it frees a gone pod's
-        devices at once, the ledger follows at the next reconcile), so:
+        counts, and it may still hold pods kubelet let go (the ledger follows at the next
+        reconcile), so:
 
         - an allocation some of whose ``kind`` devices kubelet offers as free is gone
-          (kubelet frees all of a pod's devices together): its other resource is free too;
-        - when the demand then fits no card, an allocation whose pod the live pod cache
-          shows deleted, being deleted or finished does not count either. The chosen
-          card's other resource is checked against kubelet's own list at its request.
+          (kubelet frees a pod's devices together): its other resource is free too;
+        - if the demand then fits no card, neither counts an allocation whose pod the pod
+          cache shows deleted, deleting or finished.
 
         A refusal here is final for the pod (kubelet never retries it)."""
         loads = self._loads(kind, free_here)
@@ -439,9 +404,8 @@ class Allocator:
         return {holders[(kind, i)] for i in available if (kind, i) in holders}
 
     def _gone_by_pod_cache(self) -> set[str]:
-        """The shared allocations whose pod the live pod cache shows deleted, being deleted
-        or finished, or replaced by another pod of its name (another UID) (a walk of the
-        allocations: only when a refusal is at hand)."""
+        """Shared allocations whose pod the pod cache shows gone, finished or replaced by
+        another UID (a walk: only when a refusal is at hand)."""
         if self._pods is None or not self._pods.live:
             return set()
         gone = set()
@@ -524,9 +488,8 @@ class Allocator:
     def container_edits(
         self, allocation: Allocation, pod_memory_units: int | None = None
     ) -> tuple[dict[str, str], tuple[Mount, ...]]:
-        """The env and mounts a container holding ``allocation`` gets: the one source of
-        both Allocate's answer and a DRA claim's CDI spec. Reads only what never changes
-        (the cards, the MPS layout): no lock."""
+        """The one source of Allocate's env and mounts and a claim's CDI spec. Reads only
+        what never changes: no lock."""
         if allocation.whole:
             return whole_envs(allocation, sorted(allocation.cards, key=self._card_index)), ()
         card = self._cards[allocation.cards[0]]
@@ -553,7 +516,6 @@ class Allocator:
         return None
 
     def admit_claim(self, demand: ClaimDemand) -> tuple[Allocation, bool]:
-        """``admit_claims`` of one claim; its error raised."""
         [admitted] = self.admit_claims([demand])
         if isinstance(admitted, GpushareError):
             raise admitted
@@ -563,11 +525,9 @@ class Allocator:
         self, demands: Sequence[ClaimDemand]
     ) -> list[tuple[Allocation, bool] | GpushareError]:
         """NodePrepareResources: each claim's allocation recorded before kubelet hears of
-        it, against everything the ledger holds (device plugin allocations too, and the
-        claims before it in the batch), in one ledger transaction for the batch; the one
-        already recorded for the same demand when kubelet asks again. Per demand:
-        (allocation, whether it is new), or the error that refused it (nothing recorded
-        for it; a ledger that cannot be written refuses every new one)."""
+        it, against everything the ledger holds, in one transaction for the batch; the one
+        already recorded when kubelet asks again. Per demand: (allocation, whether new), or
+        the error that refused it."""
         answers: list[tuple[Allocation, bool] | GpushareError] = []
         with self._lock:
             staged: list[Allocation] = []
@@ -604,8 +564,7 @@ class Allocator:
     def _admit_one(
         self, demand: ClaimDemand, staged: list[Allocation], updates: list[Allocation]
     ) -> tuple[Allocation, bool]:
-        """One demand of admit_claims (under the lock); a new allocation is counted in
-        the per-card totals at once (the next demand sees it) and added to ``staged``."""
+        """Under the lock; a new allocation is counted at once (the next demand sees it)."""
         uid = demand.claim.uid
         existing = next(
             (a for a in staged + updates if a.claim is not None and a.claim.uid == uid), None
@@ -637,8 +596,7 @@ class Allocator:
 
     def adopt_claim(self, demand: ClaimDemand, allocation_id: str) -> Allocation:
         """A claim prepared before the ledger was lost, taken back under the allocation ID
-        its containers' env carries (nodemgr.dra.recovery); NoFitError or ConflictError
-        when its room is taken, LedgerError when it cannot be recorded."""
+        its containers' env carries (nodemgr.dra.recovery)."""
         with self._lock:
             if self._claim_allocation(demand.claim.uid) is not None:
                 raise ConflictError(f"{demand.claim} is already recorded")
@@ -669,26 +627,23 @@ class Allocator:
     # -- card state from the MPS supervisor -------------------------------------
 
     def whole_cards(self) -> set[str]:
-        """UUIDs of the cards given out whole (they must leave MPS)."""
+        """They must leave MPS."""
         with self._lock:
             return self._usage.whole_cards()
 
     def shared_cards(self) -> set[str]:
-        """UUIDs of the cards holding at least one shared allocation."""
         with self._lock:
             return self._usage.shared_cards()
 
     def while_idle(self, card_uuid: str, action: Callable[[], T]) -> T | None:
-        """``action()`` while the card holds no shared allocation, admission waiting until it
-        is done (the card's /dev/shm is emptied so: a container admitted meanwhile would
-        lose its first files); None, without running it, when the card holds one."""
+        """``action()`` while the card holds no shared allocation, admission waiting (a
+        container admitted meanwhile would lose its first files); None when it holds one."""
         with self._lock:
             if card_uuid in self._usage.shared_cards():
                 return None
             return action()
 
     def set_card_problem(self, card_uuid: str, problem: str | None) -> None:
-        """Mark a card unable (problem) or able (None) to take shared work."""
         with self._lock:
             if self._card_problems.get(card_uuid) == problem:
                 return
@@ -700,13 +655,12 @@ class Allocator:
             self.changes.bump()
 
     def set_grace_seconds(self, grace_seconds: float) -> None:
-        """A config reload: kubelet.allocation_grace_seconds for the next reconcile."""
         with self._lock:
             self._grace_seconds = grace_seconds
 
     def responsive(self, timeout_seconds: float) -> bool:
-        """Whether the allocation state can be read within the timeout (no thread holds it
-        stuck): the run loop pings systemd's watchdog only when this holds."""
+        """Whether the lock is had within the timeout: the run loop pings systemd's
+        watchdog only then."""
         if not self._lock.acquire(timeout=timeout_seconds):
             return False
         self._lock.release()
@@ -789,14 +743,13 @@ class Allocator:
         return replace(allocation, memory_mib=allocation.memory_units * self._unit_mib)
 
     def _store(self, allocation: Allocation) -> None:
-        """Write the allocation, taking its devices from stale holders (kubelet's choice wins)."""
+        """Taking its devices from stale holders (kubelet's choice wins)."""
         puts, deletes = take_over_devices(
             allocation, self._usage.holders, self._allocations, self._unit_mib
         )
         self._apply(puts, deletes)
 
     def _apply(self, puts: list[Allocation], deletes: list[str]) -> None:
-        """Commit to the ledger (which changes the allocations); then the indexes follow."""
         touched = dict.fromkeys([*deletes, *(a.id for a in puts)])
         before = {i: self._allocations.get(i) for i in touched}
         card_state = (self._usage.shared_cards(), self._usage.whole_cards())
@@ -819,7 +772,6 @@ class Allocator:
 
     @property
     def device_changes(self) -> ChangeCounter:
-        """ResourceManager: moves when a device list may differ (card state only)."""
         return self.card_changes
 
     # -- reconcile with kubelet ---------------------------------------------
@@ -831,7 +783,7 @@ class Allocator:
 
     def keep_id_hints(self, id_hints: Mapping[ContainerRef, str]) -> None:
         """Old allocation IDs for the next reconcile to adopt with (kubelet was not
-        readable when a lost ledger was recovered; see nodemgr.allocation.recovery)."""
+        readable when a lost ledger was recovered)."""
         with self._lock:
             self._id_hints = dict(id_hints)
 
@@ -840,11 +792,9 @@ class Allocator:
         kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]],
         id_hints: Mapping[ContainerRef, str] | None = None,
     ) -> ReconcilePlan:
-        """Make the ledger say what kubelet's PodResources List says. ``id_hints``: the
-        allocation ID each running container was registered with (after a lost ledger).
-
-        Judged: what changed since the last reconcile (nodemgr.allocation.backlog); all of
-        it only at start, with hints, or after a plan could not be committed."""
+        """Make the ledger say what kubelet's PodResources List says, judging what changed
+        since the last reconcile; all of it at start, with ``id_hints``, or after a plan
+        could not be committed."""
         hints = id_hints if id_hints is not None else self._id_hints
         with self._lock:
             self._backlog.expire(self._clock(), self._grace_seconds, self._allocations)
@@ -857,9 +807,8 @@ class Allocator:
                 self._backlog.take(work)
                 return ReconcilePlan()
             generation, now = self.changes.generation, self._clock()
-        # Planned outside the lock, so that Allocate does not wait for it (a full walk takes
-        # milliseconds on a full node). It is applied only if nothing moved meanwhile;
-        # otherwise it is planned again under the lock, against the state it changes.
+        # Planned outside the lock so Allocate does not wait; applied only if nothing moved
+        # meanwhile, else planned again under the lock.
         plan = self._plan(work, now, hints)
         with self._lock:
             if self.changes.generation != generation:
@@ -879,10 +828,8 @@ class Allocator:
         return plan
 
     def _plan(self, work: Work, now: float, hints: Mapping[ContainerRef, str]) -> ReconcilePlan:
-        """``work``'s plan: the full walk over every allocation, or its scope alone. DRA
-        claims' allocations are kubelet's DRA manager's to release (unprepare), not the
-        device plugin record's, and their devices are never adopted by it: they are left out
-        of the full walk here and out of every scope by the backlog."""
+        """``work``'s plan: the full walk or its scope alone. Claims' allocations are left
+        out: kubelet's DRA manager releases them (unprepare), not the device plugin record."""
         reported, grace, unit = work.view.reported, self._grace_seconds, self._unit_mib
         if work.full:
             everything, reported = _without_claims(list(work.everything), reported)
@@ -894,9 +841,8 @@ class Allocator:
     def _view_of(
         self, kubelet_record: Mapping[ContainerRef, Mapping[str, Sequence[str]]]
     ) -> KubeletView:
-        """Each of this node's devices kubelet reports, with its container. The same record
-        object as last time gives the same view without a walk (kubelet's answer did not
-        change; what this node advertises changes only with a restart)."""
+        """Each of this node's devices kubelet reports, with its container; the same record
+        object as last time gives the same view without a walk."""
         view = self._view
         if view is None or view.record is not kubelet_record:
             view = KubeletView.read(kubelet_record, self._kind_of_resource, self._is_known)
@@ -906,7 +852,6 @@ class Allocator:
     # -- views -------------------------------------------------------------------
 
     def card_label(self, card_uuid: str) -> str:
-        """How operators see a card in messages: GPU<index> (<UUID>)."""
         return self._card_label(card_uuid) if card_uuid in self._cards else card_uuid
 
     def allocation(self, allocation_id: str) -> Allocation | None:
@@ -918,19 +863,16 @@ class Allocator:
             return sorted(self._allocations.values(), key=lambda a: (a.created_at, a.id))
 
     def allocations_by_id(self) -> dict[str, Allocation]:
-        """A snapshot of the allocations by ID (the watchdog's, once per scan: no sort)."""
         with self._lock:
             return dict(self._allocations)
 
     def allocation_count(self) -> int:
-        """How many allocations there are (the run loop's STATUS= twice a second: no sort)."""
         with self._lock:
             return len(self._allocations)
 
     # -- internals (callers hold the lock) -------------------------------------
 
     def _resolve(self, kind: ResourceKind, device_ids: Sequence[str]) -> list[str]:
-        """The card of each ID; UnknownDeviceError naming the IDs this node never advertised."""
         unknown = [i for i in device_ids if not self._is_known(kind, i)]
         if unknown:
             example = card_device_ids(kind, self.cards[0].uuid, 1)[0] if self.cards else "none"
@@ -953,7 +895,6 @@ class Allocator:
         return index < limit
 
     def _open_allocation(self, kind: ResourceKind, size: int) -> Allocation | None:
-        """The allocation of the container being admitted, if this request is its next one."""
         return carried_allocation(self._open, self._allocations, kind, size, self._monotonic())
 
     def _loads(self, kind: ResourceKind | None, kubelet_free: Counter) -> list[CardLoad]:
@@ -975,7 +916,6 @@ class Allocator:
         with self._lock:
             if self._open is not None and self._open_allocation(kind, size) is not None:
                 return self._open.demand  # the container's second resource: its first's demand
-            # A copy of the running index (no walk of the allocations), read after the lock.
             held = HeldByName(dict(self._usage.held_kinds), self.resource_names)
         return self._demands.find(kind, size, held)
 
@@ -992,8 +932,7 @@ class Allocator:
 
 @dataclass(frozen=True)
 class _DeviceList:
-    """One resource's device list as built at ``generation`` of ``card_changes``, and what
-    it shows (all it depends on: ``Allocator._list_shows``)."""
+    """One resource's device list as built, and what it shows (``Allocator._list_shows``)."""
 
     generation: int
     shows: tuple[frozenset[str], frozenset[str]]  # (unhealthy cards, IDs claims hold)
@@ -1009,9 +948,8 @@ def _holding(allocation: Allocation, unit_mib: int) -> str:
 def _without_claims(
     allocations: list[Allocation], reported: Mapping[DeviceKey, ContainerRef]
 ) -> tuple[list[Allocation], dict[DeviceKey, ContainerRef]]:
-    """The device plugin's part of the state and of kubelet's record: claims' allocations
-    out, and the devices they hold out of the record (kubelet reporting one means it gave a
-    claim's device to a container anyway: said at ERROR, never adopted)."""
+    """The device plugin's part of the state and of kubelet's record (kubelet reporting a
+    claim's device means it gave it to a container anyway: said at ERROR, never adopted)."""
     claimed: dict[DeviceKey, Allocation] = {}
     plugin = []
     for allocation in allocations:

@@ -1,10 +1,7 @@
 """Auditing a ledger on disk against its invariants (``nodemgr check-ledger``, doctor).
 
-Opens the ledger read-only (a running daemon is not disturbed), loads its
-allocations and registered containers and asks
-:func:`nodemgr.domain.invariants.check_invariants` what is broken. Card
-capacities come from the caller (the GPU inventory); without them the
-capacity checks are skipped and the report says so.
+Opens the ledger read-only, so a running daemon is not disturbed; without card
+capacities the capacity checks are skipped and the report says so.
 """
 
 from __future__ import annotations
@@ -32,7 +29,6 @@ class LedgerAudit:
 def audit_ledger(
     state_dir: str, memory_unit_mib: int, cards: Sequence[CardCapacity] | None
 ) -> LedgerAudit:
-    """The invariants of the ledger in ``state_dir``; raises LedgerError if it cannot open."""
     ledger = Ledger(state_dir, read_only=True)
     try:
         allocations = ledger.load()
@@ -50,7 +46,7 @@ def audit_ledger(
 
 
 def card_capacities(settings: Settings) -> tuple[list[CardCapacity] | None, str | None]:
-    """This node's cards as the daemon sees them, or (None, why) when they cannot be read."""
+    """This node's cards, or (None, why) when they cannot be read."""
     unit = settings.resources.memory_unit_mib
     try:
         inventory = open_inventory(settings.gpus)

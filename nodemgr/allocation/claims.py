@@ -1,17 +1,13 @@
 """DRA claims in the allocation state: the narrow interface the DRA driver sees, and the
 placement of a claim's demand on the devices the ledger has free.
 
-A prepared claim is an ``Allocation`` like any other (``claim`` set): it holds memory
-unit and compute share device IDs of its card, or the card's whole-card ID, chosen
-here from the IDs no allocation holds. So one ledger, one set of per-card totals and
-one set of invariants cover both front doors: a device plugin Allocate cannot be
-given a claim's IDs (they are listed Unhealthy, and a take-over of one is refused),
-and a claim cannot be placed on IDs a container holds.
-
-``place_claim`` runs under the allocator's lock (``Allocator.admit_claim``), against
-the state of that moment; it raises, naming the card and the amounts, when the
-scheduler's allocation does not fit what the node holds (an outdated slice, a race
-with the device plugin), and nothing is recorded then.
+A prepared claim is an ``Allocation`` like any other (``claim`` set), holding device IDs
+of its card chosen here from those no allocation holds. So one ledger, one set of
+totals and invariants cover both front doors: Allocate cannot be given a claim's IDs
+(listed Unhealthy, a take-over refused), and a claim cannot be placed on a container's.
+``place_claim`` runs under the allocator's lock and raises, naming the card and the
+amounts, when the scheduler's allocation does not fit (an outdated slice, a race with
+the device plugin).
 """
 
 from __future__ import annotations
@@ -35,32 +31,21 @@ from nodemgr.inventory import Card
 class ClaimLedger(Protocol):
     """What the DRA driver asks of the allocation state (Allocator implements it)."""
 
-    def claim_allocation(self, claim_uid: str) -> Allocation | None:
-        """The allocation recorded for a claim, if any."""
-        ...
+    def claim_allocation(self, claim_uid: str) -> Allocation | None: ...
 
-    def claim_allocations(self) -> list[Allocation]:
-        """Every allocation made for a claim."""
-        ...
+    def claim_allocations(self) -> list[Allocation]: ...
 
     def admit_claims(
         self, demands: Sequence[ClaimDemand]
     ) -> list[tuple[Allocation, bool] | GpushareError]:
-        """Record the claims' allocations durably, in one transaction (or find the one
-        recorded for the same demand: prepare is idempotent); per demand (allocation,
-        whether it is new), or the error (NoFitError, ConflictError, LedgerError) that
-        refused it, nothing recorded for that one."""
+        """Allocator.admit_claims (prepare is idempotent)."""
         ...
 
-    def release_claim(self, claim_uid: str) -> Allocation | None:
-        """Drop the claim's allocation; the one dropped, or None when there was none."""
-        ...
+    def release_claim(self, claim_uid: str) -> Allocation | None: ...
 
     def container_edits(
         self, allocation: Allocation, pod_memory_units: int | None = None
-    ) -> tuple[dict[str, str], tuple[Mount, ...]]:
-        """The env and mounts a container holding the allocation gets (Allocate's)."""
-        ...
+    ) -> tuple[dict[str, str], tuple[Mount, ...]]: ...
 
     def card_label(self, card_uuid: str) -> str:
         """GPU<index> (<UUID>)."""
@@ -68,9 +53,8 @@ class ClaimLedger(Protocol):
 
 
 def same_demand(allocation: Allocation, demand: ClaimDemand, unit_mib: int) -> bool:
-    """Whether a recorded claim allocation is what ``demand`` asks (prepare again): the
-    same claim UID, devices and share IDs, and amounts. Request names are not compared:
-    a claim recovered after a lost ledger does not know them (``adopt_claim``)."""
+    """Whether a recorded claim allocation is what ``demand`` asks (prepare again).
+    Request names are not compared: a claim recovered after a lost ledger lacks them."""
     claim = allocation.claim
     if claim is None or allocation.whole != demand.whole or claim.uid != demand.claim.uid:
         return False
@@ -101,8 +85,6 @@ def place_claim(
     card_problems: Mapping[str, str],
     unit_mib: int,
 ) -> Allocation:
-    """The allocation of a claim's demand on IDs no allocation holds; NoFitError or
-    ConflictError (naming card, amounts and the likely cause) when it does not fit."""
     what = str(demand.claim)
     for card_uuid in demand.cards:
         if card_uuid not in cards:
@@ -163,7 +145,6 @@ def place_claim(
 def _free(
     usage: CardUsage, kind: ResourceKind, card_uuid: str, count: int, wanted: int
 ) -> tuple[str, ...] | None:
-    """The ``wanted`` lowest IDs of the card no allocation holds; None when fewer are free."""
     if wanted == 0:
         return ()
     make = memory_device_id if kind is ResourceKind.MEMORY else core_device_id

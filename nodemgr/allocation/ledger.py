@@ -1,48 +1,36 @@
 """The durable ledger: allocations, registered containers and the violation history.
 
-Every change is one transaction, committed before Allocate answers kubelet,
-so a crash or kill -9 of the daemon at any instant leaves either the whole
-change or none of it. WAL with ``synchronous=NORMAL``: a commit is written to
-the WAL (the kernel's page cache) but not fsync'd, so it survives any crash of
-the daemon; only a power loss or kernel crash can take back the last commits.
-That is the one case where every container on the node is gone too, and what
-it takes back is recovered: kubelet's record is adopted at the first
-reconcile, and a pod's container restarted with the env kubelet cached is tied
-to its pod's allocation whatever ID that env names (nodemgr.domain.podtie).
-The fsync per commit (FULL) cost more than all the rest of Allocate together.
+Every change is one transaction, committed before Allocate answers kubelet, so a kill
+of the daemon at any instant leaves the whole change or none. WAL with
+``synchronous=NORMAL`` (an fsync per commit cost more than the rest of Allocate): a
+commit survives any crash of the daemon; only a power loss or kernel crash takes back
+the last ones, and then every container is gone too and what was lost is recovered
+(kubelet's record adopted; a container restarted with kubelet's cached env tied to its
+pod's allocation, nodemgr.domain.podtie).
 
-A corrupt ledger stops start-up with a message saying how to recover. A write
-refused because state_dir is full or read-only names that. While the daemon
-runs, the file is kept whole (checked by ``check_file`` at every tick and
-before every write: a stat, and its header read when the file changed), and
-what is done is said at CRITICAL:
+A corrupt ledger stops start-up saying how to recover; a write refused because
+state_dir is full or read-only says so. While the daemon runs, ``check_file`` (every
+tick and before every write: a stat, the header read when the file changed) keeps the
+file whole, saying what it did at CRITICAL:
 
-- deleted or replaced (``rm -rf`` of state_dir, an old copy restored over it):
-  the daemon's open connection still reads the lost file, so it is copied into
-  a new file at the path (a replacement kept as ``ledger.sqlite.replaced-<time>``);
-- damaged (truncated, overwritten): found when a write meets a damaged page, or
-  when the file is shorter than its own header says (SQLite never shrinks it:
-  no VACUUM, no auto_vacuum), confirmed by a fresh reader. The open copy is the
-  damaged file, so the ledger is rebuilt from ``_Committed``, its image in
-  memory of everything committed. The image is kept here, not asked of the
-  allocator: Allocate commits under the allocator's lock, so a rebuild that
-  asked the allocator would wait for ever on a lock its own caller holds. The
-  damaged file is kept as
-  ``ledger.sqlite.damaged-<time>`` (never deleted); the violation history, which
-  only the file held, is lost; the write is tried once more on the new file.
-  When the rebuild cannot be written either, the write is refused naming both.
+- deleted or replaced (``rm -rf`` of state_dir, an old copy restored): the open
+  connection still reads the lost file, so it is copied to the path (a replacement
+  kept as ``ledger.sqlite.replaced-<time>``);
+- damaged (truncated, overwritten): found when a write meets a damaged page or the
+  file is shorter than its header says (SQLite never shrinks it), confirmed by a
+  fresh reader. The ledger is rebuilt from ``_Committed``, the image in memory of
+  everything committed, kept here because Allocate commits under the allocator's
+  lock, so asking the allocator would deadlock. The damaged file is kept as
+  ``ledger.sqlite.damaged-<time>``; the violation history, only on file, is lost;
+  the write is tried once more, and refused naming both failures if it fails again.
 
-The image's allocations are the allocation state itself, held once: the
-allocator reads them (``allocations``) under its own lock, under which every
-commit of allocations is made, and keeps only indexes of its own.
+The image's allocations are the allocation state itself, held once: the allocator
+reads them under its own lock, under which every commit is made.
 
 What it must not do: decide anything; it stores what the allocator and the
 enforcement say; call back into the allocator or the registry.
 
-The schema, the rows as SQL and the facts about the file (its header, the causes
-of SQLite's errors) are in nodemgr.allocation.ledgerfile.
-
-Why longer than 400 lines: every loss or damage of the file is handled under the writes' lock.
+Longer than 400 lines: every loss or damage of the file is handled under the writes' lock.
 """
 
 from __future__ import annotations
@@ -81,16 +69,12 @@ from nodemgr.domain.violations import Violation
 from nodemgr.errors import LedgerError
 
 SCHEMA_VERSION = "3"
-# Versions this one opens, upgrading them: 1 lacks the claims table (DRA), which the
-# schema script adds; 1 and 2 lack the owner's pod UID column of the allocations, added
-# at the upgrade (their allocations' owner UIDs are unknown). A newer ledger is refused
-# by a gpushare-node that knows only an older version: version 1 would take claims'
-# allocations for device plugin ones and release them, and 2 would keep an allocation's
-# UID when kubelet's record names another owner.
+# Opened and upgraded: 1 lacks the claims table, 1 and 2 the owner's pod UID column
+# (their owner UIDs are unknown). A version newer than the code's is refused: code for
+# 1 would release claims' allocations, code for 2 keep a UID kubelet contradicts.
 UPGRADABLE_VERSIONS = ("1", "2")
 LEDGER_FILE = "ledger.sqlite"
 
-# The violation history keeps this many rows, oldest dropped first.
 VIOLATION_HISTORY_ROWS = 10000
 
 log = logging.getLogger(__name__)
@@ -98,8 +82,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class _Committed:
-    """What this daemon committed, as the file must hold it: a damaged file is rebuilt
-    from it, and its allocations are what the allocator reads. Changed only under the
+    """What this daemon committed, as the file must hold it; changed only under the
     ledger's lock, after a commit went through."""
 
     allocations: dict[str, Allocation] = field(default_factory=dict)
@@ -125,10 +108,10 @@ class Ledger:
         self._state_dir = state_dir
         self._read_only = read_only
         self._lock = threading.Lock()
-        self._file: FileHandle | None = None  # the file we write (None: read-only)
-        # (size, mtime) the file was last found whole at: unchanged, it is not read again.
+        self._file: FileHandle | None = None  # None: read-only
+        # (size, mtime) last found whole at: unchanged, not read again.
         self._whole_at: tuple[int, int] | None = None
-        # True when this open made the ledger (none was there: a first start, or one lost).
+        # This open made the ledger (a first start, or one lost).
         self.created = False
         self._committed = _Committed()
         try:
@@ -160,16 +143,15 @@ class Ledger:
     def _connect(self) -> sqlite3.Connection:
         db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")  # why: see the module docstring
+        db.execute("PRAGMA synchronous=NORMAL")  # see the module docstring
         db.execute("PRAGMA foreign_keys=ON")
         db.execute("PRAGMA busy_timeout=5000")
         self._file = FileHandle(self.path)
         return db
 
     def check_file(self) -> str | None:
-        """Why the ledger file had to be rewritten or rebuilt just now (deleted, replaced
-        or damaged under the running daemon); None when it is still the file this daemon
-        writes, whole. The run loop calls it every tick."""
+        """Why the ledger file had to be rewritten or rebuilt just now; None when it is
+        still this daemon's file, whole."""
         if self._read_only:
             return None
         with self._lock:
@@ -179,9 +161,8 @@ class Ledger:
                 return str(e)
 
     def _check_file_locked(self) -> str | None:
-        """As ``check_file``; raises LedgerError when the file is damaged and could not be
-        rebuilt (a write must not go into it). Costs a stat; a 100-byte read when the file
-        changed (a checkpoint, or a cut)."""
+        """As ``check_file``; LedgerError when the file is damaged and could not be
+        rebuilt (a write must not go into it)."""
         if self._file is None:
             return None
         info = stat(self.path)
@@ -234,8 +215,8 @@ class Ledger:
         return problem
 
     def _rewrite_from_open_copy(self, replaced: bool) -> str | None:
-        """Copy the open (lost) ledger into a new file at ``self.path`` and switch to it.
-        Returns where a replacement file was set aside, if one was."""
+        """Copy the open (lost) ledger to ``self.path`` and switch to it; where a
+        replacement file was set aside, if one was."""
         os.makedirs(self._state_dir, mode=0o700, exist_ok=True)
         aside = None
         if replaced:
@@ -257,9 +238,9 @@ class Ledger:
         return aside
 
     def _switch_to_new_file(self) -> None:
-        """Connect to the file now at ``self.path``. The old connection is closed after: its
-        file is no longer at that path, so SQLite neither checkpoints into it nor deletes
-        a -wal or -shm by that name (they are the new file's)."""
+        """Connect to the file now at ``self.path``, then close the old connection: its
+        file is no longer there, so SQLite neither checkpoints into it nor deletes the
+        new file's -wal or -shm."""
         old, old_file = self._db, self._file
         self._db = self._connect()
         with contextlib.suppress(sqlite3.Error):
@@ -268,9 +249,8 @@ class Ledger:
             old_file.close()  # after the connection: no lock of SQLite's is dropped
 
     def _damage_on_disk(self) -> str | None:
-        """What a fresh reader finds wrong with the file; None when it is whole. Fresh:
-        this connection's page cache may still hold pages the file lost. Raises
-        sqlite3.Error when it cannot tell (not damage: busy, cannot open)."""
+        """What a fresh reader (this connection's cache may hold pages the file lost) finds
+        wrong with the file; None when whole; sqlite3.Error when it cannot tell."""
         try:
             uri = f"file:{self.path}?mode=ro"
             with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
@@ -284,8 +264,7 @@ class Ledger:
 
     def _rebuild_locked(self, damage: str) -> None:
         """Keep the damaged file aside and put a ledger rebuilt from memory in its place
-        (the caller holds the lock, so no write interleaves). LedgerError, naming the
-        damage, why the rebuild failed and how to recover, when it cannot be done."""
+        (under the lock)."""
         try:
             aside = self._swap_in_rebuilt()
         except (OSError, sqlite3.Error) as e:
@@ -312,9 +291,8 @@ class Ledger:
         )
 
     def _swap_in_rebuilt(self) -> str:
-        """Write the ledger from memory to a new file beside it, then move the damaged one
-        (with its -wal and -shm) aside and the new one in. Returns where the damaged file
-        is kept. Nothing is moved unless the new file was written whole."""
+        """Write the ledger from memory beside the damaged one, then swap them, moving
+        nothing unless the new file was written whole; where the damaged file is kept."""
         tmp = f"{self.path}.rebuild-{os.getpid()}"
         remove(tmp, tmp + "-journal")
         try:
@@ -365,10 +343,9 @@ class Ledger:
 
     @property
     def allocations(self) -> Mapping[str, Allocation]:
-        """The committed allocations by ID, read-only and live: the daemon's one copy in
-        memory, as the file holds them (an update keeps its first ``created_at``). Changed
-        only by ``commit``; a reader that must see them hold still holds the lock every
-        commit is made under (the allocator's). Empty for a read-only ledger: read ``load``."""
+        """The committed allocations by ID, read-only and live: the daemon's one copy.
+        Changed only by ``commit``, under the allocator's lock. Empty for a read-only
+        ledger (read ``load``)."""
         return MappingProxyType(self._committed.allocations)
 
     def load(self) -> list[Allocation]:
@@ -379,7 +356,7 @@ class Ledger:
                 raise LedgerError(f"cannot read the ledger {self.path}: {e}") from e
 
     def commit(self, put: Iterable[Allocation] = (), delete: Iterable[str] = ()) -> None:
-        """Store new or changed allocations and drop released ones, all or nothing."""
+        """All or nothing."""
         put, delete = list(put), list(delete)
 
         def write() -> None:
@@ -422,7 +399,6 @@ class Ledger:
         )
 
     def add_violation(self, violation: Violation, action: str, at: float) -> None:
-        """Append to the violation history (bounded: the oldest rows go first)."""
         self._write(
             "INSERT INTO violations (at, kind, action, card, allocation_id, container_id,"
             " namespace, pod, container, pids, used_mib, quota_mib, detail)"
@@ -445,7 +421,6 @@ class Ledger:
         )
 
     def violations(self, limit: int = 100) -> list[dict]:
-        """The newest ``limit`` violations, newest first, as plain dicts."""
         names = (
             "at", "kind", "action", "card", "allocation_id", "container_id", "namespace", "pod",
             "container", "pids", "used_mib", "quota_mib", "detail",
@@ -456,7 +431,6 @@ class Ledger:
         return [dict(zip(names, row, strict=True)) for row in rows]
 
     def violation_counts(self) -> dict[str, int]:
-        """Allocation ID -> violations in the kept history."""
         rows = self._read(
             "SELECT allocation_id, COUNT(*) FROM violations"
             " WHERE allocation_id IS NOT NULL GROUP BY allocation_id"
@@ -472,7 +446,6 @@ class Ledger:
                 raise LedgerError(f"cannot read the ledger {self.path}: {cause}") from e
 
     def _write(self, *statements, then: Callable[[], object] | None = None) -> None:
-        """Run (sql, params) pairs as one transaction; ``then`` once it is committed."""
 
         def run() -> None:
             for sql, params in zip(statements[::2], statements[1::2], strict=True):
@@ -481,9 +454,8 @@ class Ledger:
         self._write_through(run, then)
 
     def _write_through(self, work: Callable[[], None], then: Callable[[], object] | None) -> None:
-        """``work`` as one write transaction under the lock, committed whole or rolled back;
-        then ``then`` (what memory keeps of it). A file found damaged is rebuilt from
-        memory and ``work`` tried once more on the new one."""
+        """``work`` as one transaction under the lock, then ``then``; a file found damaged
+        is rebuilt and ``work`` tried once more."""
         with self._lock:
             self._check_file_locked()  # a lost or cut file is replaced before the change
             try:
@@ -505,7 +477,6 @@ class Ledger:
                 then()
 
     def _attempt(self, work: Callable[[], None]) -> None:
-        """One write transaction: committed whole, or rolled back."""
         self._db.execute("BEGIN IMMEDIATE")
         try:
             work()
@@ -515,8 +486,8 @@ class Ledger:
             raise
 
     def _roll_back(self) -> None:
-        """Undo the open transaction, if SQLite has not already (it does on SQLITE_FULL and
-        I/O errors); a failed rollback must never hide the error that caused it."""
+        """SQLite rolls back itself on SQLITE_FULL and I/O errors; a failed rollback must
+        never hide the error that caused it."""
         if not self._db.in_transaction:
             return
         try:

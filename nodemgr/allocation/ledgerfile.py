@@ -1,11 +1,7 @@
 """The ledger's file: its schema, its rows as SQL, and what can be told about the file.
 
-Pure translation and file facts for nodemgr.allocation.ledger, which owns the
-connection, the lock and every decision: the schema, reading and writing the
-allocation, device and container rows, writing a whole new ledger file in one
-transaction (a rebuild), the descriptor through which the file's header is
-read (``FileHandle``: is the file shorter than its own header says?), and the
-causes of SQLite's errors in words an operator can act on.
+Translation and file facts for nodemgr.allocation.ledger, which owns the connection,
+the lock and every decision.
 
 What it must not do: hold state or decide anything; the Ledger calls it under
 its lock.
@@ -95,13 +91,12 @@ CREATE TABLE IF NOT EXISTS violations (
 """
 
 
-# Added to the allocations table by schema 3 (an older ledger gets it at its upgrade).
+# Schema 3.
 POD_UID_COLUMN = "ALTER TABLE allocations ADD COLUMN pod_uid TEXT"
 
 
 def has_pod_uid_column(db: sqlite3.Connection) -> bool:
-    """Whether the allocations table has the owner's pod UID column (schema 3 on; an older
-    ledger opened read-only, not upgraded, has not)."""
+    """False for an older ledger opened read-only, not upgraded."""
     return any(row[1] == "pod_uid" for row in db.execute("PRAGMA table_info(allocations)"))
 
 
@@ -141,8 +136,7 @@ def read_allocations(db: sqlite3.Connection, path: str) -> list[Allocation]:
 
 
 def read_claims(db: sqlite3.Connection, path: str) -> dict[str, ClaimRef]:
-    """Allocation ID -> the claim it was made for. A ledger of schema 1 (opened read-only,
-    not upgraded) has no claims table: none."""
+    """Allocation ID -> its claim (none from a schema 1 ledger opened read-only)."""
     known = db.execute(
         "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'claims'"
     ).fetchone()
@@ -252,7 +246,6 @@ def write_new_ledger(
     allocations: Iterable[Allocation],
     registrations: Iterable[Registration],
 ) -> None:
-    """A new ledger file at ``path`` holding these rows, written in one transaction."""
     db = sqlite3.connect(path, isolation_level=None)
     try:
         db.execute("PRAGMA foreign_keys=ON")
@@ -270,9 +263,9 @@ def write_new_ledger(
 
 
 class FileHandle:
-    """A descriptor of the ledger file, open as long as the daemon's connection is, through
-    which its header is read. Never closed before that connection: closing any descriptor
-    of a file drops all of this process's POSIX locks on it, SQLite's included."""
+    """A descriptor of the ledger file to read its header through, never closed before
+    the daemon's connection: closing any descriptor of a file drops all of this
+    process's POSIX locks on it, SQLite's included."""
 
     def __init__(self, path: str):
         self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -282,11 +275,9 @@ class FileHandle:
         self.close = weakref.finalize(self, os.close, self._fd)
 
     def cut_short(self, size: int) -> bool:
-        """Whether the file is shorter than the database size its own header records. A
-        checkpoint writes both (the size is valid when the header's change counter equals
-        its version-valid-for number), and SQLite never shrinks the file (no VACUUM, no
-        auto_vacuum): a file shorter than its header was cut, however soon after that
-        checkpoint."""
+        """Whether the file is shorter than the database size its header records (valid
+        when the change counter equals version-valid-for). SQLite never shrinks the file
+        (no VACUUM, no auto_vacuum), so a shorter one was cut."""
         header = os.pread(self._fd, 100, 0)
         if len(header) < 100:
             return size > 0  # less than a header: cut, unless nothing was checkpointed yet
@@ -318,8 +309,7 @@ def unused_name(base: str) -> str:
 
 
 def is_damage(error: sqlite3.Error) -> bool:
-    """Whether SQLite found the file damaged (SQLITE_CORRUPT, SQLITE_NOTADB), not refused
-    a write for another cause (full, read-only, a constraint)."""
+    """SQLITE_CORRUPT or SQLITE_NOTADB, not a write refused for another cause."""
     code = getattr(error, "sqlite_errorcode", None)
     if code is not None and code & 0xFF in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB):
         return True
@@ -345,10 +335,9 @@ def error_cause(error: sqlite3.Error, state_dir: str) -> str:
 
 
 def read_only(state_dir: str) -> bool:
-    """Whether state_dir's file system refuses writes as read-only. A file system the kernel
-    turned read-only under the open ledger (a disk error with ext4's errors=remount-ro)
-    gives SQLite a bare I/O error, and on current kernels still shows rw in its mount
-    flags: only a write tells, so one is tried (asked only after a failed write)."""
+    """Whether state_dir's file system refuses writes. One the kernel turned read-only
+    under the open ledger (ext4's errors=remount-ro) gives SQLite a bare I/O error and
+    still shows rw in its mount flags: only a write tells."""
     try:
         if os.statvfs(state_dir).f_flag & os.ST_RDONLY:
             return True
@@ -362,7 +351,6 @@ def read_only(state_dir: str) -> bool:
 
 
 def ref_columns(ref: ContainerRef | None) -> tuple[str | None, str | None, str | None]:
-    """The namespace, pod and container columns of a container reference (NULLs for none)."""
     return (ref.namespace, ref.pod, ref.container) if ref else (None, None, None)
 
 

@@ -1,21 +1,13 @@
 """A ledger made from nothing at start: the running containers' work is taken back.
 
-When the ledger did not exist at start (moved aside after a corruption, state_dir
-lost while the daemon was stopped) but containers admitted earlier still run, their
-registrations are read back from the marks on their cgroups
-(nodemgr.enforcement.cgroupmarks), kubelet's PodResources record is adopted at once
-with each container's old allocation ID, and the registrations whose allocation is
-then live are stored again. So in-quota processes are not judged "unallocated", and
-the env kubelet replays at a container restart (with the old ID) is still accepted.
-
-This runs before the hook server and the watchdog start. When kubelet cannot be
-read now, the old IDs stay with the allocator and the first reconcile uses them;
-until then the recovered containers' GPU processes may be reported as unallocated,
-which the log says.
-
-The marks and kubelet's record are read through the callables it is handed (the
-daemon's wiring passes the cgroup marks reader and the PodResources client): the
-I/O stays at the edge, the decisions here.
+When the ledger did not exist at start (moved aside after a corruption, state_dir lost)
+but earlier containers still run, their registrations are read back from their cgroup
+marks (nodemgr.enforcement.cgroupmarks), kubelet's record is adopted with each
+container's old allocation ID, and the registrations are stored again. So in-quota
+processes are not judged unallocated, and the env kubelet replays at a restart is
+still accepted. Runs before the hook server and the watchdog; when kubelet cannot be
+read now, the first reconcile adopts with the old IDs, and until then the log says the
+containers' processes may be reported unallocated.
 
 What it must not do: trust anything a container wrote (marks are ``trusted.*``
 attributes, which containers cannot set; see nodemgr.enforcement.cgroupmarks);
@@ -42,10 +34,7 @@ def recover_registrations(
     marks: Callable[[], list[Registration]],
     kubelet_record: Callable[[], KubeletRecord],
 ) -> list[Registration]:
-    """Take back the running containers' registrations into a ledger made at this start.
-
-    Returns the registrations stored again (empty when the ledger was not new or no
-    container carries a mark)."""
+    """The registrations stored again (empty when the ledger was not new)."""
     if not ledger.created:
         return []
     found = marks()

@@ -1,8 +1,7 @@
 """Per-card totals of the allocations, and each card's room as placement sees it.
 
-Admission reads these totals instead of walking every allocation, so its cost
-does not grow with the number of containers on the node. Pure bookkeeping:
-the allocator updates it change by change, under its own lock.
+Admission reads these instead of walking every allocation, so its cost does not grow
+with the containers on the node. The allocator updates them under its lock.
 """
 
 from __future__ import annotations
@@ -20,31 +19,25 @@ from nodemgr.inventory import Card
 
 log = logging.getLogger(__name__)
 
-# (namespace, pod, container, the pod's UID or "" where unknown): whose shared kinds.
+# (namespace, pod, container, pod UID or "" where unknown)
 HeldKey = tuple[str, str, str, str]
 
 
 class CardUsage:
-    """What the allocations hold, per card and per device."""
-
     def __init__(self) -> None:
         self.memory_units: Counter[str] = Counter()
         self.core_percent: Counter[str] = Counter()
-        self.shared_allocations: Counter[str] = Counter()  # card -> shared allocations on it
-        self.whole_allocations: Counter[str] = Counter()  # card -> whole allocations holding it
+        self.shared_allocations: Counter[str] = Counter()  # by card
+        self.whole_allocations: Counter[str] = Counter()  # by card
         self.holders: dict[tuple[ResourceKind, str], str] = {}  # device -> allocation ID
-        # Devices held by DRA claims' allocations, and per card how many of its claims hold
-        # it whole: the device plugin lists them Unhealthy, so kubelet never hands them out.
+        # Claims' devices, and per card how many claims hold it whole: listed Unhealthy.
         self.claim_held: set[tuple[ResourceKind, str]] = set()
         self.claim_whole: Counter[str] = Counter()
-        # (namespace, pod, container, pod UID or "" where unknown) -> the shared kinds its
-        # allocations hold, and how many of them hold each: what admission asks per
-        # Allocate, kept here instead of walking every allocation.
+        # HeldKey -> the shared kinds its allocations hold, with counts.
         self.held_kinds: dict[HeldKey, frozenset[ResourceKind]] = {}
         self._held_counts: dict[HeldKey, Counter[ResourceKind]] = {}
 
     def add(self, allocation: Allocation, sign: int = 1) -> None:
-        """Count an allocation in (sign 1) or out (sign -1)."""
         for key in allocation.device_pairs():
             if sign > 0:
                 self.holders[key] = allocation.id
@@ -130,8 +123,8 @@ class CardUsage:
 
 
 class HeldByName(Mapping[HeldKey, frozenset[str]]):
-    """A snapshot of ``CardUsage.held_kinds`` as admission reads it (resource names), each
-    entry translated when looked up: admission looks up a few containers, not all."""
+    """``CardUsage.held_kinds`` by resource name, translated per lookup (admission looks
+    up a few containers, not all)."""
 
     def __init__(
         self,
@@ -144,9 +137,8 @@ class HeldByName(Mapping[HeldKey, frozenset[str]]):
     def __getitem__(self, key: HeldKey) -> frozenset[str]:
         return frozenset(self._names[kind] for kind in self._kinds[key])
 
-    def get(self, key, default=None):  # same signature as Mapping.get, without its try
-        # Mapping's get goes through __getitem__ and a caught KeyError: admission asks
-        # for every pending container, most of which hold nothing, on every Allocate.
+    def get(self, key, default=None):
+        # Mapping.get catches a KeyError; most containers asked about hold nothing.
         kinds = self._kinds.get(key)
         if kinds is None:
             return default
@@ -160,7 +152,6 @@ class HeldByName(Mapping[HeldKey, frozenset[str]]):
 
 
 def single_request(kind: ResourceKind, size: int) -> SharedRequest:
-    """The request of one shared resource alone (its other resource unknown)."""
     if kind is ResourceKind.MEMORY:
         return SharedRequest(memory_units=size)
     return SharedRequest(core_percent=size)
@@ -172,21 +163,16 @@ def take_over_devices(
     allocations: Mapping[str, Allocation],
     memory_unit_mib: int,
 ) -> tuple[list[Allocation], list[str]]:
-    """(allocations to write, IDs to delete) to store ``allocation``, taking its devices
-    from stale holders: kubelet's choice wins.
-
-    kubelet only hands out devices it considers free; if the ledger still has a
-    holder, that pod is gone (or was an init container) and the next reconcile
-    would have released it anyway.
-    """
+    """(allocations to write, IDs to delete) to store ``allocation``. kubelet hands out
+    only devices it considers free, so a stale holder's pod is gone (or was an init
+    container) and the next reconcile would release it anyway."""
     taken: dict[str, set[tuple[ResourceKind, str]]] = defaultdict(set)
     for key in allocation.device_pairs():
         holder_id = holders.get(key)
         if holder_id is not None and holder_id != allocation.id:
             claim = allocations[holder_id].claim
             if claim is not None:
-                # A claim's devices are listed Unhealthy to kubelet: it chose them from
-                # an older list (a race with NodePrepareResources). Never taken over.
+                # Listed Unhealthy: kubelet chose from an older list. Never taken over.
                 raise ConflictError(
                     f"device {key[1]} is held by {claim} (DRA); kubelet chose it from a "
                     "device list older than the claim (a race): this admission fails, and "

@@ -1,24 +1,12 @@
 """``nodemgr status --cluster [-d] [--json] [--kubeconfig FILE]``: every node's GPUs.
 
-The whole cluster from the API server, in the shape of ``kubectl inspect
-gpushare``: one GET of the node list, then each node's ``<label_prefix>gpus``
-annotation (nodemgr.kubernetes.publish.node_annotation: what every node's daemon
-publishes per card); nodes without it (no gpushare-node there) are named
-below the table. Memory in GiB, as the gpushare tools show it (one decimal
-where a value is not whole). Listing nodes needs RBAC ``nodes list``, which
-the daemon's own ClusterRole does not grant: it is an admin's command, run
-with the admin's kubeconfig (--kubeconfig; default: the config's
-kubernetes.kubeconfig, then $KUBECONFIG, in-cluster, ~/.kube/config, as the
-daemon finds its credentials). Exit codes: 0 shown; 1 no credentials, or
-the API server unreachable or refusing; 2 bad config, or
-``kubernetes.enabled: false``.
-
-``run_cluster`` is called by ``status.run`` (which owns the flags);
-``fetch_view`` finds the credentials and lists the nodes, ``cluster_view``
-reads the annotations (``nodemgr.kubernetes.publish.parse_node_annotation``),
-and ``render`` prints the summary, ``-d`` or ``--json``. The kubectl plugin
-``kubectl-inspect-gpushare`` (nodemgr.cli.inspect) uses the same three, with
-the share per card (``share=True``). It changes nothing.
+In the shape of ``kubectl inspect gpushare``: one LIST of the nodes, then each node's
+``<label_prefix>gpus`` annotation; nodes without it are named below the table. Listing
+nodes needs RBAC ``nodes list``, which the daemon's ClusterRole does not grant: an
+admin's command, with the admin's kubeconfig. Exit codes: 0 shown; 1 no credentials,
+or the API server unreachable or refusing; 2 bad config, or ``kubernetes.enabled:
+false``. The kubectl plugin (nodemgr.cli.inspect) uses the same functions with
+``share=True``. It changes nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +26,7 @@ from nodemgr.kubernetes.publish import (
     parse_node_annotation,
 )
 
-ANNOTATION_VERSION = NODE_ANNOTATION_VERSION  # the "v" of publish.node_annotation
+ANNOTATION_VERSION = NODE_ANNOTATION_VERSION
 _NAMES_SHOWN = 10  # nodes named in a note before "and N more"
 ADMIN_FIX = (
     "give --kubeconfig FILE: a kubeconfig allowed to list nodes (an admin's; gpushare-node's "
@@ -47,7 +35,7 @@ ADMIN_FIX = (
 
 
 class ClusterViewError(Exception):
-    """The cluster view cannot be shown; the message says why and the fix."""
+    """The message says why and the fix."""
 
 
 def run_cluster(args: argparse.Namespace, settings: Settings) -> int:
@@ -80,13 +68,9 @@ def fetch_view(
     label_prefix: str,
     command: str = "`nodemgr status --cluster`",
 ) -> dict:
-    """The cluster view from one LIST of the nodes; ClusterViewError with the reason and fix.
-
-    ``kubeconfig_flag``: --kubeconfig (must exist); else the credentials are
-    found from ``kubeconfig_setting`` as the daemon finds them.
-    """
-    # Imported here: the kubernetes client takes half a second to load, which
-    # `nodemgr status` of this node alone would pay.
+    """``kubeconfig_flag`` (--kubeconfig) must exist; else the credentials are found from
+    ``kubeconfig_setting`` as the daemon finds them."""
+    # The kubernetes client takes half a second to load; `nodemgr status` need not pay it.
     from nodemgr.kubernetes import client as kube_client
 
     try:
@@ -112,8 +96,7 @@ def fetch_view(
 
 
 def render(view: dict, *, details: bool = False, as_json: bool = False, share: bool = False) -> str:
-    """The one renderer of the cluster view: ``--json``, ``-d`` or the summary; ``share``
-    adds each card's allocated compute share (the kubectl plugin shows it)."""
+    """``share``: each card's allocated compute share too (the kubectl plugin)."""
     if as_json:
         return json.dumps(view, indent=2)
     if details:
@@ -127,7 +110,6 @@ def list_error(
     credentials: str,
     command: str = "`nodemgr status --cluster`",
 ) -> str:
-    """What a failed LIST of the nodes means for this command, and the fix."""
     if error.status is None:
         return (
             f"the API server {server} does not answer ({error}): check that it runs and that "
@@ -153,12 +135,8 @@ def list_error(
 
 def cluster_view(nodes: Iterable[tuple[str, str | None, Mapping[str, str]]], key: str) -> dict:
     """``{"annotation": key, "nodes": [{name, address, gpus}], "skipped": [{name, reason}]}``
-    from the nodes' (name, InternalIP, annotations); ``key`` names the annotation
-    (``<label_prefix>gpus``).
-
-    ``gpus`` is the annotation's list as published; a node without the
-    annotation, or with one this version cannot read, is skipped with the reason.
-    """
+    from (name, InternalIP, annotations); a node whose annotation is missing or
+    unreadable is skipped with the reason."""
     shown, skipped = [], []
     for name, address, node_annotations in sorted(nodes, key=lambda n: n[0]):
         text = node_annotations.get(key)
@@ -175,8 +153,7 @@ def cluster_view(nodes: Iterable[tuple[str, str | None, Mapping[str, str]]], key
 
 
 def render_cluster(view: dict, share: bool = False) -> str:
-    """The summary of ``kubectl inspect gpushare``: one row per node, the cluster's total;
-    ``share`` adds a ``GPU<i>(Core)`` column per card (allocated compute share)."""
+    """One row per node and the cluster's total; ``share`` adds ``GPU<i>(Core)`` columns."""
     columns = _gpu_columns(view["nodes"])
     rows = [
         (
@@ -224,8 +201,7 @@ def render_cluster(view: dict, share: bool = False) -> str:
 
 
 def render_cluster_details(view: dict, share: bool = False) -> str:
-    """``kubectl inspect gpushare -d``: per node its pods' memory per card, allocated, total;
-    ``share`` adds each pod's compute share per card and the node's allocated share."""
+    """``kubectl inspect gpushare -d``; ``share`` adds the compute shares."""
     lines: list[str] = []
     for node in view["nodes"]:
         lines += ["", *_aligned([("NAME:", node["name"]), ("IPADDRESS:", _address(node))]), ""]
@@ -235,8 +211,7 @@ def render_cluster_details(view: dict, share: bool = False) -> str:
         for gpu in node["gpus"]:
             whole = gpu.get("mode") == "whole"
             for namespace, pod, _container, memory_mib, core in _entries(gpu):
-                # A card given out whole: the pod holds all of it (the entry's memory is
-                # that of every card the allocation holds).
+                # A card given out whole: the pod holds all of it.
                 mib = gpu["memory_mib"] if whole else memory_mib
                 held = pods.setdefault((namespace, pod), {})
                 held[gpu["index"]] = held.get(gpu["index"], 0) + mib
@@ -282,13 +257,12 @@ def render_cluster_details(view: dict, share: bool = False) -> str:
 
 
 def _core(gpu: dict) -> int:
-    """A card's allocated compute share in percent (0 when the annotation lacks it)."""
     value = gpu.get("core_allocated_percent")
     return value if type(value) is int else 0
 
 
 def _entries(gpu: dict) -> list[tuple]:
-    """[namespace, pod, container, memory_mib, core_percent] of a card; pod None until known."""
+    """[namespace, pod, container, memory_mib, core_percent]; pod None until known."""
     return [tuple(entry) for entry in gpu.get("allocations") or [] if len(entry) == 5]
 
 
@@ -297,7 +271,6 @@ def _gpu_columns(nodes: list[dict]) -> list[int]:
 
 
 def _memory(gpus: Iterable[dict]) -> tuple[int, int]:
-    """(allocated, total) MiB."""
     allocated = total = 0
     for gpu in gpus:
         allocated += gpu["memory_allocated_mib"]
@@ -306,7 +279,7 @@ def _memory(gpus: Iterable[dict]) -> tuple[int, int]:
 
 
 def _gib(mib: int) -> str:
-    """Whole GiB as the gpushare tools show them; else one decimal, rounded down."""
+    """As the gpushare tools show them: one decimal, rounded down, when not whole."""
     if mib % 1024 == 0:
         return str(mib // 1024)
     return f"{math.floor(mib * 10 / 1024) / 10:.1f}"
@@ -321,7 +294,7 @@ def _address(node: dict) -> str:
 
 
 def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
-    """Columns two spaces apart; rows may have fewer cells (as Go's tabwriter aligns them)."""
+    """As Go's tabwriter aligns them: rows may have fewer cells."""
     widths: list[int] = []
     for row in rows:
         for i, cell in enumerate(row):
@@ -334,7 +307,6 @@ def _aligned(rows: list[tuple[str, ...]]) -> list[str]:
 
 
 def _notes(view: dict) -> list[str]:
-    """Below the table: the nodes not in it, and the cards that are not healthy."""
     notes = []
     absent = [s["name"] for s in view["skipped"] if s["reason"] == "no annotation"]
     if absent:

@@ -1,11 +1,8 @@
 """``kubectl inspect gpushare``: the kubectl plugin (the executable ``kubectl-inspect-gpushare``).
 
-kubectl runs an executable named ``kubectl-inspect-gpushare`` found in $PATH
-for ``kubectl inspect gpushare [ARGS]``, passing the arguments after the
-plugin's name and its own environment ($KUBECONFIG). This is the view users
-know from the gpushare guide, from the ``<label_prefix>gpus`` annotation every
-gpushare-node publishes, through the same renderer as ``nodemgr status
---cluster`` (nodemgr.cli.cluster_status), plus the compute share per card:
+kubectl runs an executable of that name found in $PATH, with its own environment. The
+view users know from the gpushare guide, rendered as ``nodemgr status --cluster`` plus
+the compute share per card:
 
     kubectl inspect gpushare [-d] [--json] [--kubeconfig FILE] [--label-prefix P]
                              [--no-share]

@@ -1,11 +1,7 @@
 """``nodemgr``: the operator's command line.
 
-``nodemgr install`` / ``nodemgr uninstall`` (nodemgr/cli/install/) write and remove
-the systemd units, tmpfiles.d entry, default config and hook configs, and
-``nodemgr mps-start`` (mps_start.py) starts one card's MPS control daemon for its unit.
-The other commands read what the daemon wrote; none of them changes state.
-``nodemgr status`` (status.py; ``--cluster``: cluster_status.py) and
-``nodemgr doctor`` (nodemgr/cli/doctor/) live in modules of their own; this one has:
+``install``/``uninstall`` and ``mps-start`` change the node; every other command only
+reads. Besides the commands in modules of their own, this one has:
 - ``nodemgr check-config [--config FILE]``: validate a config file (exit 2 if bad);
 - ``nodemgr check-ledger [--config FILE] [--json]``: the ledger's invariants (cli/check_ledger.py);
 - ``nodemgr allocations [--config FILE] [--json]``: the ledger's allocations and
@@ -32,8 +28,7 @@ from nodemgr.common.version import package_version
 from nodemgr.config.loading import CONFIG_HELP, config_error_line, load_settings
 from nodemgr.errors import ConfigError, LedgerError
 
-# Subcommands that live in their own module: each has ``add_parser(sub)``, which
-# adds its parser and sets ``run`` (args -> exit code) as the parser default.
+# Each module's ``add_parser(sub)`` sets ``run`` (args -> exit code) as the default.
 _COMMAND_MODULES: tuple = (status_cli, doctor, install, check_ledger, mps_start)
 
 

@@ -1,13 +1,9 @@
 """``nodemgr mps-start [--config FILE] <card UUID>``: start one card's MPS control daemon
 as gpushare-node starts it, for the ``gpushare-mps@<card UUID>`` unit.
 
-As root: the card's /dev/shm tmpfs (``mps.shm_size_mib``) and its mount namespace made
-as the supervisor makes them, then ``<control binary> -d`` run in that namespace, so the
-daemon and its MPS servers have the card's tmpfs as /dev/shm; gpushare-node then finds a
-daemon it trusts and adopts it as it is. A daemon that already answers for the card is
-left alone (exit 1). The daemon forks away; this command returns once it answers, which
-is what the unit's ``Type=forking`` waits for. Exit status: 0 started, 1 not started (one
-line saying why), 2 bad config or not a card of this node.
+gpushare-node then adopts the daemon as it is. It returns once the daemon answers,
+which the unit's ``Type=forking`` waits for. Exit status: 0 started, 1 not started
+(already answering, or one line saying why), 2 bad config or not a card of this node.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """``nodemgr status [--config FILE] [--json]``: every card and allocation at a glance.
 
-Asks the running daemon over its status socket. When the daemon is down it
-says so and shows the last state the ledger holds (allocations and cards,
-without health, usage or MPS state), exiting 3 like ``systemctl status`` of
-a stopped unit. It changes nothing.
-
-Exit codes: 0 daemon answered; 1 the socket refused us (not root); 2 bad
-config; 3 daemon down (with the last state when the ledger can be read, else
-one line saying why not).
-
-This module owns the ``status`` command line, ``--cluster``, ``-d`` and
-``--kubeconfig`` included; ``nodemgr status --cluster`` (the whole cluster
-from the API server) is ``cluster_status.run_cluster``.
+With the daemon down it shows the ledger's last state, exiting 3 like ``systemctl
+status`` of a stopped unit. It changes nothing. Exit codes: 0 daemon answered; 1 the
+socket refused us (not root); 2 bad config; 3 daemon down. This module owns the whole
+command line, ``--cluster``'s flags included (``cluster_status.run_cluster``).
 """
 
 from __future__ import annotations
@@ -111,7 +103,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _cards(text: str | None, where: str) -> list[SimpleNamespace]:
-    """The card list the daemon kept in the ledger's meta table."""
     try:
         cards = [SimpleNamespace(**card) for card in json.loads(text or "[]")]
         for card in cards:

@@ -1,17 +1,13 @@
 """A generation number that moves on every change, and threads that wait for it to move.
 
-The allocation state, the pod watch and everything that follows them (the
-ListAndWatch streams, the MPS supervisor, the publisher) share this one
-shape: remember the generation you acted on, then wait until it differs.
-``wake_all`` lets waiters re-check without a change (a worker being stopped).
-A thread that waits on file descriptors too (the MPS supervisor also waits for
-its control daemons to exit, on pidfds) registers a listener instead: called
-after every bump and wake, outside the lock; it must not block (write a byte
-to a pipe).
+The allocation state, the pod watch and their followers (ListAndWatch streams, the
+MPS supervisor, the publisher) share one shape: remember the generation acted on, wait
+until it differs. ``wake_all`` lets waiters re-check without a change (a stop). A thread
+that also waits on file descriptors registers a listener instead, called after every
+bump and wake outside the lock; it must not block.
 
-Lock order: an owner may bump while holding its own lock; waiters hold only
-this object's condition, so no thread ever holds the condition and then asks
-for the owner's lock.
+Lock order: an owner may bump while holding its own lock; waiters hold only this
+object's condition, so no thread holds the condition and then asks for an owner's lock.
 """
 
 from __future__ import annotations
@@ -24,7 +20,7 @@ class ChangeCounter:
     def __init__(self) -> None:
         self._condition = threading.Condition()
         self._generation = 0
-        self._wakes = 0  # counts wake_all calls: a waiter returns when it moves too
+        self._wakes = 0  # a waiter also returns when this moves
         self._listeners: list[Callable[[], None]] = []
 
     @property
@@ -33,7 +29,6 @@ class ChangeCounter:
             return self._generation
 
     def bump(self) -> int:
-        """Something changed: the new generation; every waiter wakes."""
         with self._condition:
             self._generation += 1
             self._condition.notify_all()
@@ -43,7 +38,6 @@ class ChangeCounter:
         return generation
 
     def add_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` after every bump and wake_all (it must not block)."""
         with self._condition:
             self._listeners.append(listener)
 
@@ -53,7 +47,7 @@ class ChangeCounter:
                 self._listeners.remove(listener)
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
-        """Block until the generation differs from ``seen_generation`` (or timeout); the new one."""
+        """The generation once it differs from ``seen_generation`` (or at ``timeout``)."""
         with self._condition:
             wakes = self._wakes
             self._condition.wait_for(
@@ -62,7 +56,6 @@ class ChangeCounter:
             return self._generation
 
     def wake_all(self) -> None:
-        """Let every waiter re-check at once, without a change (e.g. a stop was requested)."""
         with self._condition:
             self._wakes += 1
             self._condition.notify_all()

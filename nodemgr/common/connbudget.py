@@ -1,26 +1,22 @@
 """A listener's budget: how many connections it serves at once, and for how long each.
 
-Every socket the daemon serves to clients it does not control (the metrics port, the
-status and hook sockets) is served by a ``socketserver`` server with a thread per
-connection. Without a budget, a local user opening connections that never finish a
-request takes a thread and a file descriptor each, until the daemon has none left for
-what matters (the watchdog's /proc reads and kills, MPS supervision, the ledger).
+The metrics port and the status and hook sockets serve clients the daemon does not
+control with a thread per connection. Without a budget, a local user holding
+connections open takes a thread and a file descriptor each, until none are left for
+the watchdog, MPS supervision and the ledger. :class:`ConnectionBudget` keeps a listener
+to its budget:
 
-:class:`ConnectionBudget` keeps one listener to its budget:
+- at most ``max_connections`` at once; one over the cap is closed unread (a real
+  client tries again), counted, and logged once per burst (the log must not become
+  the flood);
+- each served connection is cut ``deadline_seconds`` after it was accepted: one thread
+  ``shutdown``s the socket, ending any recv or send its handler is blocked in, so
+  trickling a byte at a time does not help. It waits without a timeout while no
+  connection is open;
+- handlers count other refusals (too large, too slow, malformed) with ``refuse``.
 
-- at most ``max_connections`` connections are served at once; one over the cap is
-  closed at once, unread (a real client tries again), counted, and logged once per
-  burst (not once per connection: the log must not become the flood);
-- each served connection is cut ``deadline_seconds`` after it was accepted, whatever
-  its handler is doing: one thread for all of them ``shutdown``s the socket, which ends
-  any recv or send the handler is blocked in, so a client trickling a byte at a time
-  is cut however the handler reads. That thread waits without a timeout while no
-  connection is open: an idle listener wakes nobody;
-- refusals for other reasons (a request too large, too slow, malformed) are counted
-  through :meth:`ConnectionBudget.refuse` by the handler that found them.
-
-:class:`BudgetedServer` is the mixin that puts a ``socketserver`` threading server on
-a budget. What this module must not do: read or answer requests (the handlers do).
+:class:`BudgetedServer` puts a ``socketserver`` threading server on a budget. What this
+module must not do: read or answer requests (the handlers do).
 """
 
 from __future__ import annotations
@@ -94,9 +90,8 @@ class ConnectionBudget:
     # --- one connection -----------------------------------------------------------------
 
     def enter(self, sock: socket.socket) -> bool:
-        """Whether a newly accepted connection may be served. True: it counts as served and
-        is cut at its deadline until ``leave``; False: over the cap (counted, logged once
-        per burst), the caller closes it at once."""
+        """Whether a newly accepted connection may be served (until ``leave``); False:
+        over the cap, the caller closes it at once."""
         with self._lock:
             served = self._active < self.max_connections
             if served:
@@ -135,12 +130,11 @@ class ConnectionBudget:
 
     def was_cut(self, sock: socket.socket) -> bool:
         """Whether the connection was cut at its deadline (its reads end as if the client
-        had closed it: a handler must not count that again)."""
+        closed it: a handler must not count it again)."""
         with self._cond:
             return sock in self._cut
 
     def leave(self) -> None:
-        """A served connection ended (after ``forget``)."""
         with self._lock:
             self._active -= 1
 
@@ -181,17 +175,15 @@ class ConnectionBudget:
                     with self._lock:
                         self._refused[DEADLINE] += 1
                     try:
-                        sock.shutdown(socket.SHUT_RDWR)  # the handler's recv/send ends now
+                        sock.shutdown(socket.SHUT_RDWR)
                     except OSError:
                         pass  # the client closed it already
                 next_due = min(self._due.values(), default=None)
-                # No connection open: no timeout, nothing wakes this thread until one comes.
                 self._cond.wait(None if next_due is None else max(next_due - now, 0.001))
 
 
 class BudgetedServer:
-    """Mixin before a ``socketserver`` ``ThreadingMixIn`` server: a connection is served in
-    its own thread while under ``budget``'s cap, and closed at once otherwise."""
+    """Mixin before a ``socketserver`` ``ThreadingMixIn`` server."""
 
     budget: ConnectionBudget
 

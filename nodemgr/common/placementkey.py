@@ -1,17 +1,14 @@
 """The scheduler extender's Ed25519 key: the extender signs placements, the nodes verify.
 
-gpushare-scheduler holds the private key (PKCS#8 PEM, ``--placement-key``)
-and signs the placement it writes on a pod at bind
-(``nodemgr.domain.extenderchoice``); every node holds only the public key
-(SubjectPublicKeyInfo PEM, ``kubernetes.placement_public_key``), so no node,
-and no pod owner, can make a placement a node believes. ``deploy/render.py
-placement-keys`` makes the pair.
+gpushare-scheduler holds the private key (PKCS#8 PEM, ``--placement-key``) and signs
+the placement it writes on a pod at bind (``nodemgr.domain.extenderchoice``); nodes hold
+only the public key (SubjectPublicKeyInfo PEM, ``kubernetes.placement_public_key``), so
+neither a node nor a pod owner can make a placement a node believes.
+``deploy/render.py placement-keys`` makes the pair.
 
-Both PEM forms of an Ed25519 key are one fixed DER prefix and the 32 key
-bytes (RFC 8410), so reading a key file needs only the standard library:
-the node daemon checks its key at start without loading ``cryptography``.
-That package (OpenSSL's Ed25519) is imported at the first verification or
-signature: a node that never sees a signed placement never pays its memory.
+Both PEM forms are a fixed DER prefix and the 32 key bytes (RFC 8410), so a key file is
+read with the standard library; ``cryptography`` is imported at the first verification
+or signature, so a node that never sees a signed placement never pays its memory.
 
 What it must not do: accept a key of another type, or a file holding more
 than one PEM block (a private key pasted next to the public one).
@@ -86,8 +83,6 @@ def read_private_key(path: str) -> PrivateKey:
 
 
 class PublicKey:
-    """An Ed25519 public key; verifies with OpenSSL (``cryptography``), loaded at first use."""
-
     def __init__(self, raw: bytes):
         if len(raw) != 32:
             raise PlacementKeyError("an Ed25519 public key has 32 bytes")
@@ -117,8 +112,6 @@ class PublicKey:
 
 
 class PrivateKey:
-    """An Ed25519 private key (the extender's); signs with ``cryptography``."""
-
     def __init__(self, seed: bytes):
         from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
         from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat

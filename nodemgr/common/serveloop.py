@@ -1,15 +1,10 @@
 """Serve a ``socketserver`` server until stopped, without waking up to poll.
 
-``BaseServer.serve_forever(poll_interval)`` wakes every ``poll_interval`` to
-look for a shutdown request: with the status, hook and metrics sockets that
-was 40 wake-ups a second on an idle node, each a few tens of microseconds of
-Python. Here the serving thread blocks in ``select`` on the listening socket
-and a pipe; ``stop()`` writes to the pipe, so the thread ends at once and an
-idle server costs nothing.
-
-Only the server's ``_handle_request_noblock`` (what ``serve_forever`` calls
-for each ready connection, part of socketserver since Python 2) and
-``service_actions`` are used; the server is not closed here.
+``BaseServer.serve_forever(poll_interval)`` wakes every ``poll_interval`` to look for
+a shutdown request, on an idle node too. Here the serving thread blocks in ``select`` on
+the listening socket and a pipe that ``stop()`` writes to, so an idle server costs
+nothing. It uses the server's ``_handle_request_noblock`` (what ``serve_forever`` calls
+per ready connection) and ``service_actions``; it does not close the server.
 """
 
 from __future__ import annotations
@@ -26,7 +21,6 @@ class ServeLoop:
         self._wake = WakePipe()
 
     def serve(self) -> None:
-        """Accept and dispatch connections until ``stop()``; then close the pipe."""
         server = self._server
         try:
             with selectors.DefaultSelector() as selector:
@@ -42,7 +36,6 @@ class ServeLoop:
             self._wake.close()
 
     def stop(self) -> None:
-        """End ``serve()`` now (from another thread); harmless when it already ended."""
         self._wake.wake()
 
     def close(self) -> None:

@@ -1,18 +1,11 @@
 """A root-only unix stream socket served by a thread: one request, one answer.
 
-Shared by the runtime hook socket and the status socket. The socket file is
-0600 (only root, i.e. the container runtime and the operator, may talk to the
-daemon): it is bound, chmod-ed, and only then listened on, so nobody can
-connect while its mode is wider (no process-wide umask change, which would
-race with other threads creating files). A stale file left by a killed
-daemon is replaced, and ``stop`` removes it. It follows the worker lifecycle
-of :mod:`nodemgr.common.workers`. ``handle(sock)`` reads the request and writes the answer;
-it must catch its own errors (an exception here only closes the connection).
-
-A client must not hold the server: each listener has a budget
-(:class:`~nodemgr.common.connbudget.ConnectionBudget`): at most ``max_connections`` served
-at once (one over the cap is closed at once, unread; a hook client tries again), and each
-connection cut ``deadline_seconds`` after it was accepted, whatever its handler is doing.
+The hook and status sockets. The file is 0600 (only root: the container runtime and
+the operator): bound, chmod-ed, and only then listened on, so nobody connects while its
+mode is wider (a umask change would race with other threads). A stale file left by a
+killed daemon is replaced; ``stop`` removes it. ``handle(sock)`` reads the request and
+writes the answer, catching its own errors (an exception only closes the connection).
+Each listener has a :class:`~nodemgr.common.connbudget.ConnectionBudget`.
 """
 
 from __future__ import annotations
@@ -43,8 +36,6 @@ DEADLINE_SECONDS = 30.0
 
 
 class _Server(BudgetedServer, socketserver.ThreadingUnixStreamServer):
-    """Serves a connection in its own thread while under the cap; closes it otherwise."""
-
     daemon_threads = True
 
     def __init__(self, path: str, handler: type, budget: ConnectionBudget):
@@ -61,8 +52,6 @@ class UnixServer:
         max_connections: int = MAX_CONNECTIONS,
         deadline_seconds: float = DEADLINE_SECONDS,
     ):
-        """``max_connections`` served at once; each connection is cut ``deadline_seconds``
-        after it was accepted, whatever its handler is doing."""
         self.socket_path = socket_path
         self._handle = handle
         self.name = name
@@ -75,7 +64,7 @@ class UnixServer:
     def start(self) -> None:
         os.makedirs(os.path.dirname(self.socket_path), mode=0o755, exist_ok=True)
         if os.path.exists(self.socket_path):
-            os.unlink(self.socket_path)  # left by a killed daemon; nobody serves it
+            os.unlink(self.socket_path)  # left by a killed daemon
         handle = self._handle
 
         class Handler(socketserver.BaseRequestHandler):
@@ -85,7 +74,7 @@ class UnixServer:
         server = _Server(self.socket_path, Handler, self.budget)
         try:
             server.server_bind()
-            os.chmod(self.socket_path, SOCKET_MODE)  # before listen: no one connects until then
+            os.chmod(self.socket_path, SOCKET_MODE)  # before listen
             server.server_activate()
         except BaseException:
             server.server_close()
@@ -98,13 +87,12 @@ class UnixServer:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop accepting: the socket file is removed and the serving thread told to end, at
-        once (``join`` waits for it), so servers stop side by side."""
+        """Remove the socket file and tell the serving thread to end; returns at once."""
         if self._server is None or self._stopped:
             return
         self._stopped = True
         try:
-            os.unlink(self.socket_path)  # no new client finds us from now on
+            os.unlink(self.socket_path)
         except FileNotFoundError:
             pass
         if self._loop is not None:
@@ -148,7 +136,6 @@ class UnixServer:
 
     @property
     def cut_connections(self) -> int:
-        """Connections cut at their deadline."""
         return self.budget.refused(DEADLINE)
 
     def stats(self) -> ListenerStats:
@@ -156,9 +143,8 @@ class UnixServer:
 
 
 def refusal_reason(error: Exception) -> str | None:
-    """Why a request of the hook protocol (hooks.protocol, which the status socket speaks
-    too) could not be read: the reason the listener's refusals are counted under; None
-    for a client that closed before sending anything (nothing to refuse)."""
+    """The refusal reason for a hook-protocol read error; None for a client that closed
+    before sending anything."""
     if isinstance(error, protocol.ClosedError):
         return None
     if isinstance(error, TimeoutError):

@@ -8,7 +8,6 @@ DISTRIBUTION = "gpushare-node"
 
 
 def package_version() -> str:
-    """The version pip recorded for the distribution, or why there is none."""
     try:
         return importlib.metadata.version(DISTRIBUTION)
     except importlib.metadata.PackageNotFoundError:

@@ -1,10 +1,7 @@
 """A pipe that ends another thread's ``select``: the wake-up of a blocking wait.
 
-A thread blocked in ``select`` on its own file descriptors also waits on
-``WakePipe.fileno()``; another thread's ``wake()`` makes it readable, so the
-wait ends at once (a stop, a change) without a poll interval. ``wake`` after
-``close`` does nothing: a closed descriptor's number may be reused by any file,
-which a late wake must never write into.
+``wake`` after ``close`` does nothing: a closed descriptor's number may be reused by any
+file, which a late wake must never write into.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ class WakePipe:
         return self._read
 
     def wake(self) -> None:
-        """Make the waiting thread's ``select`` return; harmless after ``close``."""
         with self._lock:
             if self.closed:
                 return
@@ -33,7 +29,6 @@ class WakePipe:
                 os.write(self._write, b"x")
 
     def drain(self) -> None:
-        """Forget the wakes so far (the waiter saw them)."""
         with contextlib.suppress(BlockingIOError, OSError):
             os.read(self._read, 4096)
 

@@ -1,26 +1,19 @@
 """One lifecycle for every background part of the daemon: start, stop, join, alive.
 
-A *worker* is anything the daemon starts and must stop: a thread with a
-loop, a gRPC server, a unix socket server, the metrics HTTP server. Each
-offers the same four calls (``Worker``), so the daemon wires them in one way:
-:func:`running` starts a worker and at once registers its stop on a
-``contextlib.ExitStack`` (every start is followed by its stop, in reverse
-order, also when a later start fails).
+A *worker* is anything the daemon starts and must stop (a looping thread, a gRPC,
+unix socket or HTTP server), all with the same four calls (``Worker``). Each start is
+followed at once by its stop's registration on a ``contextlib.ExitStack``, so stops run
+in reverse order, also when a later start fails.
 
-``ThreadWorker`` is the base of the looping workers. Its thread must never
-die silently: an exception that escapes the loop is logged at CRITICAL with
-its traceback and kept in ``failure``, and ``alive`` turns False. Started
-through :class:`Workers`, it is then run again after a backoff
-(``RESTART_BACKOFF_SECONDS``, one step per consecutive death; a run that
-lasted ``RESTART_RESET_SECONDS`` starts the steps over). Past the last step
-it stays dead: ``Workers.dead`` names it, the run loop stops pinging
-systemd's watchdog (so systemd restarts the whole daemon) and the status
-document and metrics say which worker is down (``Workers.health``).
+A ``ThreadWorker`` never dies silently: an exception escaping its loop is logged at
+CRITICAL and kept in ``failure``, and ``alive`` turns False. Started through
+:class:`Workers` it runs again after ``RESTART_BACKOFF_SECONDS`` (one step per death in
+a row; a run of ``RESTART_RESET_SECONDS`` starts over); past the last step it stays
+dead, and the run loop stops pinging systemd's watchdog so systemd restarts the daemon.
 
-A ThreadWorker that runs but cannot do its job (the enforcement watchdog unable to
-judge the node's GPU processes) says so in ``problem``: it is then up but not healthy,
-``Workers.problems`` names it with the reason, and the run loop treats it as it treats
-a dead worker (no watchdog ping to systemd; STATUS= says why) until the worker clears it.
+A ThreadWorker that runs but cannot do its job (the watchdog unable to judge the
+node's GPU processes) says why in ``problem``; the run loop treats it as dead until
+it clears it.
 """
 
 from __future__ import annotations
@@ -34,32 +27,29 @@ from typing import Protocol, TypedDict, TypeVar
 
 log = logging.getLogger(__name__)
 
-JOIN_TIMEOUT_SECONDS = 2.0  # how long a stop waits for a worker before moving on
-# How long all of a daemon's workers together may take to stop once asked: the
-# daemon must exit within a second of SIGTERM (systemd, kubelet upgrades).
+JOIN_TIMEOUT_SECONDS = 2.0
+# All workers together: the daemon must exit within a second of SIGTERM.
 STOP_BUDGET_SECONDS = 0.6
-# The waits before each restart of a worker that died, one per consecutive death; the
-# last one spent, a worker that dies again stays dead. Together well under systemd's
-# WatchdogSec (60 s): a worker that comes back in time does not restart the daemon.
+# Together well under systemd's WatchdogSec (60 s): a worker that comes back in time
+# does not restart the daemon.
 RESTART_BACKOFF_SECONDS = (0.5, 1.0, 2.0, 4.0, 8.0)
-# A run that lasted this long was healthy: its death starts the backoff over.
 RESTART_RESET_SECONDS = 60.0
 
 
 class WorkerHealth(TypedDict):
     """One worker as the status document and the metrics show it."""
 
-    up: bool  # alive: started, not stopped, not dead or waiting to be restarted
-    restarts: int  # times it was run again after dying, since the daemon started
-    failure: str | None  # "<ExceptionType>: <message>" of its last death; None if none
-    problem: str | None  # why it cannot do its job while up; None when it can
+    up: bool
+    restarts: int
+    failure: str | None  # "<ExceptionType>: <message>" of its last death
+    problem: str | None
 
 
 class Worker(Protocol):
     name: str
 
     def start(self) -> None:
-        """Begin work; returns once the worker serves (sockets bound, thread started)."""
+        """Returns once the worker serves (sockets bound, thread started)."""
         ...
 
     def stop(self) -> None:
@@ -67,7 +57,7 @@ class Worker(Protocol):
         ...
 
     def join(self, timeout_seconds: float) -> bool:
-        """Wait up to ``timeout_seconds`` for the worker to end; True once it has."""
+        """True once the worker has ended."""
         ...
 
     @property
@@ -82,14 +72,12 @@ W = TypeVar("W", bound=Worker)
 def running(
     stack: contextlib.ExitStack, worker: W, join_timeout_seconds: float = JOIN_TIMEOUT_SECONDS
 ) -> W:
-    """Start ``worker`` and register its stop (then join) on ``stack``; returns the worker."""
     worker.start()
     stack.callback(stop_and_join, worker, join_timeout_seconds)
     return worker
 
 
 def stop_and_join(worker: Worker, timeout_seconds: float = JOIN_TIMEOUT_SECONDS) -> bool:
-    """Stop one worker and wait for it; says so in the log when it does not end in time."""
     worker.stop()
     if worker.join(timeout_seconds):
         return True
@@ -108,10 +96,9 @@ class ThreadWorker:
         self.name = name
         self._stop_requested = threading.Event()
         self._thread: threading.Thread | None = None
-        self.failure: BaseException | None = None  # what ended run() last
-        # Why the worker, running, cannot do its job now (it sets and clears it itself).
-        self.problem: str | None = None
-        self.restarts = 0  # times run() was started again after it died
+        self.failure: BaseException | None = None
+        self.problem: str | None = None  # set and cleared by the worker itself
+        self.restarts = 0
         self._down = False  # dead, or waiting out a backoff before its restart
         self._restart_backoff: tuple[float, ...] = ()  # none unless supervised
 
@@ -212,14 +199,12 @@ class ThreadWorker:
 
 
 class Workers:
-    """The workers a daemon started, on one ExitStack: each start followed at once by its stop.
+    """The workers a daemon started, on one ExitStack.
 
-    ``start`` registers the worker's stop-and-join; ``stop_all_first`` (call it
-    once, after the last start) registers a callback that runs before those and
-    asks every worker to stop at once, so the joins overlap instead of adding up,
-    and all of them share one budget of ``stop_budget_seconds``: a worker stuck
-    past it (e.g. in a command to a hung MPS daemon) is left behind, said in the
-    log, and the daemon exits on time (its threads are daemon threads).
+    ``stop_all_first`` (once, after the last start) asks every worker to stop before
+    the joins run, so they overlap and share one ``stop_budget_seconds``: a worker stuck
+    past it (a command to a hung MPS daemon) is left behind, logged, and the daemon
+    exits on time (its threads are daemon threads).
     """
 
     def __init__(
@@ -235,8 +220,7 @@ class Workers:
         self._stop_deadline: float | None = None  # monotonic, once the stop was requested
 
     def start(self, worker: W) -> W:
-        """Start ``worker`` and register its stop; a ThreadWorker is restarted when it dies
-        (``restart_backoff_seconds``). Other workers (servers) are only reported when down."""
+        """Start ``worker`` and register its stop; only a ThreadWorker is restarted."""
         if isinstance(worker, ThreadWorker):
             worker.supervise(self._restart_backoff)
         worker.start()
@@ -254,11 +238,9 @@ class Workers:
         self._stack.callback(self._request_stop_all)
 
     def dead(self) -> list[str]:
-        """Names of started workers that are no longer alive (died, or stopped early)."""
         return [worker.name for worker in self._started if not worker.alive]
 
     def problems(self) -> list[str]:
-        """``<name>: <problem>`` of each running worker that cannot do its job now."""
         return [
             f"{worker.name}: {worker.problem}"
             for worker in self._started
@@ -266,8 +248,6 @@ class Workers:
         ]
 
     def health(self) -> dict[str, WorkerHealth]:
-        """Each started worker by name: up, restarts, last failure, problem (the status
-        document)."""
         health: dict[str, WorkerHealth] = {}
         for worker in self._started:
             if isinstance(worker, ThreadWorker):

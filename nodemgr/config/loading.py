@@ -1,17 +1,10 @@
 """Configuration of gpushare-node: load and validate its YAML file.
 
-The file is read once at start-up into the frozen dataclasses below
-(``Settings`` and its sections), which are passed explicitly to whoever needs
-them; nothing reads configuration from globals later. Every problem raises
-:class:`~nodemgr.errors.ConfigError` with the dotted key
-(``gpus.simulated.devices[1].uuid``) and a sentence saying what was found and
-what is allowed. Unknown keys, duplicate keys and sections of features this
-version does not have are refused: a setting that would do nothing is never
-accepted silently.
+Every problem raises :class:`~nodemgr.errors.ConfigError` with the dotted key
+(``gpus.simulated.devices[1].uuid``), what was found and what is allowed. Unknown and
+duplicate keys are refused: a setting that would do nothing is never accepted silently.
 
-No I/O besides reading the file, ``$NODE_NAME`` and the hostname (for the
-default node name). Imports only the standard library, PyYAML and
-nodemgr.errors.
+No I/O besides reading the file, ``$NODE_NAME`` and the hostname (the default node name).
 """
 
 import dataclasses
@@ -50,15 +43,12 @@ __all__ = [
     "settings_from_mapping",
 ]
 
-# The one help text of every command's --config: which file, and what happens without it.
+# Every command's --config help.
 CONFIG_HELP = (
     "the daemon's YAML config, e.g. /etc/gpushare/config.yaml as nodemgr install writes it "
     "(the sockets, state_dir and run_dir are read from it; default: the built-in defaults, "
     "which name /run/gpushare and /var/lib/gpushare)"
 )
-
-# Sections of later versions: refused by name so that nobody believes they work.
-_FUTURE_SECTIONS: tuple[str, ...] = ()
 
 
 _Check = Callable[[str, Any], Any]  # (dotted key, raw value) -> validated value
@@ -66,9 +56,7 @@ _Check = Callable[[str, Any], Any]  # (dotted key, raw value) -> validated value
 
 def load_settings(path: str | None, environ: Mapping[str, str] | None = None) -> Settings:
     """Read and validate the config file; ``path`` None gives all defaults.
-
-    ``environ`` defaults to ``os.environ``; only ``NODE_NAME`` is read from it.
-    """
+    ``environ`` (default ``os.environ``): only ``NODE_NAME`` is read."""
     if path is None:
         return settings_from_mapping(None, environ)
     where = str(path)
@@ -98,13 +86,6 @@ def settings_from_mapping(data: object, environ: Mapping[str, str] | None = None
         raise ConfigError(
             "(top level)", f"must be a YAML mapping of settings (got {rules.show(data)})"
         )
-    for name in _FUTURE_SECTIONS:
-        if name in data:
-            raise ConfigError(
-                name,
-                f"unknown key: the {name} section is not supported by "
-                "this version of gpushare-node",
-            )
     values = _values(
         "",
         data,
@@ -148,11 +129,8 @@ def config_error_line(err: ConfigError) -> str:
 def _values(
     key: str, data: object, cls: type, checks: dict[str, _Check], required: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """Check that ``data`` is a mapping of ``cls``'s fields; return the checked values given.
-
-    None counts as an empty mapping. Absent keys are left out (the dataclass
-    default applies) unless they are ``required``.
-    """
+    """The checked values ``data`` (a mapping of ``cls``'s fields; None: empty) gives;
+    absent keys are left out (the default applies) unless ``required``."""
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
@@ -391,7 +369,7 @@ def _default_node_name(environ: Mapping[str, str]) -> str:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, except that a key given twice in one mapping is an error."""
+    """PyYAML's SafeLoader, refusing a key given twice in one mapping."""
 
 
 def _mapping_without_duplicates(loader: _StrictLoader, node: yaml.MappingNode) -> dict[Any, Any]:

@@ -1,8 +1,7 @@
 """SIGHUP: which keys a running daemon applies from a re-read config file.
 
-Pure: given the settings in force and the newly loaded ones, says what is in
-force now, what was applied and what needs a restart. The daemon never runs
-half-changed: a key outside ``RELOADABLE_KEYS`` keeps its running value.
+Pure. A key outside ``RELOADABLE_KEYS`` keeps its running value until a restart, so
+the daemon never runs half-changed.
 """
 
 import dataclasses
@@ -16,7 +15,6 @@ __all__ = [
     "reload_settings",
 ]
 
-# What a SIGHUP reload applies to the running daemon; any other change needs a restart.
 RELOADABLE_KEYS = frozenset(
     {
         "kubelet.reconcile_interval_seconds",
@@ -30,11 +28,7 @@ RELOADABLE_KEYS = frozenset(
 
 
 def reload_settings(running: Settings, loaded: Settings) -> tuple[Settings, list[str], list[str]]:
-    """What a reload does: (settings now in force, keys applied, keys that need a restart).
-
-    Only RELOADABLE_KEYS take the loaded value; every other key keeps its running
-    value until the daemon is restarted, so the daemon never runs half-changed.
-    """
+    """(settings now in force, keys applied, keys that need a restart)."""
     applied: list[str] = []
     restart: list[str] = []
 
@@ -43,7 +37,7 @@ def reload_settings(running: Settings, loaded: Settings) -> tuple[Settings, list
             return old
         if (
             dataclasses.is_dataclass(old)
-            and not isinstance(old, type)  # settings are instances, never classes
+            and not isinstance(old, type)
             and key not in RELOADABLE_KEYS
         ):
             changes = {

@@ -1,8 +1,7 @@
 """The checks of single config values: each takes the dotted key and the raw value.
 
-Every check returns the validated value or raises :class:`~nodemgr.errors.ConfigError`
-with the key and a sentence saying what was found and what is allowed;
-:mod:`nodemgr.config.loading` composes them into sections. No I/O.
+Each returns the validated value or raises :class:`~nodemgr.errors.ConfigError` saying
+what was found and what is allowed. No I/O.
 """
 
 from __future__ import annotations
@@ -20,9 +19,6 @@ StrCheck = Callable[[str, Any], str]  # (dotted key, raw value) -> validated str
 
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _RESOURCE_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
-_UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,51}")
-
-
 _UUID = re.compile(r"[A-Za-z0-9][A-Za-z0-9-]{0,51}")
 
 
@@ -66,7 +62,7 @@ def host_port(key: str, value: object) -> str:
 
 # The longest path a unix socket can be bound at (sun_path is 108 bytes with its NUL).
 MAX_SOCKET_PATH = 107
-# A CDI vendor: what a DRA driver name must also be to name its CDI kind (<driver>/gpu).
+# A DRA driver name is also the CDI vendor of its kind (<driver>/gpu).
 _CDI_VENDOR = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 
 
@@ -137,7 +133,6 @@ def number_value(key: str, value: object, *, integer: bool = False, zero_ok: boo
 
 
 def number_in(allowed: NumberRange, *, integer: bool = False) -> Callable[[str, object], Any]:
-    """A check for a number within ``allowed`` (see NUMBER_RANGES for why both ends)."""
 
     def check(key: str, value: object) -> Any:
         number = number_value(key, value, integer=integer, zero_ok=allowed.minimum <= 0)
@@ -166,7 +161,6 @@ def one_of(*choices: str) -> StrCheck:
 
 
 def matching(pattern: re.Pattern[str], max_length: int, rule: str) -> StrCheck:
-    """A check for a non-empty string of at most ``max_length`` that ``pattern`` matches."""
 
     def check(key: str, value: object) -> str:
         text = string_value(key, value)

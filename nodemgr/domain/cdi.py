@@ -1,24 +1,17 @@
 """The CDI spec a DRA claim gets (pure): what the container runtime injects for it.
 
-A prepared claim reaches its containers as CDI device ids: kubelet passes the ids
-NodePrepareResources returned to the runtime, which looks them up in the spec files
-of ``/etc/cdi`` and ``/var/run/cdi`` and applies their container edits. gpushare-node
-writes one spec file per claim, with one CDI device per allocated result, carrying
-the same env and mounts the device plugin's Allocate gives (docs/dra.md, "CDI").
+kubelet passes the CDI ids NodePrepareResources returned to the runtime, which applies
+the container edits of those devices from the spec files in ``/etc/cdi`` and
+``/var/run/cdi``. One spec file per claim, one device per allocated result, with the
+env and mounts the device plugin's Allocate gives (docs/dra.md, "CDI").
 
-Names: kind ``<driver>/gpu``; device ``<claim UID>-<device>[-<share ID>]`` (a share ID
-only for a shared allocation), so two claims, or two shares of one card, never get
-one name. Every part is checked against CDI's name rules here, so a spec a runtime
-would refuse at container start is refused before it is written.
-
-``cdiVersion`` is the lowest the fields need (``required_version``): runtimes refuse
-versions they do not know (podman 4.3 knows none past 0.5.0), and a name starting
-with a digit, as claim UIDs often do, needs 0.5.0.
-
-``spec_problems`` re-checks a whole spec (as read back, or built elsewhere) against
-the rules of the CDI schema and library: required fields, types, no unknown field
-(CDI refuses a file with one), names, env entries, mount paths, and a version at
-least what the fields need.
+Names: kind ``<driver>/gpu``; device ``<claim UID>-<device>[-<share ID>]``, so two
+claims or two shares of one card never share a name. Each part is checked against
+CDI's rules, so a spec a runtime would refuse at container start is never written.
+``cdiVersion`` is the lowest the fields need: runtimes refuse versions they do not know
+(podman 4.3 none past 0.5.0), and a name starting with a digit, as claim UIDs often
+do, needs 0.5.0. ``spec_problems`` re-checks a whole spec against CDI's schema and
+library rules (CDI refuses a file with an unknown field).
 """
 
 from __future__ import annotations
@@ -35,18 +28,16 @@ from nodemgr.errors import CdiError
 DEFAULT_DRIVER = "gpushare.aliyun.com"
 DEVICE_CLASS = "gpu"
 
-# The CDI spec versions, oldest first (0.1.0 and 0.2.0 are no longer accepted).
+# Oldest first (CDI accepts neither 0.1.0 nor 0.2.0).
 KNOWN_VERSIONS = ("0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0")
 
 # Vendor and class: ASCII letters, digits, '_', '-', '.'; first a letter, last a letter
 # or digit. Device name: also ':', and it may start with a digit.
 _VENDOR_OR_CLASS = re.compile(r"[A-Za-z]([A-Za-z0-9_.-]*[A-Za-z0-9])?")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?")
-# A part of a device name (claim UID, device, share ID): the name's characters.
 _NAME_PART = re.compile(r"[A-Za-z0-9_.:-]+")
 
-# Bind mounts: CDI passes options to the runtime as they are; without "bind" runc
-# would try a mount of no type. nosuid and nodev: nothing gpushare mounts needs either.
+# CDI passes options as they are; without "bind" runc would try a mount of no type.
 _MOUNT_OPTIONS = ("nosuid", "nodev", "bind")
 
 _SPEC_FIELDS = {"cdiVersion", "kind", "annotations", "devices", "containerEdits"}
@@ -76,12 +67,7 @@ _NODE_FIELDS = {
 
 @dataclass(frozen=True)
 class ClaimDevice:
-    """One allocated result of a claim, as its CDI device gets it.
-
-    ``device`` is the DRA device name (the card's device in the ResourceSlice),
-    ``share_id`` the result's shareID (None for a card given whole), ``env`` and
-    ``mounts`` what the container gets (the device plugin's Allocate values).
-    """
+    """One allocated result of a claim (``share_id`` None: a card given whole)."""
 
     device: str
     share_id: str | None
@@ -90,7 +76,7 @@ class ClaimDevice:
 
 
 def kind(driver: str) -> str:
-    """The spec's kind, ``<driver>/gpu``; CdiError if the driver name is no CDI vendor."""
+    """``<driver>/gpu``; CdiError if the driver name is no CDI vendor."""
     if not _VENDOR_OR_CLASS.fullmatch(driver):
         raise CdiError(
             f"driver name {driver!r} is not a valid CDI vendor (letters, digits, '_', '-', "
@@ -117,7 +103,6 @@ def device_name(claim_uid: str, device: str, share_id: str | None) -> str:
 
 
 def qualified_id(spec_kind: str, name: str) -> str:
-    """The fully qualified CDI id, ``<vendor>/<class>=<name>``."""
     return f"{spec_kind}={name}"
 
 
@@ -185,7 +170,7 @@ def _edits(name: str, device: ClaimDevice) -> dict[str, Any]:
 
 
 def render(spec: Mapping[str, Any]) -> str:
-    """The spec file's text (JSON, which every CDI reader takes), newline-terminated."""
+    """JSON, which every CDI reader takes."""
     return json.dumps(spec, indent=2) + "\n"
 
 
@@ -227,9 +212,7 @@ def required_version(spec: Mapping[str, Any]) -> str:
 
 
 def spec_problems(spec: Any) -> list[str]:
-    """What CDI would refuse in this spec (empty: none): required fields, types, unknown
-    fields, names, env entries, mount and device node paths, duplicate device names, and
-    a cdiVersion that is unknown or below what the fields need."""
+    """What CDI would refuse in this spec (empty: none)."""
     if not isinstance(spec, dict):
         return ["a CDI spec is a JSON object"]
     problems = _unknown(spec, _SPEC_FIELDS, "spec")

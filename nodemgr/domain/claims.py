@@ -1,10 +1,8 @@
 """What a DRA ResourceClaim asks of this node, read from the object the scheduler wrote (pure).
 
-NodePrepareResources is admission: kubelet names a claim, the driver reads it from
-the API server and must judge the allocation kube-scheduler wrote into its status
-before recording anything. ``claim_demand`` turns the claim object (the API's JSON,
-as a dict) into a ``ClaimDemand``: which card(s), how much memory and compute share,
-and whether the card is given whole; or refuses it with ``ClaimError`` saying why.
+NodePrepareResources is admission: the driver must judge the allocation kube-scheduler
+wrote into the claim's status before recording anything. ``claim_demand`` turns the
+claim object into a ``ClaimDemand`` or refuses it with ``ClaimError`` saying why.
 
 The rules (docs/dra.md, "What prepare checks"):
 
@@ -51,8 +49,6 @@ class ClaimError(AllocationError):
 
 @dataclass(frozen=True)
 class DeviceCard:
-    """A card as a DRA device: its name in the slice, UUID, index and memory."""
-
     name: str
     uuid: str
     index: int
@@ -70,15 +66,15 @@ class ClaimDemand:
     core_percent: int = 0  # a share's compute share, 0-100
 
     def describe(self, unit_mib: int) -> str:
-        """How an operator reads what it holds: ``4096 MiB + 30 %`` or ``whole card``."""
+        """``4096 MiB + 30 %`` or ``whole card``."""
         if self.whole:
             return "whole card" if len(self.cards) == 1 else f"{len(self.cards)} whole cards"
         return f"{self.memory_units * unit_mib} MiB + {self.core_percent} %"
 
 
 def device_name(card_uuid: str) -> str:
-    """A card's device name in this node's ResourceSlice: its UUID, lower-cased (a DNS
-    label: stable across reboots, unlike the index). ValueError when it is none."""
+    """The card's UUID, lower-cased: a DNS label, stable across reboots unlike the index.
+    ValueError when it is none."""
     name = card_uuid.lower()
     if len(name) > 63 or not _DNS_LABEL.fullmatch(name):
         raise ValueError(
@@ -109,7 +105,6 @@ def claim_demand(
     devices: Mapping[str, DeviceCard],
     unit_mib: int,
 ) -> ClaimDemand:
-    """The claim's demand on this node; ClaimError naming what is wrong otherwise."""
     meta = _dict(claim.get("metadata"))
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     what = f"claim {namespace}/{name}"

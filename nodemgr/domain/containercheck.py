@@ -1,13 +1,9 @@
 """Is a container's GPU env what its allocation gave it? (pure)
 
-The runtime hook sends the GPU env of every container that asks for GPUs;
-this module says whether it matches a live allocation, and which cgroup the
-container's processes live in. The run-time watchdog uses the same quota
-reading on each GPU process's own env.
-
-The quota env may be lowered (a client value can only further constrain, see
-docs/mps.md) but never raised, removed, pointed at another MPS pipe
-directory or at other cards.
+Also which cgroup the container's processes live in; the watchdog uses the same quota
+reading on each GPU process's env. The quota env may be lowered (a client value can
+only further constrain, docs/mps.md) but never raised, removed, or pointed at another
+MPS pipe directory or other cards.
 """
 
 from __future__ import annotations
@@ -23,12 +19,11 @@ class CgroupError(ValueError):
 
 
 def parse_cgroups(text: str) -> dict[str, str]:
-    """/proc/PID/cgroup as {controllers: path}; ``hierarchy-ID:controllers:path`` lines.
+    """/proc/PID/cgroup as {controllers: path}.
 
-    Lines end at ``\n`` only, as the kernel writes them: a cgroup name may hold ``\r`` or
-    another character ``str.splitlines`` breaks at (only ``/``, ``\n`` and NUL are
-    refused), and reading ``/mine/x\r0::/kubepods/victim`` as two lines would put the
-    process into another container's cgroup."""
+    Lines end at ``\n`` only, as the kernel writes them: a cgroup name may hold ``\r``,
+    and reading ``/mine/x\r0::/kubepods/victim`` as two lines would put the process
+    into another container's cgroup."""
     cgroups = {}
     for line in text.split("\n"):
         if not line.strip():
@@ -56,12 +51,8 @@ _UNIT_SUFFIXES = (
 
 
 def is_container_cgroup(path: str, container_id: str) -> bool:
-    """Whether ``path`` is the cgroup a runtime made for this container (named by its ID).
-
-    A container cgroup's last component names the container's ID (the runtime's, never
-    the container's own choice) in one of the runtimes' forms above; any other cgroup
-    (the runtime's service, a slice, the pod's cgroup, another container's) is not.
-    """
+    """Whether ``path``'s last component names this container's ID (the runtime's, never
+    the container's choice) in one of the runtimes' forms above."""
     if not container_id or container_id in (".", "..") or container_id.endswith(_UNIT_SUFFIXES):
         return False
     parts = path.strip("/").split("/")
@@ -77,12 +68,10 @@ def is_container_cgroup(path: str, container_id: str) -> bool:
 def container_cgroup(text: str, container_id: str) -> CgroupKey:
     """The cgroup that holds a container, from its init process's /proc/PID/cgroup.
 
-    The unified (v2) hierarchy when the container has its own cgroup there, else the
-    v1 memory hierarchy (where GPU memory belongs), else pids. Only the container's own
-    cgroup counts (:func:`is_container_cgroup`): a host cgroup, say the runtime's
-    service, would make every process in it count as the container's (and be killed as
-    such). On a hybrid host the v2 path can be one inherited from the runtime's unit
-    while v1 holds the container's own; v1 is used then.
+    v2 when the container has its own cgroup there, else v1 memory, else pids. Only the
+    container's own cgroup counts: a host cgroup (the runtime's service) would make
+    every process in it the container's, and killed as such. On a hybrid host v2 may
+    show the runtime unit's cgroup while v1 holds the container's.
     """
     cgroups = parse_cgroups(text)
     paths = [(h, cgroups.get(h)) for h in ("", "memory", "pids")]
@@ -112,11 +101,8 @@ def check_container(
     mps_pipe_directory: str | None,
 ) -> str | None:
     """Why this container's GPU env must not start; None when it matches.
-
-    ``allocation`` is the live allocation its GPUSHARE_ALLOCATION_ID names
-    (None if it names none or an unknown one); ``mps_pipe_directory`` is where
-    shared containers must find MPS (None: MPS is off).
-    """
+    ``allocation``: the live one its GPUSHARE_ALLOCATION_ID names; ``mps_pipe_directory``
+    None: MPS is off."""
     requested = gpuenv.requested_gpus(env)
     allocation_id = env.get(gpuenv.ALLOCATION_ID)
     shown = _env_value(
@@ -162,7 +148,7 @@ def check_container(
 
 
 def quota_env_problem(env: dict[str, str], allocation: Allocation) -> str | None:
-    """Why an env escapes a shared allocation's quota (removed, raised, unreadable); or None."""
+    """Why an env escapes a shared allocation's quota; or None."""
     if allocation.memory_units:
         value = env.get(gpuenv.PINNED_MEM_LIMIT)
         if value is None:
@@ -204,12 +190,8 @@ def identity_conflict(
     identity: ContainerRef | None, allocation: Allocation, others: list[ContainerRef]
 ) -> str | None:
     """Why a container of this pod identity must not use the allocation; or None.
-
-    Compared per pod (namespace and name), as :mod:`nodemgr.domain.podtie` ties
-    containers to allocations: any container of the pod may use it. The owner
-    kubelet reported wins; without one, containers already registered on the
-    allocation bind it to their pod.
-    """
+    Per pod, as :mod:`nodemgr.domain.podtie`; the owner kubelet reported wins, else the
+    pod of containers already registered on it."""
     if identity is None:
         return None  # the runtime gave no pod identity: the caller refuses that itself
     if allocation.claim is not None:
@@ -224,7 +206,6 @@ def identity_conflict(
 
 
 def _env_value(env: dict[str, str], name: str, missing: str = "(unset)") -> str:
-    """An env value as a message shows it (:func:`hooks.textsafe.quote`)."""
     value = env.get(name)
     return missing if value is None else quote(value)
 

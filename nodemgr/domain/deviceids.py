@@ -48,7 +48,6 @@ def core_device_id(card_uuid: str, percent_index: int) -> str:
 
 
 def card_device_ids(kind: ResourceKind, card_uuid: str, memory_units: int) -> list[str]:
-    """Every ID of one card for one resource, in order."""
     if kind is ResourceKind.MEMORY:
         return [memory_device_id(card_uuid, j) for j in range(memory_units)]
     if kind is ResourceKind.CORE:
@@ -56,13 +55,12 @@ def card_device_ids(kind: ResourceKind, card_uuid: str, memory_units: int) -> li
     return [card_uuid]
 
 
-# Every Allocate and GetPreferredAllocation parses the IDs of kubelet's whole free list
-# (thousands on a big node): the answers are cached. Bounded: a node has at most
-# ~1,200 IDs per card and resource, so this holds every ID of 16 such cards.
+# Every Allocate and GetPreferredAllocation parses kubelet's whole free list (thousands
+# of IDs). At most ~1,200 IDs per card and resource: this holds 16 such cards.
 @functools.lru_cache(maxsize=1 << 16)
 def parse_device_id(kind: ResourceKind, device_id: str) -> tuple[str, int | None] | None:
-    """(card UUID, unit or percent index) of an ID of ``kind``; the index is None for a
-    whole card. None when the ID is not of this resource's form. The only parser of IDs."""
+    """(card UUID, unit or percent index; None for a whole card), or None when the ID is
+    not of ``kind``'s form. The only parser of IDs."""
     if kind is ResourceKind.WHOLE:
         return (device_id, None) if device_id and SEPARATOR not in device_id else None
     card_uuid, sep, suffix = device_id.rpartition(SEPARATOR)
@@ -75,20 +73,17 @@ def parse_device_id(kind: ResourceKind, device_id: str) -> tuple[str, int | None
 
 
 def card_of(kind: ResourceKind, device_id: str) -> str | None:
-    """The card UUID an ID names, or None when the ID is not of this resource's form."""
     parsed = parse_device_id(kind, device_id)
     return None if parsed is None else parsed[0]
 
 
-# card_of of each ID seen, per kind: kubelet lists every free ID of the node (hundreds) on
-# each GetPreferredAllocation, always from the same few thousand. Bounded: cleared when full.
+# Per kind; kubelet lists the same few thousand IDs again and again. Cleared when full.
 _CARDS_SEEN: dict[ResourceKind, dict[str, str | None]] = {kind: {} for kind in ResourceKind}
 _CARDS_SEEN_LIMIT = 1 << 16
 _UNSEEN = object()
 
 
 def cards_of(kind: ResourceKind, device_ids: Sequence[str]) -> list[str | None]:
-    """``card_of`` of each ID, in order; a dictionary lookup per ID once it was seen."""
     seen = _CARDS_SEEN[kind]
     cards = list(map(seen.get, device_ids, repeat(_UNSEEN)))
     if _UNSEEN in cards:

@@ -1,9 +1,7 @@
 """The env an Allocate response gives a container (pure).
 
-Only what is known goes in: kubelet keeps the first value it sees for an env
-name across a container's resources, so a placeholder written now could never
-be corrected later. Both responses of one container carry the same values for
-the names they share.
+Only what is known goes in: kubelet keeps the first value it sees for an env name
+across a container's resources, so a placeholder could never be corrected later.
 """
 
 from __future__ import annotations
@@ -18,8 +16,7 @@ from hooks.gpuenv import (
 )
 from nodemgr.domain.model import Allocation
 
-# gpushare compatibility (docs/gpushare-compat.md): workloads written for
-# the old plugin read these.
+# docs/gpushare-compat.md: workloads written for gpushare's device plugin read these.
 GPU_MEM_IDX = "ALIYUN_COM_GPU_MEM_IDX"
 GPU_MEM_CONTAINER = "ALIYUN_COM_GPU_MEM_CONTAINER"
 GPU_MEM_DEV = "ALIYUN_COM_GPU_MEM_DEV"
@@ -34,12 +31,7 @@ def shared_envs(
     mps_pipe_directory: str | None = None,
     pod_memory_units: int | None = None,
 ) -> dict[str, str]:
-    """Env of a container holding memory and/or share on one card.
-
-    ALIYUN_COM_GPU_MEM_POD (the pod's total) only when the pod is known (from
-    the Kubernetes API); without it the daemon does not know the pod's other
-    containers, and leaves the name out rather than guess.
-    """
+    """ALIYUN_COM_GPU_MEM_POD (the pod's total) only when the pod cache knows the pod."""
     envs = {
         VISIBLE_DEVICES: card_uuid,
         ALLOCATION_ID: allocation.id,
@@ -60,5 +52,4 @@ def shared_envs(
 
 
 def whole_envs(allocation: Allocation, card_uuids: list[str]) -> dict[str, str]:
-    """Env of a container given whole cards: the cards, outside MPS, no quota."""
     return {VISIBLE_DEVICES: ",".join(card_uuids), ALLOCATION_ID: allocation.id}

@@ -1,35 +1,23 @@
 """Which card the scheduler extender chose for a pod, and whether to believe it (pure).
 
-A pod owner writes its own pod's annotations, so the gpushare annotations the
-old extender writes at bind (``ALIYUN_COM_GPU_MEM_IDX``, ``_ASSUME_TIME``,
-``scheduler.framework.gpushare.allocation``) say nothing about who wrote
-them: ``IDX=1`` picks a card, ``ASSUME_TIME=1`` makes a pending pod the
-oldest, so the node matches it first. gpushare-scheduler therefore also
-writes ``<label_prefix>placement``, signed with its Ed25519 key (which no node
-holds; the nodes hold the public key)::
+A pod owner writes its pod's annotations, so the gpushare extender's annotations
+(``ALIYUN_COM_GPU_MEM_IDX``, ``_ASSUME_TIME``, ``scheduler.framework.gpushare.allocation``)
+say nothing about who wrote them: ``IDX=1`` picks a card, ``ASSUME_TIME=1`` jumps the
+queue. gpushare-scheduler also writes ``<label_prefix>placement``, signed with its
+Ed25519 key (nodes hold only the public key), on one line::
 
     v1;uid=<pod UID>;node=<node>;t=<assume time, Unix ns>;
       cards=<container index>:<card>,...;sig=<base64url>
 
-(one line, no blanks)
-The signature covers the text before ``;sig=`` (prefixed with ``SIGNED_DOMAIN``):
-pod UID, node, assume time and each container's card (init containers by
-their negative index). A copy on another pod (other UID) or node, or any
-edit, fails.
+The signature covers ``SIGNED_DOMAIN`` and the text before ``;sig=`` (init containers
+by negative index), so a copy on another pod or node, or any edit, fails.
 
-``decide`` turns a pod's annotations into an ``ExtenderChoice`` (or None)
-under the trust mode:
-
-- ``signed`` (the default): only a signature the verifier accepts, for this
-  pod's UID and node, counts; the unsigned gpushare annotations are ignored;
-- ``annotations``: the old gpushare extender's annotations are believed, as
-  the old device plugin did (for clusters that run that extender and accept
-  that pod owners can choose their card and their place in the queue).
-
-With the choice comes a *note*: why a placement written on the pod was not
-believed ("" when there was nothing to ignore), for the log and a pod Event.
-No annotation content raises: each value is read with a size limit and a
-strict form, and anything else is ignored with the reason.
+``decide`` reads a pod's annotations under the trust mode: ``signed`` (default) counts
+only a verified signature for this pod's UID and node; ``annotations`` also believes the
+gpushare extender's annotations (for clusters that run it and accept that pod owners
+choose their card and place in the queue). It also gives a *note*: why a placement on
+the pod was not believed, for the log and a pod Event. No annotation content raises:
+each value is read with a size limit and a strict form.
 
 What it must not do: I/O or cryptography (the verifier is passed in).
 """
@@ -44,7 +32,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-# The gpushare annotations (docs/gpushare-compat.md); podmatch re-exports them.
+# docs/gpushare-compat.md
 IDX_ANNOTATION = "ALIYUN_COM_GPU_MEM_IDX"
 ASSIGNED_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSIGNED"
 ASSUME_TIME_ANNOTATION = "ALIYUN_COM_GPU_MEM_ASSUME_TIME"
@@ -71,18 +59,16 @@ _SIGNATURE = re.compile(r"[A-Za-z0-9_-]{86}")  # 64 bytes, base64url without pad
 
 
 class Verifier(Protocol):
-    """The extender's public key (nodemgr.common.placementkey)."""
+    """nodemgr.common.placementkey.PublicKey"""
 
     def verify(self, message: bytes, signature: bytes) -> bool: ...
 
 
 @dataclass(frozen=True)
 class ExtenderChoice:
-    """The cards the scheduler extender chose for a pod, as the node honours them."""
-
     cards: Mapping[int, int] = field(default_factory=dict)  # container index -> card index
     pod_card: int | None = None  # the pod-wide card (IDX) for containers not in ``cards``
-    assumed_at_ns: int | None = None  # when it decided (orders pending pods)
+    assumed_at_ns: int | None = None  # orders pending pods
     signed: bool = False
 
     def card_for(self, container_index: int) -> int | None:
@@ -108,7 +94,7 @@ class PlacementTrust:
 
 
 def signed_text(uid: str, node: str, assumed_at_ns: int, cards: Mapping[int, int]) -> str:
-    """The part of the signed annotation the signature covers (ValueError: not writable)."""
+    """The text the signature covers (ValueError: a field outside its form)."""
     listed = ",".join(f"{index}:{card}" for index, card in sorted(cards.items()))
     text = f"v1;uid={uid};node={node};t={assumed_at_ns};cards={listed}"
     if not _SIGNED.fullmatch(text):
@@ -117,12 +103,10 @@ def signed_text(uid: str, node: str, assumed_at_ns: int, cards: Mapping[int, int
 
 
 def signed_message(text: str) -> bytes:
-    """What is signed and verified for ``text`` (signed_text)."""
     return SIGNED_DOMAIN + text.encode("ascii")
 
 
 def with_signature(text: str, signature: bytes) -> str:
-    """The annotation's value: ``text`` and its signature."""
     if len(signature) != SIGNATURE_BYTES:
         raise ValueError(f"an Ed25519 signature has {SIGNATURE_BYTES} bytes, not {len(signature)}")
     return f"{text};sig={base64.urlsafe_b64encode(signature).decode('ascii').rstrip('=')}"
@@ -139,7 +123,6 @@ class SignedPlacement:
 
 
 def parse_signed(value: str) -> SignedPlacement:
-    """The signed annotation's fields; ValueError naming what is wrong with it."""
     if len(value) > MAX_SIGNED_CHARS:
         raise ValueError(f"it is {len(value)} characters long, over {MAX_SIGNED_CHARS}")
     text, sep, encoded = value.rpartition(";sig=")
@@ -161,11 +144,10 @@ def parse_signed(value: str) -> SignedPlacement:
     return SignedPlacement(text, match["uid"], match["node"], int(match["t"]), cards, signature)
 
 
-# --- the old extender's annotations, read defensively ---------------------------------
+# --- the gpushare extender's annotations, read defensively ---------------------------
 
 
 def _number(value: str | None) -> int | None:
-    """A decimal of ASCII digits, at most 19 of them; None otherwise."""
     if value is None or not 0 < len(value) <= _MAX_NUMBER_DIGITS:
         return None
     return int(value) if value.isascii() and value.isdigit() else None
@@ -197,8 +179,7 @@ def _allocation_map(text: str) -> dict[int, int]:
 
 
 def choice_from_annotations(annotations: Mapping[str, str]) -> tuple[ExtenderChoice | None, str]:
-    """The old extender's choice, believed as written (trust mode ``annotations``); the
-    note says what was unreadable."""
+    """The gpushare extender's choice as written; the note says what was unreadable."""
     notes = []
     cards: dict[int, int] = {}
     text = annotations.get(ALLOCATION_ANNOTATION)
@@ -226,12 +207,10 @@ def decide(
     pending: bool,
     trust: PlacementTrust,
 ) -> tuple[ExtenderChoice | None, str]:
-    """The extender's choice for this pod as ``trust`` believes it, and the note (why a
-    placement written on the pod was ignored; "" when nothing was)."""
+    """The extender's choice for this pod as ``trust`` believes it, and the note."""
     signed = annotations.get(trust.signed_key)
     if signed is not None and not node:
-        # Written at bind just before the Binding: judged once the pod is bound to a node
-        # (an unbound pod holds no card anywhere).
+        # Written just before the Binding; an unbound pod holds no card anywhere.
         return None, ""
     if signed is not None:
         choice, problem = _verified(signed, uid, node, trust)
@@ -252,8 +231,7 @@ def decide(
         for key in (IDX_ANNOTATION, ALLOCATION_ANNOTATION, ASSUME_TIME_ANNOTATION)
         if key in annotations
     ]
-    # The node itself writes them, ASSIGNED=true, once it admitted the pod: only what
-    # looks like a bind's (pending, not assigned) is worth a note.
+    # The node writes them itself, with ASSIGNED=true, once it admitted the pod.
     if written and pending and annotations.get(ASSIGNED_ANNOTATION) != "true":
         return None, (
             f"{', '.join(written)} on it {'is' if len(written) == 1 else 'are'} not signed by "
@@ -282,7 +260,6 @@ def _verified(
 
 
 def show(value: str, limit: int = 40) -> str:
-    """A value from a pod owner as it may be logged or put in an Event: quoted, escaped,
-    cut at ``limit`` characters."""
+    """A pod owner's value for a log or Event: quoted, escaped, cut at ``limit``."""
     quoted = json.dumps(value[:limit], ensure_ascii=True)
     return quoted if len(value) <= limit else quoted[:-1] + '..."'

@@ -1,13 +1,9 @@
 """Whether the daemon's open-file limit holds what it may need at once (pure arithmetic).
 
-Every listener has a connection cap (nodemgr.common.connbudget, the gRPC options of the
-device plugin servers): at most that many of its connections are open at once, one file
-descriptor each. What the daemon holds besides (the ledger, the netlink process events,
-kubelet and API clients, the MPS control daemons' pipes, the watchdog's /proc reads and
-pidfds) is what was open at start plus a reserve that no listener may take. The caps
-together, what was open at start and the reserve must fit the soft RLIMIT_NOFILE; when
-they do not, the daemon refuses to start, naming the numbers and the fix, rather than
-run where a flood of connections could leave enforcement without a descriptor.
+Every listener has a connection cap, one descriptor per connection. The caps, what was
+open at start and a reserve no listener may take must fit the soft RLIMIT_NOFILE, else
+the daemon refuses to start rather than run where a flood of connections could leave
+enforcement without a descriptor.
 """
 
 from __future__ import annotations
@@ -22,15 +18,13 @@ RESERVE = 256
 
 
 def needed(open_at_start: int, caps: Mapping[str, int], reserve: int = RESERVE) -> int:
-    """Descriptors the daemon may hold at once: those open at start, every listener at its
-    cap, and the reserve."""
     return open_at_start + sum(caps.values()) + reserve
 
 
 def shortfall(
     limit: int, open_at_start: int, caps: Mapping[str, int], reserve: int = RESERVE
 ) -> str | None:
-    """Why ``limit`` (the soft RLIMIT_NOFILE) is too small, or None when it holds all."""
+    """Why ``limit`` (the soft RLIMIT_NOFILE) is too small; None when it holds all."""
     need = needed(open_at_start, caps, reserve)
     if limit >= need:
         return None

@@ -1,7 +1,6 @@
 """The ledger's invariants: what must hold of the allocations at every moment (pure).
 
-Checked by ``nodemgr check-ledger``, by ``nodemgr doctor``, after tests that touch
-the ledger, and after every step of the stateful property test:
+Checked by ``nodemgr check-ledger``, ``nodemgr doctor`` and the tests:
 
 - no device ID is held by two live allocations;
 - a shared allocation is on one card; its memory limit is its units x the unit;
@@ -42,10 +41,7 @@ def check_invariants(
     registrations: Iterable[Registration] = (),
     kubelet_record: Mapping[ContainerRef, Mapping[ResourceKind, Sequence[str]]] | None = None,
 ) -> list[str]:
-    """Every broken invariant, one sentence each; [] when the ledger is sound.
-
-    ``cards`` None: capacities unknown (no GPU inventory), those checks are skipped.
-    """
+    """Every broken invariant, one sentence each; ``cards`` None skips the capacity checks."""
     problems: list[str] = []
     holders: dict[tuple[ResourceKind, str], str] = {}
     for allocation in allocations:

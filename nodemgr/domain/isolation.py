@@ -1,11 +1,8 @@
 """How far this node really isolates one allocation, in words an admin can act on (pure).
 
-``isolation_of`` looks at the allocation (whole card, or shared with memory
-and/or a compute share) and at what the node really has right now (the
-watchdog running, its action, whether it can read per-process GPU memory; the
-card's MPS state and ceiling; a kernel dmem region for the card) and returns a
-level and a one-line reason for memory and for compute. ``nodemgr status``
-(table and ``--json``), the metrics and the pod annotation all show it.
+From the allocation and what the node has right now (the watchdog, the card's MPS
+state and ceiling, a kernel dmem region), a level and a one-line reason for memory and
+for compute, shown by ``nodemgr status``, the metrics and the pod annotation.
 
 Memory levels (strongest first):
 
@@ -57,28 +54,21 @@ COMPUTE_LEVELS = (EXCLUSIVE, ADVISORY, UNLIMITED)
 
 @dataclass(frozen=True)
 class WatchdogFacts:
-    """The watchdog as it is now (node-wide)."""
-
-    running: bool  # its worker is up
+    running: bool
     action: str | None  # enforcement.action: "kill" or "log"; None when unknown
     usage_readable: bool  # its last scan read per-process GPU memory (NVML or usage file)
 
 
 @dataclass(frozen=True)
 class CardIsolationFacts:
-    """One card's MPS and kernel facts."""
-
     mps_state: str  # MpsView.state: healthy, down, hung, ..., "disabled" (mps.enabled false)
-    # MPS healthy and the card without problem: the supervisor has set the
-    # server-side pinned memory ceiling (a failure to set it is a card problem).
+    # The supervisor set the server-side pinned memory ceiling (failing is a card problem).
     ceiling_set: bool
-    dmem_region: str | None = None  # the kernel dmem region of this card, None when none
+    dmem_region: str | None = None
 
 
 @dataclass(frozen=True)
 class NodeIsolationFacts:
-    """What the node has, as the status document's builder gets it."""
-
     watchdog: WatchdogFacts
     dmem_regions: Mapping[str, str] = field(default_factory=dict)  # card UUID -> region
 
@@ -107,10 +97,8 @@ def isolation_of(
     card: CardIsolationFacts,
     watchdog: WatchdogFacts,
 ) -> Isolation:
-    """The isolation of one allocation on ``card`` (its first card when whole).
-
-    The reasons name no amounts (nodemgr status shows them next to it), so that
-    allocations in the same situation share their reasons."""
+    """The isolation of one allocation on ``card`` (its first card when whole). Reasons
+    name no amounts, so allocations in the same situation share them."""
     if whole:
         return Isolation(
             EXCLUSIVE,

@@ -1,20 +1,16 @@
 """The allocation record shared by the ledger, the allocator and reconcile (pure data).
 
-One ``Allocation`` is what one container holds on this node: either a shared
-allocation (memory and/or compute share devices, all on ONE card) or a
-whole-card allocation (one or more whole cards). Its device IDs are kubelet's
-own IDs, so kubelet's record and the ledger can be compared ID by ID.
+An ``Allocation`` is what one container holds: shared (memory and/or share devices,
+all on ONE card) or whole cards. Its device IDs are kubelet's own, so kubelet's record
+and the ledger compare ID by ID.
 
-An allocation made for a DRA ResourceClaim (the second front door, docs/dra.md)
-holds device IDs the same way, chosen by the node from the card's free ones, and
-carries its ``claim`` (``ClaimRef``): the device plugin's kubelet never hands out
-those IDs (they are listed Unhealthy), and reconcile with the device plugin's
-record leaves it alone (kubelet's NodeUnprepareResources releases it).
+One made for a DRA ResourceClaim (docs/dra.md) holds device IDs the node chose from the
+card's free ones and carries its ``claim``: kubelet's device plugin side never hands
+those IDs out (listed Unhealthy), and reconcile leaves it alone (NodeUnprepareResources
+releases it).
 
-An owner is a name (namespace/pod/container), as kubelet's record gives it; a pod
-deleted and created again under its name is another pod, told apart by its UID
-(``owner_uid``, known where the pod cache matched the pod at Allocate): see
-``Allocation.held_by``.
+An owner is a name, as kubelet's record gives it; a pod created again under its name is
+told apart by its UID where known (``Allocation.held_by``).
 """
 
 from __future__ import annotations
@@ -40,9 +36,8 @@ class ContainerRef:
 
 @dataclass(frozen=True)
 class ClaimResult:
-    """One allocation result of a ResourceClaim that this node prepared: the request
-    it serves (as the scheduler wrote it, ``main`` or ``main/sub``), the pool and
-    device (the card) and the share ID (None for a device given whole)."""
+    """One allocation result of a claim this node prepared (request as the scheduler wrote
+    it, ``main`` or ``main/sub``; share ID None for a device given whole)."""
 
     request: str
     pool: str
@@ -52,8 +47,6 @@ class ClaimResult:
 
 @dataclass(frozen=True)
 class ClaimRef:
-    """The ResourceClaim an allocation was made for, and its results on this node."""
-
     uid: str
     namespace: str
     name: str
@@ -69,16 +62,14 @@ class Allocation:
     # Device IDs per resource kind; a shared allocation has MEMORY and/or CORE,
     # a whole one has WHOLE. Tuples are kept sorted.
     devices: dict[ResourceKind, tuple[str, ...]]
-    # Memory in MiB at allocation time (units x memory_unit_mib), the limit
-    # written into the container's env.
+    # units x memory_unit_mib at allocation time: the limit in the container's env.
     memory_mib: int
     created_at: float  # Unix seconds
     owner: ContainerRef | None = None  # filled in from kubelet's PodResources record
     confirmed_at: float | None = None  # last time kubelet's record showed it
-    claim: ClaimRef | None = None  # made by NodePrepareResources for this claim (DRA)
-    # The UID of the owner's pod, when known: the pod the Kubernetes pod cache matched at
-    # Allocate (kubelet's record names pods, never UIDs). It tells a pod recreated under
-    # the same name (a StatefulSet's web-0) from the one that held this allocation.
+    claim: ClaimRef | None = None
+    # The pod the pod cache matched at Allocate (kubelet's record names pods, never UIDs):
+    # tells a pod recreated under the same name from the one that held this allocation.
     owner_uid: str | None = None
 
     @property
@@ -95,9 +86,7 @@ class Allocation:
 
     @functools.cached_property
     def cards(self) -> tuple[str, ...]:
-        """UUIDs of the cards it holds, sorted (one for a shared allocation). Computed once:
-        an Allocation is never changed in place (``replace`` makes a new one), and this is
-        read for every allocation at every publish and status document."""
+        """Sorted card UUIDs (cached: an Allocation is never changed in place)."""
         return tuple(
             sorted(
                 {
@@ -109,9 +98,8 @@ class Allocation:
         )
 
     def held_by(self, namespace: str, pod: str, uid: str) -> bool:
-        """Whether this allocation may be the pod ``namespace/pod`` with UID ``uid``'s: its
-        owner has that name and its owner UID, where known, is that one. An allocation
-        whose owner UID is unknown may be any pod of that name."""
+        """Whether this allocation may be that pod's: same owner name, and same owner UID
+        where known."""
         owner = self.owner
         if owner is None or (owner.namespace, owner.pod) != (namespace, pod):
             return False
@@ -140,11 +128,8 @@ class Mount:
 
 @dataclass(frozen=True)
 class CgroupKey:
-    """Where a container's processes are: one cgroup hierarchy and a path in it.
-
-    ``hierarchy`` is the controller list of a /proc/PID/cgroup line ("" for
-    the cgroup v2 unified hierarchy, "memory" for a v1 one).
-    """
+    """One cgroup hierarchy (a /proc/PID/cgroup controller list: "" for v2, "memory" for
+    v1) and a path in it."""
 
     hierarchy: str
     path: str

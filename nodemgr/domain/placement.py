@@ -23,7 +23,7 @@ POLICIES = ("binpack", "spread")
 
 @dataclass(frozen=True)
 class CardLoad:
-    """What one card can still take, in the units kubelet counts."""
+    """What one card can still take, in kubelet's units."""
 
     index: int
     uuid: str
@@ -31,15 +31,12 @@ class CardLoad:
     memory_units_total: int
     memory_units_free: int
     core_percent_free: int
-    # Why the card takes no shared work at all ("" when it can): given out
-    # whole, unhealthy, ...
+    # Why the card takes no shared work ("" when it can).
     unavailable_reason: str = ""
 
 
 @dataclass(frozen=True)
 class SharedRequest:
-    """One container's shared request: memory units and percent of one card's SMs."""
-
     memory_units: int = 0
     core_percent: int = 0
 
@@ -81,11 +78,8 @@ def choose_card(
 
 @dataclass(frozen=True)
 class NoFitDescriber:
-    """Writes the refusal an admin reads in the pod's events.
-
-    ``no single GPU on node-a has 16 GiB and 30% free: GPU0 (Tesla T4) has
-    12 GiB/70%, GPU1 (Tesla T4) has 15 GiB/100%``
-    """
+    """``no single GPU on node-a has 16 GiB and 30% free: GPU0 (Tesla T4) has
+    12 GiB/70%, GPU1 (Tesla T4) has 15 GiB/100%``"""
 
     node_name: str
     memory_unit_mib: int
@@ -114,7 +108,7 @@ class NoFitDescriber:
 
 
 def format_mib(mib: int) -> str:
-    """MiB in the unit an admin thinks in: whole GiB when exact, MiB otherwise."""
+    """Whole GiB when exact, MiB otherwise."""
     if mib % 1024 == 0:
         return f"{mib // 1024} GiB"
     return f"{mib} MiB"

@@ -1,43 +1,28 @@
 """Is a container tied to the allocation whose env it carries? (pure)
 
-An allocation id in a container's env is not a bearer token: anyone who reads
-it (a log, ``kubectl describe``, another pod's spec) could otherwise put it in
-a container of their own and share the quota, or, made straight with runc,
-escape it. A GPU container is tied to an allocation by the pod it belongs to:
+An allocation id in a container's env is not a bearer token: anyone who reads it (a
+log, ``kubectl describe``) could put it in a container of their own and share the quota,
+or, made straight with runc, escape it. A GPU container is tied to an allocation by its
+pod:
 
-- its pod identity comes from the OCI annotations the CRI runtime writes
-  (``io.kubernetes.cri.sandbox-namespace``/``sandbox-name``/``container-name``
-  for containerd, ``io.kubernetes.pod.namespace``/``pod.name``/``container.name``
-  for CRI-O), never from the container's own env, and only from the keys of the
-  runtime the hook was installed for: the other runtime's keys can be the pod's
-  own annotations (CRI-O copies them all into the container's), so where they are
-  present they must name the same pod, else the container is refused
-  (:func:`runtime_identity`, :mod:`hooks.podidentity`). A container without an
-  identity was not made by kubelet through a CRI runtime: refused;
-- kubelet's PodResources record, read at that moment, must show a container
-  of that same pod (namespace and name) holding the allocation's device IDs,
-  and no other pod holding any of them;
-- kubelet's record names pods, never UIDs, so a pod deleted and created again
-  under its name (a StatefulSet's) looks like the old one there. Where the
-  runtime gives the pod's UID (containerd's ``sandbox-uid``, CRI-O's
-  ``pod.uid``) and the allocation knows its owner's (from the pod cache at
-  Allocate), they must be the same: the new pod gets its own allocation at
-  its admission, never the old pod's.
+- its pod identity comes from its CRI runtime's OCI annotations
+  (:mod:`hooks.podidentity`), never from its env; a container without one was not made
+  by kubelet through a CRI runtime and is refused;
+- kubelet's PodResources record, read at that moment, must show a container of that
+  pod holding the allocation's device IDs, and no other pod holding any of them;
+- the record names pods, never UIDs, so a pod created again under its name (a
+  StatefulSet's) looks like the old one there: where the runtime gives the pod's UID
+  and the allocation knows its owner's, they must be the same.
 
-A DRA claim's container is tied the same way, through the ``dynamic_resources`` of
-kubelet's record: a container of the pod must be listed with the claim's device
-(claim namespace and name, pool, device and, from kubelet 1.35, share ID). The
-PodResources client puts those entries into the record under ``CLAIMS_RECORD``, one
-``claim_record_id`` each (only this node's driver's devices).
+A DRA claim's container is tied the same way, through the record's
+``dynamic_resources``, put under ``CLAIMS_RECORD`` (claim, pool, device and, from
+kubelet 1.35, share ID).
 
-The tie is per pod, not per container name, on purpose: kubelet hands a
-(regular) init container's devices on to the pod's app containers
-(devicesToReuse) and lists no regular init container in PodResources List, so
-an init container asking for its GPU would never find its own name there;
-sidecars (restartable init containers) are listed under their own name. Any
-container of the pod may therefore use the pod's allocation, and the memory
-quota is policed over all of them together (:mod:`nodemgr.domain.violations`).
-A pod's containers trust one another anyway: one pod spec, one author.
+The tie is per pod, not per container, on purpose: kubelet hands a regular init
+container's devices on to the app containers (devicesToReuse) and does not list it in
+PodResources, so it would never find its own name there. Any container of the pod may
+use the pod's allocation, and the memory quota is policed over all of them together
+(:mod:`nodemgr.domain.violations`): one pod spec, one author.
 """
 
 from __future__ import annotations
@@ -63,10 +48,9 @@ NO_IDENTITY = (
 def runtime_identity(
     annotations: Mapping[str, str], runtime: str | None, claimed: Mapping[str, str]
 ) -> tuple[ContainerRef | None, str | None]:
-    """(the container's pod identity, why it is refused or None) from the identity keys of
-    its annotations and the runtime the hook was installed for (None: an older hook
-    configuration), read again here; ``claimed`` is the identity the hook read, which must be
-    the same (the daemon does not take the hook's word for it)."""
+    """(the container's pod identity, why it is refused or None), read again from its
+    annotations; ``claimed``, what the hook read, must be the same (the daemon does not
+    take the hook's word for it)."""
     try:
         identity = podidentity.resolve(dict(annotations), runtime)
     except podidentity.IdentityConflict as e:
@@ -83,8 +67,7 @@ def runtime_identity(
 
 
 def runtime_pod_uid(annotations: Mapping[str, str], runtime: str | None) -> str | None:
-    """The pod UID the runtime's identity keys give (containerd's ``sandbox-uid``, CRI-O's
-    ``pod.uid``); None where they give none, or name two pods (``runtime_identity``
+    """The pod UID the runtime's keys give; None for none or two pods (``runtime_identity``
     refuses those)."""
     try:
         return podidentity.resolve(dict(annotations), runtime).get("uid") or None
@@ -98,14 +81,12 @@ def _shown(identity: Mapping[str, str]) -> str:
     return "/".join(quote(identity.get(f, "?")) for f in podidentity.REQUIRED)
 
 
-# The record's pseudo resource name for DRA claims' devices (no extended resource name
-# can be it: those always hold a '/').
+# No extended resource name can be it: those always hold a '/'.
 CLAIMS_RECORD = "dynamic-resources"
 
 
 def claim_record_id(namespace: str, name: str, pool: str, device: str, share_id: str) -> str:
-    """A claim's device in the record: ``<ns>/<claim>/<pool>/<device>#<share ID>`` (the
-    share ID empty when kubelet does not report one: before 1.35)."""
+    """``<ns>/<claim>/<pool>/<device>#<share ID>`` (share ID empty before kubelet 1.35)."""
     return f"{namespace}/{name}/{pool}/{device}#{share_id}"
 
 
@@ -122,20 +103,18 @@ def _claim_holds(allocation: Allocation, record_id: str) -> bool:
 
 
 def pod_of(ref: ContainerRef) -> str:
-    """namespace/pod: what an allocation is tied to (a key: compared, never shown)."""
+    """namespace/pod as a key: compared, never shown."""
     return f"{ref.namespace}/{ref.pod}"
 
 
 def shown_pod(ref: ContainerRef) -> str:
-    """namespace/pod as a message shows it, each part safe (:func:`hooks.textsafe.quote`)."""
     return f"{quote(ref.namespace)}/{quote(ref.pod)}"
 
 
 def holders(
     allocation: Allocation, record: KubeletRecord, resource_names: Mapping[ResourceKind, str]
 ) -> set[ContainerRef]:
-    """The containers kubelet's record shows holding any of the allocation's device IDs
-    (a claim's: its devices in the record's ``dynamic_resources`` part)."""
+    """The containers kubelet's record shows holding any of the allocation's devices."""
     if allocation.claim is not None:
         return {
             ref
@@ -154,9 +133,8 @@ def holders(
 def other_pod_of_the_name(
     identity: ContainerRef, allocation: Allocation, pod_uid: str | None
 ) -> bool:
-    """Whether ``allocation`` was made for another pod of the name of ``identity``'s pod:
-    the same namespace and name, another UID (the pod deleted and created again). Only
-    where both UIDs are known: the runtime's (``pod_uid``) and the allocation's owner's."""
+    """Whether ``allocation`` was made for another pod of ``identity``'s pod's name
+    (another UID), judged only where both UIDs are known."""
     owner = allocation.owner
     return (
         bool(pod_uid)
@@ -173,10 +151,7 @@ def pod_tie_problem(
     pod_uid: str | None = None,
 ) -> str | None:
     """Why kubelet's record (``holding``: :func:`holders`, not empty) does not tie the
-    container of ``identity`` (its pod's UID ``pod_uid``, from its runtime, where given) to
-    the allocation; None when a container of its pod holds the allocation's devices, no
-    other pod holds any of them, and the allocation was not made for another pod of its
-    name (kubelet's record names pods, never UIDs)."""
+    container of ``identity`` to the allocation (see the module); None when it does."""
     pods = sorted({pod_of(ref) for ref in holding})
     shown = ", ".join(sorted({shown_pod(ref) for ref in holding}))
     what = f"allocation {allocation.id} ({', '.join(allocation.cards)})"
@@ -209,17 +184,13 @@ def pods_allocation(
     cards: set[str],
     pod_uid: str | None = None,
 ) -> Allocation | None:
-    """The allocation kubelet's record gives the container's own pod on ``cards`` (the
-    cards its env asks for), when the ID in its env names another or none.
+    """The allocation kubelet's record gives the container's own pod on ``cards`` (those
+    its env asks for), when the ID in its env names another or none.
 
-    Its env's ID goes stale without anyone's fault: a ledger rebuilt from kubelet's
-    record after its loss adopts the pod's devices under a new ID, and a split of two
-    pods whose allocations were linked by mistake (no API server to name the pod) gives
-    the second pod a new ID, while kubelet replays the env it cached. The pod's own
-    allocation is found from facts the container cannot choose (its runtime's pod
-    identity, kubelet's record). Exactly one candidate, or the one kubelet names this
-    container holding; anything else is ambiguous and gives None (refused). One made for
-    another pod of its name (``other_pod_of_the_name``) is never a candidate."""
+    An env's ID goes stale without anyone's fault: a ledger rebuilt from kubelet's record
+    adopts the pod's devices under a new ID, a split of two wrongly linked pods gives the
+    second a new ID, while kubelet replays the env it cached. Exactly one candidate, or
+    the one kubelet names this container holding; anything else is ambiguous: None."""
     mine = pod_of(identity)
     candidates = []
     for allocation in allocations:

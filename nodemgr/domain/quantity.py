@@ -1,12 +1,8 @@
 """Kubernetes resource quantities (``4Gi``, ``30``, ``1500m``, ``1e3``) as exact numbers (pure).
 
-The DRA objects carry capacities and what a claim consumed as quantities; the
-node compares them with its cards in bytes and percent, so they are read exactly
-(a ``Fraction``), never as floats. The grammar is the API's: a signed decimal
-number, then a binary suffix (``Ki`` .. ``Ei``), a decimal one (``n``, ``u``,
-``m``, ``k``, ``M`` .. ``E``) or a decimal exponent (``e3``, ``E-2``).
-``format_binary`` writes whole byte counts the way the API stores them
-canonically when they are multiples of 1024 (``4Gi``, ``1536Mi``).
+DRA capacities are compared with cards in bytes and percent, so they are read exactly
+(a ``Fraction``), never as floats, in the API's grammar: a signed decimal, then a binary
+suffix (``Ki`` .. ``Ei``), a decimal one (``n`` .. ``E``) or an exponent (``e3``).
 """
 
 from __future__ import annotations
@@ -61,7 +57,7 @@ def parse(text: object) -> Fraction:
 
 
 def format_binary(count: int) -> str:
-    """A whole count as the API writes it: the largest binary suffix dividing it exactly."""
+    """A whole count as the API writes it canonically: ``4Gi``, ``1536Mi``."""
     if count < 0:
         raise QuantityError(f"{count} is negative")
     for suffix in ("Ei", "Pi", "Ti", "Gi", "Mi", "Ki"):

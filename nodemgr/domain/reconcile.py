@@ -1,28 +1,23 @@
 """Comparing the ledger with kubelet's PodResources record (pure).
 
 kubelet's record wins, always:
-- an allocation kubelet reports gets its owner (namespace/pod/container);
-- one kubelet no longer reports is released: at once when kubelet had shown
-  it before (the pod is gone), after ``allocation_grace_seconds`` when it is
-  fresh and kubelet has not caught up yet;
-- one whose devices kubelet reports for two containers is split (the daemon
-  guessed the container linkage wrong, see allocator.py);
-- the UID of an allocation's pod (``owner_uid``, from the pod cache at Allocate) stays
-  while kubelet names a container of that pod, and is dropped when it names another
-  pod; two allocations made for two pods of one name (one deleted and created again)
-  are never merged into one, whatever a record read between the two says;
-- devices kubelet reports that the ledger does not hold (ledger lost or
-  older than kubelet's checkpoint) are adopted, so they are never handed out
-  twice; when the running containers say which allocation ID they were
-  registered with (``id_hints``, read from their cgroups' marks), the adopted
-  allocation takes that ID again.
 
-``plan_reconcile`` judges every allocation and every reported device: the full
-walk, and the oracle of ``plan_scoped``, which judges only a
-:class:`ReconcileScope` (what changed since the last reconcile, and the
-allocations that may merge with it) and makes the same plan when everything
-outside the scope was already settled (the allocator keeps that true; a
-property test holds the two to each other).
+- an allocation kubelet reports gets its owner;
+- one kubelet no longer reports is released: at once when kubelet had shown it (the
+  pod is gone), after ``allocation_grace_seconds`` while kubelet may not have caught up;
+- one whose devices kubelet reports for two containers is split (the daemon guessed
+  the container linkage wrong);
+- an allocation's ``owner_uid`` stays while kubelet names a container of that pod and
+  is dropped when it names another; allocations of two pods of one name are never
+  merged, whatever a record read between the two says;
+- devices kubelet reports that the ledger does not hold (ledger lost, or older than
+  kubelet's checkpoint) are adopted, so never handed out twice, under the ID their
+  containers were registered with where their cgroup marks say it (``id_hints``).
+
+``plan_reconcile`` is the full walk and the oracle of ``plan_scoped``, which judges
+only a :class:`ReconcileScope` (what changed since the last reconcile and what may
+merge with it) and makes the same plan when everything outside it was settled (the
+allocator keeps that true; a property test holds the two to each other).
 """
 
 from __future__ import annotations
@@ -41,7 +36,7 @@ DeviceKey = tuple[ResourceKind, str]
 class ReconcilePlan:
     put: list[Allocation] = field(default_factory=list)  # new or changed allocations
     delete: list[str] = field(default_factory=list)  # allocation IDs to release
-    notes: list[str] = field(default_factory=list)  # one log line per change, saying why
+    notes: list[str] = field(default_factory=list)  # one log line per change
 
     @property
     def empty(self) -> bool:
@@ -50,13 +45,11 @@ class ReconcilePlan:
 
 @dataclass(frozen=True)
 class ReconcileScope:
-    """What one reconcile judges. Outside it, every allocation is settled against
-    kubelet's record (judging it would change nothing) and every reported device is held."""
+    """What one reconcile judges; outside it everything is settled against kubelet's record."""
 
     judged: tuple[Allocation, ...]  # each compared with kubelet's record
     unheld: Mapping[DeviceKey, ContainerRef]  # reported devices no allocation holds: adopted
-    # Not judged, but each holds a device kubelet reports for a container that a judged or
-    # adopted allocation is reported for: they may be merged with it.
+    # Not judged, but may merge with a judged or adopted allocation of the same container.
     others: tuple[Allocation, ...] = ()
 
 
@@ -78,12 +71,8 @@ def plan_reconcile(
     new_id: Callable[[], str],
     id_hints: Mapping[ContainerRef, str] | None = None,
 ) -> ReconcilePlan:
-    """What to change so that the ledger says what kubelet says: the full walk.
-
-    ``reported`` maps each of this node's device IDs that kubelet reports as
-    allocated to the container holding it. ``id_hints``: container -> the
-    allocation ID it was registered with before the ledger was lost.
-    """
+    """What to change so that the ledger says what kubelet says. ``reported``: each device
+    kubelet reports -> its container; ``id_hints``: container -> its registered ID."""
     scope = full_scope(allocations, reported)
     live_ids = {allocation.id for allocation in scope.judged}
     return _plan(
@@ -139,9 +128,9 @@ def _merge_per_container_and_card(
     memory_unit_mib: int,
     plan: ReconcilePlan,
 ) -> None:
-    """One allocation per container and card: kubelet's record says one container holds
-    them all (its second resource's Allocate made an allocation of its own, e.g. retried
-    after a timeout), so they are one quota. The memory holder keeps its ID."""
+    """One allocation per container and card: kubelet says one container holds them all
+    (its second resource's Allocate made one of its own, e.g. retried after a timeout),
+    so they are one quota."""
     after = {a.id: a for a in before if a.id not in plan.delete}
     after.update({a.id: a for a in plan.put})
     groups: dict[tuple[ContainerRef, str], list[Allocation]] = defaultdict(list)
@@ -158,9 +147,8 @@ def _merge_per_container_and_card(
         group.sort(key=lambda a: (ResourceKind.MEMORY not in a.devices, a.created_at, a.id))
         uids = sorted({a.owner_uid for a in group if a.owner_uid})
         if len(uids) > 1:
-            # Two pods of one name (one deleted and created again, a StatefulSet's), in a
-            # record read before kubelet let the old one go: two quotas, never one. The
-            # old one's allocation goes once kubelet no longer reports it.
+            # Two pods of one name in a record read before kubelet let the old one go: two
+            # quotas, never one; the old one's goes once kubelet no longer reports it.
             plan.notes.append(
                 f"not merged: allocations {', '.join(a.id for a in group)}, which kubelet "
                 f"reports for {ref} on {card}, were made for pods of that name with different "
@@ -241,10 +229,9 @@ def _reconcile_one(
 
 
 def _uid_for(allocation: Allocation, ref: ContainerRef) -> str | None:
-    """The pod UID the allocation's devices keep when kubelet's record gives them to ``ref``:
-    the allocation's own where ``ref`` is a container of the pod it was made for (kubelet
-    gives a pod's devices to no other pod of its name: a recreated pod's Allocate takes
-    them), else unknown (the pod cache's guess of the pod was wrong)."""
+    """The allocation's own UID where ``ref`` is of the pod it was made for (kubelet gives
+    a pod's devices to no other pod of its name), else unknown (the pod cache guessed
+    wrong)."""
     owner = allocation.owner
     if owner is None or (owner.namespace, owner.pod) != (ref.namespace, ref.pod):
         return None
@@ -256,8 +243,7 @@ def _with_hinted_ids(
     id_hints: Mapping[ContainerRef, str],
     taken: set[str],
 ) -> list[tuple[ContainerRef, Allocation]]:
-    """Adoptions with the old ID of their container (else of their pod) where that is
-    unambiguous: the pod has one adopted allocation and one old ID, not live elsewhere."""
+    """Adoptions with their container's (else pod's) old ID where unambiguous."""
     per_pod: dict[tuple[str, str], int] = defaultdict(int)
     for ref, _adopted in adoptions:
         per_pod[(ref.namespace, ref.pod)] += 1
@@ -295,7 +281,6 @@ def _allocations_for(
     memory_unit_mib: int,
     new_id: Callable[[], str],
 ) -> list[Allocation]:
-    """Allocations for devices of one container: whole cards apart, shared ones per card."""
     per_card: dict[str, dict[ResourceKind, list[str]]] = defaultdict(lambda: defaultdict(list))
     whole: dict[ResourceKind, list[str]] = {}
     for kind, ids in devices.items():

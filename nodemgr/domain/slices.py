@@ -18,16 +18,13 @@ claim can get on each card (docs/dra.md, "The ResourceSlice"):
     no share gets none, as a device plugin container asking memory only), or
     ``validValues [0]`` when none is left;
 
-  claims' own use is the scheduler's to add up (it knows its allocations), the device
-  plugin's is shown by these lower values; a claim naming no capacity at all is
-  charged all free memory and gets the card whole.
-- a card is left out (not offered) while it takes no shared work (its MPS down or
-  broken: its problem), while the device plugin gives it out whole, and when the
-  device plugin holds all its memory: the API has no way to offer a device for new
-  allocations only partly, taints need a feature gate this node cannot count on, and
-  turning ``allowMultipleAllocations`` off would let the scheduler give the card whole
-  over the shares it holds. Allocations already made keep working: kubelet prepares
-  them from the claims, not from the slice.
+  the scheduler adds up claims' use itself; a claim naming no capacity is charged all
+  free memory and gets the card whole.
+- a card is left out while it takes no shared work (MPS down or broken), is given out
+  whole by the device plugin, or has all its memory held by it: the API cannot offer a
+  device only partly, taints need a feature gate, and ``allowMultipleAllocations`` off
+  would let the scheduler give the card whole over its shares. Claims already
+  prepared keep working: kubelet prepares from the claims, not the slice.
 
 The pool is the node's name; ``generation`` grows with every change (the publisher
 keeps it); ``resourceSliceCount`` is 1.
@@ -48,17 +45,15 @@ MAX_STRING_ATTRIBUTE = 64
 
 @dataclass(frozen=True)
 class SliceCard:
-    """A card as the slice shows it, with what the device plugin holds of it."""
-
-    device: str  # the DRA device name
+    device: str
     uuid: str
     index: int
     model: str
-    memory_units: int  # the card's memory in units
+    memory_units: int
     mps_capable: bool | None  # compute capability >= 7.0 with MPS on; None: unknown
-    plugin_memory_units: int = 0  # held by device plugin allocations
+    plugin_memory_units: int = 0
     plugin_core_percent: int = 0
-    plugin_whole: bool = False  # given out whole by the device plugin
+    plugin_whole: bool = False
     problem: str | None = None  # why it takes no shared work now
 
 
@@ -134,7 +129,6 @@ def _cores(free: int) -> dict[str, Any]:
 def slice_spec(
     node: str, driver: str, devices: list[dict[str, Any]], generation: int
 ) -> dict[str, Any]:
-    """The ResourceSlice's spec: the node's pool, at ``generation``."""
     return {
         "driver": driver,
         "pool": {"name": node, "generation": generation, "resourceSliceCount": 1},
@@ -151,7 +145,6 @@ def slice_cards(
     mps_enabled: bool,
     names: Mapping[str, str],
 ) -> list[SliceCard]:
-    """The SliceCards of inventory cards (``names``: UUID -> device name)."""
     out = []
     for card in cards:
         held = use.get(card.uuid, PluginUse())
@@ -173,8 +166,7 @@ def slice_cards(
 
 
 def _mps_capable(capability: str | None, mps_enabled: bool) -> bool | None:
-    """MPS limits need Volta (7.0) or newer and MPS on; None when the capability is
-    unknown (simulated cards)."""
+    """MPS limits need Volta (7.0) or newer; None when the capability is unknown."""
     if not mps_enabled:
         return False
     if not capability:

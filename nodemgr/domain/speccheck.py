@@ -1,51 +1,35 @@
 """Does a container's OCI spec stay within its allocation? (pure)
 
-The runtime hook sends, for every container whose env or spec touches a GPU, the facts of
-its config.json that may (:mod:`hooks.specfacts`): host paths its mounts show (as written,
-lexically normal, and resolved through symlinks), char device nodes among them, its
-``linux.devices`` nodes and ``linux.resources.devices`` allow rules. A container may see:
+From the spec facts the hook sends (:mod:`hooks.specfacts`), a container may see:
 
-- its own cards' ``/dev/nvidia<minor>`` (char 195:<minor>, the card's minor number) and the
-  control nodes (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, /dev/nvidia-uvm,
-  /dev/nvidia-uvm-tools, /dev/nvidia-caps: the majors the host's /proc/devices gives
-  NVIDIA's drivers, ``NodeGpus.control_majors``);
-- with a shared allocation and MPS on: its card's MPS client directory and its card's own
-  /dev/shm tmpfs (what Allocate mounts), never another card's;
-- entries of the NVIDIA toolkit's device list (``/var/run/nvidia-container-devices/<name>``)
-  naming its own cards (UUID or index).
+- its own cards' ``/dev/nvidia<minor>`` (c 195:<minor>) and the control nodes
+  (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, and nvidia-uvm's and
+  nvidia-caps' dynamic majors, ``NodeGpus.control_majors``);
+- with a shared allocation and MPS on: its card's MPS client directory and /dev/shm
+  tmpfs (what Allocate mounts), never another card's;
+- entries of the NVIDIA toolkit's device list naming its own cards.
 
-Everything else of a GPU is a problem, and so is anything of a GPU at all for a container
-without an allocation: a mount of another card's client, pipe or log directory, of its own
-card's pipe directory (the control daemon's own, with ``control_privileged``), of the MPS root
-or any directory above it (``<run_dir>``, ``/run``, ``/``: a parent shows all below it), of
-another card's node, of ``/dev`` or ``/``; a device node of another card's minor; a rule
-allowing another card's minor, every minor of 195 (``c 195:*``) or every char device
-(``c *:*``, ``a``); a device number outside Linux's range (runc would truncate it, maybe to
-195). The devices cgroup is what really stops a process from opening a node, whatever its
-name; this check keeps the spec from asking for more than the allocation. So a node is
-judged by its type and numbers, never its name: one named as an NVIDIA node but made with
-other numbers (``/dev/nvidia-uvm`` as ``c 1:1``, /dev/mem) must be exactly the host's node of
-that name (``NodeGpus.host_nodes``), and where the host has none it cannot be verified and
-is refused; a bind-mounted node under an NVIDIA name, by the numbers the hook read.
+Anything else of a GPU is refused, and anything of a GPU at all without an allocation:
+other cards' nodes and MPS directories, its own card's pipe directory (it holds
+``control_privileged``), the MPS root or a directory above it (a parent shows all below
+it), ``/dev`` or ``/``, rules allowing other minors, ``c 195:*`` or every char device,
+and numbers outside Linux's range (runc would truncate them, maybe to 195). The devices
+cgroup is what really stops a process opening a node; this check keeps the spec from
+asking for more than the allocation, so a node is judged by type and numbers, never its
+name: one named as NVIDIA's with other numbers (``/dev/nvidia-uvm`` as ``c 1:1``,
+/dev/mem) must be the host's node of that name (``NodeGpus.host_nodes``), else refused.
 
-No container, with or without an allocation, may mount a path of the daemon's own
-(:class:`DaemonPaths`): its hook and status sockets wherever they are, anything in its
-run_dir but what the allocation is given there, its state_dir (the ledger), its device
-plugin sockets in kubelet's device plugin directory, or a directory above any of them.
-Through these it could ask the daemon to register containers, read every allocation, or
-call Allocate itself.
+No container may mount a path of the daemon's own (:class:`DaemonPaths`) or a directory
+above one: through them it could register containers, read every allocation or call
+Allocate itself.
 
-Node-wide containers are the exception, when they ask for no GPU at all (no GPU env, no
-allocation): a privileged one (a rule allowing every device: it lists every host node,
-``/dev/nvidia*`` too) or one mounting the host's ``/``, ``/dev`` or a directory above
-gpushare-node's run_dir, state_dir or kubelet's device plugin directory (``/run``,
-``/var/lib``, ``/var/lib/kubelet``). Such a container is root on the node in all
-but name (kube-proxy, CNI agents, node-exporter, NVIDIA's own device plugin and DCGM): no
-check of its spec can fence it, and refusing it would break the node. Keeping tenants out
-of that is the cluster's job (Pod Security Admission ``baseline`` forbids privileged pods
-and hostPath volumes). What it names of a GPU in particular (another card's node, the MPS
-directories, the device list) is still refused; a container that asks for a GPU gets no
-exception.
+Node-wide containers asking for no GPU at all are the exception: a privileged one (a
+rule allowing every device) or one mounting the host's ``/``, ``/dev`` or a parent of
+gpushare-node's directories (``/run``, ``/var/lib/kubelet``). Such a container
+(kube-proxy, CNI agents, node-exporter, NVIDIA's device plugin, DCGM) is root on the
+node in all but name: no spec check can fence it and refusing it would break the node;
+keeping tenants out of that is the cluster's job (Pod Security Admission ``baseline``).
+What it names of a GPU in particular is still refused.
 """
 
 from __future__ import annotations
@@ -76,8 +60,6 @@ NO_ALLOCATION_FIX = (
 
 @dataclass(frozen=True)
 class CardNode:
-    """One card as its device node and MPS directories name it."""
-
     uuid: str
     index: int
     minor: int  # /dev/nvidia<minor>: NVML's minor number, else the index (simulated cards)
@@ -91,14 +73,13 @@ class DaemonPaths:
     """gpushare-node's own host paths (nodemgr.config.schema.Settings.own_paths)."""
 
     paths: Mapping[str, str] = field(default_factory=dict)  # path -> what it is
-    # run_dir, state_dir, kubelet's device plugin directory: their parents are node-wide
+    # run_dir, state_dir, kubelet's device plugin dir: mounting a parent is node-wide
     directories: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class HostNode:
-    """The host's device node of a name: its type (``c``, ``b``; ``-`` for no device) and
-    numbers."""
+    """The host's device node of a name (type ``-``: not a device)."""
 
     type: str
     major: int
@@ -110,26 +91,21 @@ class HostNode:
 
 @dataclass(frozen=True)
 class NodeGpus:
-    """The node's cards and gpushare-node's MPS directories on the host (None: MPS off), and
-    the daemon's own paths."""
+    """The node's cards, MPS directories (mps.layout; root None: MPS off) and the daemon's
+    own paths."""
 
     cards: tuple[CardNode, ...]
     mps_root: str | None = None
-    # card UUID -> the directory its shared containers mount (mps.layout's client dir)
-    client_dirs: Mapping[str, str] = field(default_factory=dict)
-    # card UUID -> its /dev/shm tmpfs, for its shared containers only (mps.layout's shm dir)
-    shm_dirs: Mapping[str, str] = field(default_factory=dict)
-    # The one /dev/shm tmpfs earlier versions gave every card's containers: no one's now.
-    retired_shm_dir: str | None = None
+    client_dirs: Mapping[str, str] = field(default_factory=dict)  # by card UUID
+    shm_dirs: Mapping[str, str] = field(default_factory=dict)  # by card UUID
+    retired_shm_dir: str | None = None  # MpsLayout.retired_shm_dir: no one's
     daemon: DaemonPaths = DaemonPaths()
-    # What the host says now (nodemgr.enforcement.hostdevices): the majors of NVIDIA's
-    # drivers besides 195 (nvidia-uvm, nvidia-caps), and the host's node of each NVIDIA
-    # name the spec lists (None: the host has none).
+    # From the host now (nodemgr.enforcement.hostdevices); host_nodes: None where the host
+    # has no node of that name.
     control_majors: frozenset[int] = frozenset()
     host_nodes: Mapping[str, HostNode | None] = field(default_factory=dict)
 
     def wide_directories(self) -> tuple[str, ...]:
-        """The directories whose strict parents a node-wide container mounts."""
         if self.daemon.directories:
             return tuple(normpath(d) for d in self.daemon.directories)
         return (normpath(self.mps_root.rsplit("/", 1)[0] or "/"),) if self.mps_root else ()
@@ -138,14 +114,11 @@ class NodeGpus:
         return next((c for c in self.cards if c.minor == minor), None)
 
     def by_name(self, name: str) -> CardNode | None:
-        """The card a UUID or an index names."""
         return next((c for c in self.cards if name in (c.uuid, str(c.index))), None)
 
 
 @dataclass(frozen=True)
 class Grant:
-    """What an allocation gives: its cards (UUIDs), shared (MPS) or whole."""
-
     allocation_id: str
     cards: tuple[str, ...]
     shared: bool
@@ -192,11 +165,9 @@ Shown = tuple[str, str] | None
 def spec_problem(
     spec: SpecFacts, grant: Grant | None, node: NodeGpus, env_asks_gpus: bool = True
 ) -> str | None:
-    """Why the spec shows more than ``grant`` (None: no allocation) gives; None if it does not.
-
-    ``env_asks_gpus`` False: the container holds the allocation but its env asks for no GPU;
-    it gets none through its spec either (it would not be registered, so not watched).
-    """
+    """Why the spec shows more than ``grant`` (None: no allocation) gives; None if not.
+    A container whose env asks for no GPU gets none through its spec either (it would
+    not be registered, so not watched)."""
     if grant is None and not env_asks_gpus:
         spec = _without_node_wide(spec, node)
     shown = _first_shown(spec, grant if env_asks_gpus else None, node)
@@ -221,8 +192,6 @@ def spec_problem(
 
 
 def is_node_wide(spec: SpecFacts, node: NodeGpus) -> bool:
-    """Privileged (a rule allowing every device) or mounting the host's root, /dev or a
-    directory above run_dir: root on the node in all but name."""
     return any(_allows_every_device(rule) for rule in spec.rules) or any(
         _host_wide(mount, node) for mount in spec.mounts
     )
@@ -233,8 +202,8 @@ def _allows_every_device(rule: RuleFact) -> bool:
 
 
 def _host_wide(mount: MountFact, node: NodeGpus) -> bool:
-    """A mount of the host's /, /dev or a strict ancestor of run_dir (and nothing
-    narrower of a GPU: no device node of its own, no device list)."""
+    """A mount of the host's /, /dev or a strict parent of the daemon's directories, and
+    nothing narrower of a GPU."""
     if mount.nodes or not mount.sources:
         return False
     destination = normpath(mount.destination)
@@ -251,8 +220,6 @@ def _host_wide(mount: MountFact, node: NodeGpus) -> bool:
 
 
 def _without_node_wide(spec: SpecFacts, node: NodeGpus) -> SpecFacts:
-    """The spec of a container that asks for no GPU, less what makes it node-wide (see the
-    module docstring): all of it for a privileged one, else its host-wide mounts."""
     if any(_allows_every_device(rule) for rule in spec.rules):
         return SpecFacts()
     mounts = tuple(m for m in spec.mounts if not _host_wide(m, node))
@@ -361,7 +328,6 @@ def _node_path_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) 
 
 
 def _minor_shown(what: str, minor: int, grant: Grant | None, node: NodeGpus) -> Shown:
-    """What showing c 195:<minor> shows beyond the grant."""
     if minor in CONTROL_MINORS:
         shown = f"{CONTROL_MINORS[minor]} (c {NVIDIA_MAJOR}:{minor})"
         return None if grant is not None else (what, shown)
@@ -386,11 +352,6 @@ def _device_list_shown(
 
 
 def _device_shown(device: DeviceFact, grant: Grant | None, node: NodeGpus) -> Shown:
-    """A linux.devices node is what its type and numbers say: major 195 by its minor (a
-    card, or nvidiactl/modeset), another NVIDIA major (nvidia-uvm, nvidia-caps) as a control
-    node. One named as an NVIDIA node with other numbers must be the host's node of that
-    name (a control node then), else it is refused: ``c 1:1`` named /dev/nvidia-uvm is
-    /dev/mem; where the host has no node of that name it cannot be verified."""
     path = normpath(device.path)
     numbers = f"{quote(device.type)} {device.major}:{device.minor}"
     what = f"its linux.devices node {quote(path)} ({numbers})"

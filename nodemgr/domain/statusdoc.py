@@ -1,10 +1,8 @@
 """The status document: every card and allocation of the node at a glance (pure).
 
-One builder, ``build_status``, makes the document that the status socket
-serves, ``nodemgr status --json`` prints, the metrics endpoint exports and
-``render_table`` shows to a person. The daemon feeds it live state; with
-the daemon down, ``nodemgr status`` feeds it the ledger's last state
-(``source: "ledger"``: no health, no usage, no MPS state; those are null).
+The status socket serves it, ``nodemgr status --json`` prints it, the metrics export it
+and ``render_table`` shows it. With the daemon down, ``nodemgr status`` builds it from
+the ledger (``source: "ledger"``: health, usage and MPS state null).
 
 Document (JSON keys are a public contract: extend, never rename)::
 
@@ -36,12 +34,8 @@ plugin allocation, whose owner is namespace/pod/container); ``daemon.dra`` is th
 DRA plugin's state (``driver``, ``serving``, ``registered``, ``registration_error``;
 absent with ``dra.enabled`` false).
 
-``isolation`` (nodemgr.domain.isolation) is what this node really enforces for
-the allocation now, computed from the watchdog, the card's MPS state and
-kernel facts; null when gpushare-node is not running (source "ledger").
-
-None (null) always means "not known", never zero. No I/O, no clock: the
-caller passes everything in.
+``isolation``: nodemgr.domain.isolation (null from the ledger). None (null) always
+means "not known", never zero.
 """
 
 from __future__ import annotations
@@ -58,9 +52,8 @@ SCHEMA_VERSION = 1
 
 
 class CardFacts(Protocol):
-    """What the document needs of a card (nodemgr.inventory.Card has it)."""
+    """nodemgr.inventory.Card (read-only properties, so a frozen dataclass satisfies it)."""
 
-    # Read-only properties, so that a frozen dataclass (Card) satisfies the protocol.
     @property
     def index(self) -> int: ...
     @property
@@ -73,8 +66,6 @@ class CardFacts(Protocol):
 
 @dataclass(frozen=True)
 class MpsView:
-    """One card's MPS control daemon as the supervisor last saw it."""
-
     state: str  # healthy, down, hung, broken, fault, starting, off (card given out whole)
     clients: int | None = None
     detail: str = ""
@@ -84,8 +75,8 @@ class MpsView:
 class UsageView:
     """GPU memory really used, from the watchdog's last scan."""
 
-    card_used_mib: Mapping[str, int]  # card UUID -> MiB held by all its processes
-    allocation_used_mib: Mapping[str, int]  # allocation ID -> MiB held by its containers
+    card_used_mib: Mapping[str, int]  # by card UUID
+    allocation_used_mib: Mapping[str, int]  # by allocation ID
 
 
 MPS_DISABLED = MpsView("disabled", None, "mps.enabled is false: env quotas only")

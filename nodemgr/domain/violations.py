@@ -1,29 +1,22 @@
 """Which GPU processes break their allocation's quota, and which to kill (pure).
 
-Input is one snapshot: the registered containers, the live allocations, and
-every GPU process with its cgroups and quota env (None where /proc could not
-be read: the process is gone). Output is the list of violations; each names
-the processes that ``action: kill`` would stop, newest first, just enough to
-bring the allocation back within its quota.
+Input is one snapshot: registered containers, live allocations, every GPU process with
+its cgroups and quota env. Each violation names the processes ``action: kill`` stops,
+newest first, just enough to get back within the quota.
 
-A process holding a card's MPS control daemon (:class:`ControlHold`: a client of the
-control socket that sends nothing, or reads nothing of the answers, which the MPS
-supervisor found while the card did not answer) is an MPS_CONTROL violation. Only a
-process in a container is acted on: one registered on an allocation, or one in a mount
-namespace other than the node daemon's outside every systemd service's cgroup; a
-process of the host's is named, never killed. A registered container that holds MPS
-again soon after (a loop starting a new client after each kill) loses its init process
-too: the container stops.
+The memory quota is the allocation's, not a container's: every process of every
+container on the allocation (one pod, :mod:`nodemgr.domain.podtie`) counts toward one
+sum, else containers sharing one allocation id would each get the whole quota.
 
-The memory quota is the allocation's, not a container's: every process of
-every container registered on the allocation (all of one pod, see
-:mod:`nodemgr.domain.podtie`) on its card counts toward one sum, else three
-containers sharing one allocation id would each get the whole quota.
+A process holding a card's MPS control daemon (:class:`ControlHold`) is an MPS_CONTROL
+violation. Only a process in a container is acted on: one registered on an allocation,
+or one in a mount namespace of its own outside every systemd service's cgroup; a host
+process is named, never killed. A container that holds MPS again soon after (a loop
+starting a new client after each kill) loses its init process too.
 
-What could not be read fails closed: a process whose cgroups could not be
-read belongs to no container (on a shared card it is unallocated), one whose
-environ could not be read has no quota env (an env violation), and a quota
-value not in its exact ASCII form is an env violation naming the variable.
+What could not be read fails closed: unreadable cgroups belong to no container (on a
+policed card: unallocated), an unreadable environ has no quota env, and a quota value
+not in its exact ASCII form is an env violation.
 """
 
 from __future__ import annotations
@@ -45,25 +38,20 @@ KINDS = (MEMORY, ENV, UNALLOCATED, MPS_CONTROL)
 
 @dataclass(frozen=True)
 class GpuProcess:
-    """A process holding GPU memory, as the inventory and /proc see it."""
-
     pid: int
     card_uuid: str
     used_mib: int
     start_ticks: int
     cgroups: dict[str, str]
     env: dict[str, str]  # the GPU env names of /proc/PID/environ
-    # Why /proc/PID/cgroup could not be read (then ``cgroups`` is empty: no container).
-    cgroup_problem: str | None = None
-    # Why /proc/PID/environ could not be read (then its quota env counts as missing).
+    cgroup_problem: str | None = None  # why cgroups are unknown (then: no container)
     env_problem: str | None = None
 
 
 @dataclass(frozen=True)
 class ControlHold:
-    """A connection to a card's MPS control socket on which the control daemon waits for a
-    client that sends nothing, seen so at two checks in a row while the card did not
-    answer: the processes holding the client's end hold MPS on the card for everyone."""
+    """A connection on which a card's control daemon waits for a silent client
+    (mps.holders): its holders hold MPS on the card for everyone."""
 
     card_uuid: str
     connection: int  # the daemon's end (socket inode)
@@ -73,13 +61,11 @@ class ControlHold:
 
 @dataclass(frozen=True)
 class HolderProcess:
-    """A process holding a ControlHold's client end, as /proc shows it."""
-
     pid: int
     start_ticks: int
     cgroups: dict[str, str]
-    cgroup_problem: str | None = None  # why /proc/PID/cgroup could not be read
-    host_mount_ns: bool | None = None  # in the node daemon's mount namespace; None: unknown
+    cgroup_problem: str | None = None
+    host_mount_ns: bool | None = None  # in the node daemon's mount namespace
 
 
 @dataclass(frozen=True)
@@ -93,7 +79,7 @@ class Violation:
     owner: ContainerRef | None = None
     used_mib: int = 0
     quota_mib: int = 0
-    # (kind, allocation or pid...) that stays the same while the violation lasts
+    # The same while the violation lasts.
     key: tuple[object, ...] = field(default=(), compare=False)
 
 
@@ -105,9 +91,8 @@ def find_violations(
     grace_mib: int,
     whole_cards: Collection[str] = frozenset(),
 ) -> list[Violation]:
-    """The violations of one snapshot. ``cards``: the node's cards, every one policed,
-    shared or given out whole (``whole_cards``, named so in the details): a GPU process
-    there that no live allocation holding the card explains is unallocated."""
+    """``cards``: the node's cards, all policed, shared or whole (``whole_cards``): a GPU
+    process there that no live allocation holding the card explains is unallocated."""
     by_allocation: dict[str, list[tuple[Registration, GpuProcess]]] = {}
     violations = []
     index = index_registrations(registrations)
@@ -152,8 +137,7 @@ def allocation_used_mib(
     allocations: dict[str, Allocation],
     processes: list[GpuProcess],
 ) -> dict[str, int]:
-    """Allocation ID -> the MiB its memory check sums: every process of every container
-    registered on it, on the allocation's own cards (what a status shows as its use)."""
+    """Allocation ID -> the MiB its memory check sums (what a status shows as its use)."""
     used: dict[str, int] = {}
     index = index_registrations(registrations)
     for process in processes:
@@ -166,8 +150,8 @@ def allocation_used_mib(
 def _holder(
     index: RegistrationIndex, allocations: dict[str, Allocation], process: GpuProcess
 ) -> tuple[Registration, Allocation] | tuple[None, None]:
-    """The registered container and live allocation a process counts toward, if any: the
-    allocation must hold the process's card (elsewhere it uses a card nobody gave it)."""
+    """The registered container and live allocation a process counts toward; the
+    allocation must hold the process's card."""
     registration = registration_of(index, process.cgroups)
     allocation = allocations.get(registration.allocation_id) if registration else None
     if registration is None or allocation is None or process.card_uuid not in allocation.cards:
@@ -197,7 +181,6 @@ def index_registrations(registrations: list[Registration]) -> RegistrationIndex:
 
 
 def registration_of(index: RegistrationIndex, cgroups: dict[str, str]) -> Registration | None:
-    """The registered container whose cgroup holds these cgroups (itself or an ancestor)."""
     for hierarchy, by_path in index.items():
         path = cgroups.get(hierarchy)
         while path:
@@ -210,8 +193,6 @@ def registration_of(index: RegistrationIndex, cgroups: dict[str, str]) -> Regist
 def _over_memory(
     allocation: Allocation, held: list[tuple[Registration, GpuProcess]], grace_mib: int
 ) -> Violation | None:
-    """The allocation's processes, in all its containers together, over quota + grace:
-    the newest across the allocation, just enough to get back within it."""
     used_mib = sum(process.used_mib for _, process in held)
     allowed_mib = allocation.memory_mib + grace_mib
     if used_mib <= allowed_mib:
@@ -291,11 +272,9 @@ def control_hold_violation(
     allocations: dict[str, Allocation],
     repeat: Collection[str] = (),
 ) -> Violation:
-    """The MPS_CONTROL violation of ``hold``, whose processes are ``holders`` (those still
-    running). Its ``pids`` are the holders in a container, the ones ``action: kill``
-    stops; a process of the host's is only named. A registered container in ``repeat``
-    (it held MPS lately already: a loop that starts a new client after each kill) loses
-    its init process too, so the whole container stops (kubelet restarts it, with back-off)."""
+    """``holders``: those of ``hold``'s processes still running. A registered container in
+    ``repeat`` (it held MPS lately already) loses its init process too, so kubelet
+    restarts it with back-off."""
     named: list[str] = []
     pids: list[int] = []
     first: tuple[Registration, Allocation | None] | None = None
@@ -348,6 +327,6 @@ def control_hold_violation(
 
 
 def _in_a_service(cgroups: dict[str, str]) -> bool:
-    """Whether a cgroup path names a systemd service (a host service may have a mount
-    namespace of its own: PrivateTmp= and the like; a container never runs in one)."""
+    """A host service may have a mount namespace of its own (PrivateTmp=); a container
+    never runs in a systemd service's cgroup."""
     return any(part.endswith(".service") for path in cgroups.values() for part in path.split("/"))

@@ -1,19 +1,12 @@
 """Registrations written onto the containers' own cgroups, so they outlive a lost ledger.
 
-When the hook registers a container, its registration (container ID, allocation ID,
-pod identity, init process) is also written as the ``trusted.gpushare.registration``
-extended attribute of the container's cgroup directory. A ``trusted.*`` attribute can
-be set only with CAP_SYS_ADMIN in the host's user namespace, which no ordinary
-container holds, so a container cannot forge or change its mark; and the mark goes
-away with the cgroup, that is with the container. When the ledger was lost (moved
-aside, state_dir deleted while stopped), the next start reads the marks back
-(:meth:`CgroupMarks.read_all`): the running containers keep their registrations
-and their allocations keep their IDs (see nodemgr.domain.reconcile's ``id_hints``).
-
-A mark is believed only where it stands: the cgroup it names must be the directory
-it was read from, that directory must be the container's own cgroup (named by its
-container ID), and the init process it names must still run with the same start
-time. Anything else is skipped with a warning.
+A registration is also written as the ``trusted.gpushare.registration`` extended
+attribute of the container's cgroup directory. ``trusted.*`` needs CAP_SYS_ADMIN in the
+host's user namespace, which no ordinary container holds, so a container cannot forge
+its mark, and the mark goes with the cgroup. After a lost ledger the next start reads
+them back (nodemgr.allocation.recovery). A mark is believed only where it stands: in
+the container's own cgroup that it names, with its init process still running with the
+same start time; anything else is skipped with a warning.
 
 What it must not do: decide whether a container may use a GPU (the registry does).
 """
@@ -36,9 +29,9 @@ log = logging.getLogger(__name__)
 MARK_XATTR = "trusted.gpushare.registration"
 MARK_VERSION = 1
 MAX_MARK_BYTES = 4096
-# A walk of one hierarchy stops after this many directories (a node has a few thousand).
+# Per hierarchy walk; a node has a few thousand.
 MAX_WALKED_DIRECTORIES = 200_000
-# Which hierarchies hold container cgroups that registrations name (as in containercheck).
+# As in containercheck.
 HIERARCHIES = ("", "memory", "pids")
 
 
@@ -63,7 +56,6 @@ def encode_mark(registration: Registration) -> bytes:
 
 
 def decode_mark(data: bytes) -> Registration:
-    """The registration a mark holds; MarkError when it is not one."""
     if len(data) > MAX_MARK_BYTES:
         raise MarkError(f"over {MAX_MARK_BYTES} bytes")
     try:
@@ -103,11 +95,8 @@ def _count(value: object) -> int:
 
 
 def cgroup_mounts(mountinfo: str) -> dict[str, str]:
-    """Hierarchy (as /proc/PID/cgroup names it) -> where it is mounted, from mountinfo.
-
-    Only mounts of a hierarchy's root count: a container's own view of its cgroup
-    (root field not ``/``) is not where the host's paths start.
-    """
+    """Hierarchy -> where its root is mounted (a container's view of its cgroup, root
+    field not ``/``, is not where the host's paths start)."""
     mounts: dict[str, str] = {}
     for line in mountinfo.splitlines():
         fields = line.split()
@@ -130,8 +119,6 @@ def cgroup_mounts(mountinfo: str) -> dict[str, str]:
 
 @dataclass
 class CgroupMarks:
-    """Reads and writes marks on this host's cgroup hierarchies."""
-
     mounts: dict[str, str]
 
     @classmethod
@@ -150,7 +137,7 @@ class CgroupMarks:
         return os.path.join(root, cgroup.path.lstrip("/"))
 
     def write(self, registration: Registration) -> str | None:
-        """Mark the container's cgroup; why it could not be marked, or None."""
+        """Why it could not be marked, or None."""
         directory = self.directory(registration.cgroup)
         if directory is None:
             hierarchy = registration.cgroup.hierarchy or "unified"
@@ -162,7 +149,6 @@ class CgroupMarks:
         return None
 
     def read_all(self) -> list[Registration]:
-        """The registrations of the running containers that carry a believable mark."""
         found: dict[str, Registration] = {}
         for hierarchy in HIERARCHIES:
             root = self.mounts.get(hierarchy)
@@ -195,7 +181,6 @@ class CgroupMarks:
 
 
 def _standing_problem(registration: Registration, hierarchy: str, path: str) -> str | None:
-    """Why a decoded mark does not belong where it was read; None when it does."""
     if registration.cgroup != CgroupKey(hierarchy, path):
         return f"it names cgroup {registration.cgroup}, not this one"
     if not is_container_cgroup(path, registration.container_id):
@@ -210,7 +195,7 @@ def _standing_problem(registration: Registration, hierarchy: str, path: str) -> 
 
 
 def _directories(root: str) -> Iterator[str]:
-    """Every directory under ``root`` (not following links), at most MAX_WALKED_DIRECTORIES."""
+    """Not following links, at most MAX_WALKED_DIRECTORIES."""
     walked = 0
     for directory, _subdirs, _files in os.walk(root, followlinks=False):
         walked += 1

@@ -1,24 +1,14 @@
 """The daemon's end of the runtime hook socket (``<run_dir>/hook.sock``).
 
-Translates the protocol of :mod:`hooks.protocol` into calls on the
-:class:`~nodemgr.enforcement.registry.ContainerRegistry` and back; it decides nothing.
-A malformed request gets a refusal naming what is wrong. The socket is
-root-only (0600): only the container runtime talks to it.
+Translates :mod:`hooks.protocol` to calls on the
+:class:`~nodemgr.enforcement.registry.ContainerRegistry` and back; it decides nothing. A
+malformed request gets a refusal naming what is wrong. The pod identity is read again
+here from the request's ``identity_annotations`` and ``runtime``, never taken from the
+hook's ``identity``; a createRuntime request without them or without ``spec`` is
+refused (fail closed: the hook and the daemon ship together).
 
-A createRuntime request must carry the identity keys of the container's annotations
-(``identity_annotations``) and the ``runtime`` the hook was installed for: the pod identity
-is read from them here again (:func:`nodemgr.domain.podtie.runtime_identity`), never taken
-from the hook's ``identity`` alone. It must carry the ``spec`` facts (the mounts, device nodes and
-device rules of the container that may touch a GPU, :mod:`hooks.specfacts`): one
-without them comes from a hook older than this daemon, which checked the env only, and
-is refused (fail closed; the hook and the daemon ship together, so this only happens
-when a runtime runs a stale copy of the hook).
-
-No client holds it: the request must arrive whole within ``READ_TIMEOUT_SECONDS``
-(in all, not per read), each connection is cut ``DEADLINE_SECONDS`` after it was
-accepted, and at most ``MAX_CONNECTIONS`` are served at once (the excess is closed
-unread; the hook tries again within its own timeout), see
-:mod:`nodemgr.common.unixserver`.
+The request must arrive whole within ``READ_TIMEOUT_SECONDS`` (in all, not per read), on
+the budget of :mod:`nodemgr.common.unixserver`.
 """
 
 from __future__ import annotations
@@ -38,12 +28,12 @@ from nodemgr.enforcement.registry import ContainerRegistry
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_SECONDS = 2.0  # the whole request, in all: a trickling client is dropped
+READ_TIMEOUT_SECONDS = 2.0
 # Reading, kubelet's answer (its client's timeout is shorter) and one ledger write.
 DEADLINE_SECONDS = 5.0
-# Container creations at once; a burst over it waits in the hook's retries, not here.
+# A burst over it waits in the hook's retries, not here.
 MAX_CONNECTIONS = 64
-ANSWER_TIMEOUT_SECONDS = 1.0  # the answer is one short line; the hook is waiting for it
+ANSWER_TIMEOUT_SECONDS = 1.0  # one short line to a waiting hook
 
 
 class BadRequest(Exception):
@@ -139,9 +129,7 @@ def _env(value: object) -> dict[str, str]:
 
 
 def _identity(request: dict) -> tuple[ContainerRef | None, str | None, str | None]:
-    """(the pod identity, its pod's UID where the runtime gives it, why it is refused) from
-    the annotations' identity keys the hook sent, read again here
-    (nodemgr.domain.podtie.runtime_identity)."""
+    """(pod identity, pod UID where the runtime gives it, why it is refused)."""
     claimed = request.get("identity") or {}
     if not isinstance(claimed, dict) or not all(
         isinstance(k, str) and isinstance(v, str) for k, v in claimed.items()
@@ -173,7 +161,6 @@ def _stale_hook(missing: str) -> str:
 
 
 def _spec(value: object) -> SpecFacts:
-    """The ``spec`` facts of a createRuntime request (see hooks.protocol)."""
     if value is None:
         raise BadRequest(_stale_hook("spec"))
     if not isinstance(value, dict):

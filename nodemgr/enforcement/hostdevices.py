@@ -1,12 +1,10 @@
 """What the host says of NVIDIA's device nodes, for the spec check at a container's creation.
 
-A device node is what its type and numbers say, whatever it is called: ``c 1:1`` named
-``/dev/nvidia-uvm`` is ``/dev/mem``. The numbers of NVIDIA's own nodes are partly chosen when
-a driver module loads (nvidia-uvm, nvidia-caps: a major from the kernel's dynamic range), so
-only the host can say them: ``nvidia_majors`` reads them from /proc/devices (the module may be
-loaded on first use, so it is read at each check, not once), and ``host_node`` stats the
-host's node of a name, to which a node named as NVIDIA's but made with other numbers is
-compared (:mod:`nodemgr.domain.speccheck`).
+A node is what its type and numbers say: ``c 1:1`` named ``/dev/nvidia-uvm`` is
+``/dev/mem``. nvidia-uvm's and nvidia-caps' majors are chosen when the module loads, so
+only the host can say them, and they are read at each check (the module may load on
+first use). ``host_node`` is what a node named as NVIDIA's is compared with
+(:mod:`nodemgr.domain.speccheck`).
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ class HostDevicesError(Exception):
 
 
 def nvidia_majors(path: str = PROC_DEVICES) -> frozenset[int]:
-    """The char majors of NVIDIA's drivers besides 195 (nvidia-uvm's, nvidia-caps', ...)."""
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_BYTES)
@@ -36,8 +33,7 @@ def nvidia_majors(path: str = PROC_DEVICES) -> frozenset[int]:
 
 
 def host_node(path: str) -> HostNode | None:
-    """The host's node at ``path`` (its type and numbers; a file that is no device node has
-    type ``-``); None where the host has nothing there."""
+    """Type ``-``: no device node; None where the host has nothing there."""
     try:
         info = os.stat(path)
     except OSError:

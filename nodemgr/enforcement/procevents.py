@@ -1,26 +1,17 @@
 """Process creation and exit from the kernel's netlink process connector.
 
-``ProcEvents.read()`` blocks until the kernel reports something (or
-``timeout_seconds`` pass) and returns the PIDs that exec'd and the PIDs that
-exited since the last call. The connector needs CAP_NET_ADMIN and a kernel
-built with CONFIG_PROC_EVENTS; where it is missing ``ProcEvents()`` raises
-ProcEventsUnavailable saying why, and the watchdog relies on its periodic
-scan alone.
+The connector needs CAP_NET_ADMIN and CONFIG_PROC_EVENTS; without them ``ProcEvents()``
+raises ProcEventsUnavailable saying why, and the watchdog scans periodically alone.
 
-The socket is read and parsed with the standard library (``socket`` and
-``struct`` over the fixed layouts of ``linux/netlink.h``, ``linux/connector.h``
-and ``linux/cn_proc.h``). pyroute2 did this before: importing it cost the
-daemon ~22 MiB and 310 modules, its ``get()`` ran an asyncio loop per call and
-buffered all but one message, and its ``control(listen=False)`` waited for a
-reply a quiet node never sends.
+Read with ``socket`` and ``struct`` over the fixed layouts of ``linux/netlink.h``,
+``linux/connector.h`` and ``linux/cn_proc.h``, not pyroute2: it costs ~22 MiB and 310
+modules at import, its ``get()`` runs an asyncio loop per call and buffers all but one
+message, and its ``control(listen=False)`` waits for a reply a quiet node never sends.
 
-The connector multicasts every process event on the machine (each thread's
-fork and exit, comm, uid, gid, sid, ptrace, coredump: tens to hundreds per
-second on a busy node), and only exec and a process's exit matter here. A
-classic BPF socket filter (``proc_event_filter``) has the kernel drop the rest
-before it reaches the socket, so the reading thread does not wake for them;
-where the kernel refuses the filter the reader runs unfiltered and the parse
-drops them instead (after one ``unpack`` each).
+The connector multicasts every process event on the machine (tens to hundreds per
+second on a busy node); only exec and a process's exit matter. A classic BPF socket
+filter (``proc_event_filter``) has the kernel drop the rest, so the reader does not
+wake for them; where the kernel refuses it, the parse drops them instead.
 """
 
 from __future__ import annotations
@@ -56,7 +47,7 @@ _PIDS = struct.Struct("=II")  # process_pid, process_tgid: first in exec and exi
 _EVENT_OFFSET = _NLMSGHDR.size + _CN_MSG.size
 _PIDS_OFFSET = _EVENT_OFFSET + _EVENT_HEAD.size
 
-_EVENT_BYTES = _PIDS_OFFSET + _PIDS.size  # the least a message with an exec or exit holds
+_EVENT_BYTES = _PIDS_OFFSET + _PIDS.size  # the least an exec or exit message holds
 
 # struct sock_filter of linux/filter.h (code, jt, jf, k) and struct sock_fprog (the count,
 # then a pointer to the instructions: native layout, padded).
@@ -89,7 +80,7 @@ class Events:
 
 
 def parse_datagram(data: bytes) -> tuple[set[int], set[int]]:
-    """(exec'd PIDs, exited PIDs) of one datagram; anything malformed ends the parse."""
+    """(exec'd PIDs, exited PIDs); anything malformed ends the parse."""
     execs: set[int] = set()
     exits: set[int] = set()
     offset = 0
@@ -143,14 +134,12 @@ def _assemble(steps: list[Instruction]) -> tuple[Instruction, ...]:
 def proc_event_filter(
     byteorder: Literal["little", "big"] = sys.byteorder,
 ) -> tuple[Instruction, ...]:
-    """The classic BPF program that keeps only what ``parse_datagram`` can report: a
-    datagram holding one proc event is kept when it is an exec, or an exit with pid ==
-    tgid, and dropped otherwise. Anything else it cannot judge as one such event is kept
-    whole for the parser (fail closed: dropping an exec or exit costs enforcement, reading
-    noise costs a little CPU): shorter than an event, not NLMSG_DONE, another connector
-    channel (cn_msg idx/val), or more bytes than the first message (the kernel sends one
-    event per datagram, but the filter sees only the first). BPF loads are big-endian and
-    netlink is host order, so constants are compared as ``_as_loaded`` sees them."""
+    """Keeps a datagram of one proc event when it is an exec or an exit with pid == tgid,
+    drops other events, and keeps whole what it cannot judge (fail closed: dropping an
+    exec or exit costs enforcement, reading noise a little CPU): too short, not
+    NLMSG_DONE, another connector channel, or more than one message. BPF loads are
+    big-endian and netlink is host order, so constants are compared as ``_as_loaded``
+    sees them."""
 
     def loaded(value: int, size: int = 4) -> int:
         return _as_loaded(value, size, byteorder)
@@ -185,7 +174,6 @@ PROC_EVENT_FILTER = proc_event_filter()
 
 
 def _attach_filter(sock: socket.socket, program: Sequence[Instruction]) -> None:
-    """SO_ATTACH_FILTER ``program`` (the kernel copies it); OSError where it is refused."""
     code = array.array("B", b"".join(_SOCK_FILTER.pack(*step) for step in program))
     fprog = _SOCK_FPROG.pack(len(program), code.buffer_info()[0])
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
@@ -216,11 +204,9 @@ def _control_message(operation: int) -> bytes:
 
 
 class ProcEvents:
-    """Exec and process-exit PIDs from the connector. ``filter_program`` (the default:
-    PROC_EVENT_FILTER) is attached before the socket joins the group; where the kernel
+    """``filter_program`` is attached before the socket joins the group; where the kernel
     refuses it (an old kernel, a seccomp policy) one warning is logged and the reader goes
-    on unfiltered (``filtered`` False): the filter saves CPU, it never costs enforcement.
-    None reads unfiltered. ``datagrams_read`` counts the datagrams read so far."""
+    on unfiltered: the filter saves CPU, it never costs enforcement."""
 
     def __init__(self, filter_program: Sequence[Instruction] | None = PROC_EVENT_FILTER) -> None:
         self.datagrams_read = 0
@@ -238,7 +224,6 @@ class ProcEvents:
             sock.close()
             raise self._unavailable(e) from e
         self._socket = sock
-        # wake() makes a read blocked in select return at once (a stop).
         self._wake = WakePipe()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -251,7 +236,6 @@ class ProcEvents:
         )
 
     def wake(self) -> None:
-        """End a blocked ``read`` now (from another thread); the read returns no events."""
         self._wake.wake()
 
     def read(self, timeout_seconds: float) -> Events:
@@ -263,8 +247,7 @@ class ProcEvents:
             return events
         if not ready:
             return events
-        # Every datagram waiting is read now (a bounded batch), so select() is asked again
-        # only once the socket is empty.
+        # A bounded batch: select() is asked again only once the socket is empty.
         for _ in range(_MAX_DATAGRAMS_PER_READ):
             try:
                 data = self._socket.recv(_DATAGRAM_BYTES)

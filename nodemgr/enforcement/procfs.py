@@ -1,25 +1,14 @@
 """What the watchdog reads from /proc, and the one way it kills a process.
 
-Every read returns None when the process is gone (or was never there): the
-caller treats a vanished process as not running, never as an error. A kill
-goes through a pidfd checked against the process's start time, so a PID
-reused by an unrelated process between the check and the kill is never hit.
+A read returns None when the process is gone, never an error. A kill goes through a
+pidfd checked against the start time, so a reused PID is never hit.
 
-A process is hostile input: it chooses its cgroup names (any byte but NUL
-and '/', 0xff included), its environ (up to ARG_MAX, and rewritable in its
-own memory) and its command name. Every file is therefore read as bytes, up
-to a cap, and parsed here by the pure ``parse_*``/``decode_*`` functions.
-What cannot be read as the kernel writes it for an ordinary process (not
-UTF-8, larger than its cap, malformed, unreadable for another reason than
-the process being gone) raises :class:`ProcfsError` naming the file; nothing
-else escapes a read. The caller decides what an unreadable process is (the
-watchdog: one it cannot tie to any container, which fails closed).
-
-A read or kill that fails for want of this daemon's own resources (no file
-descriptor left: EMFILE, ENFILE; no memory) raises :class:`Exhausted`, a
-ProcfsError that says nothing about the process: every caller that refuses an
-unreadable process refuses it too, and the watchdog, for which an unreadable
-process is one to kill, fails the whole scan instead of judging anyone on it.
+A process chooses its cgroup names (any byte but NUL and '/'), its environ (up to
+ARG_MAX, rewritable in its memory) and its command name, so every file is read as bytes
+up to a cap and parsed by the pure ``parse_*``/``decode_*`` functions. What is not as
+the kernel writes it raises :class:`ProcfsError` naming the file. A failure for want
+of this daemon's own descriptors or memory raises :class:`Exhausted`: it says nothing
+about the process, so the watchdog fails the whole scan rather than judge anyone on it.
 """
 
 from __future__ import annotations
@@ -33,7 +22,6 @@ from hooks.gpuenv import GPU_ENV_NAMES
 
 PROC = "/proc"
 
-# The most each file is read before it is refused as not what the kernel writes.
 CGROUP_MAX_BYTES = 256 * 1024  # a line per hierarchy, each path at most PATH_MAX
 ENVIRON_MAX_BYTES = 1024 * 1024  # a larger environ is refused, not read whole
 STAT_MAX_BYTES = 4096  # 52 numeric fields and a command name of at most 64 bytes
@@ -44,13 +32,12 @@ _open = open  # the reading seam (tests make a file vanish or fail mid-read)
 
 
 class ProcfsError(Exception):
-    """/proc/PID/<file> is there but cannot be read as what the kernel writes (the message
-    names the file and why). The process may still run: it is not "gone"."""
+    """/proc/PID/<file> is there but not as the kernel writes it; the process may still
+    run."""
 
 
 class Exhausted(ProcfsError):
-    """This daemon has no file descriptor (or memory) left to read /proc or kill with: the
-    failure is ours, not the process's."""
+    """The daemon's own descriptors or memory ran out: not the process's failure."""
 
 
 # errno values that mean the daemon itself is out of a resource.
@@ -59,8 +46,6 @@ _OWN_LIMITS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS
 
 @dataclass(frozen=True)
 class Stat:
-    """The fields of /proc/PID/stat the watchdog uses."""
-
     state: str  # R, S, D, Z, T, ... (one ASCII letter)
     parent: int
     start_ticks: int  # clock ticks since boot
@@ -70,27 +55,18 @@ class Stat:
 
 
 def read_cgroups_text(pid: int) -> str | None:
-    """/proc/PID/cgroup as text; ProcfsError when it is not UTF-8 or over its cap."""
     data = _read(pid, "cgroup", CGROUP_MAX_BYTES)
     return None if data is None else decode_cgroups(data, f"{PROC}/{pid}/cgroup")
 
 
 def read_gpu_env(pid: int) -> dict[str, str] | None:
-    """The GPU env names (hooks.gpuenv.GPU_ENV_NAMES) of /proc/PID/environ.
-
-    ProcfsError when the environ is larger than ENVIRON_MAX_BYTES: which value
-    a name has could then lie past what was read.
-    """
+    """ProcfsError over ENVIRON_MAX_BYTES: a name's value could lie past what was read."""
     data = _read(pid, "environ", ENVIRON_MAX_BYTES)
     return None if data is None else parse_environ(data)
 
 
 def read_start_ticks(pid: int) -> int | None:
-    """Field 22 of /proc/PID/stat: start time in clock ticks since boot; None for a zombie.
-
-    A zombie has exited and released its GPU memory; only its parent has not
-    collected it yet, so it counts as gone.
-    """
+    """None for a zombie: it has released its GPU memory, so it counts as gone."""
     stat = read_stat(pid)
     if stat is None or stat.state == "Z":
         return None
@@ -98,7 +74,6 @@ def read_start_ticks(pid: int) -> int | None:
 
 
 def read_parent(pid: int) -> int | None:
-    """Field 4 of /proc/PID/stat: the parent's PID."""
     stat = read_stat(pid)
     return None if stat is None else stat.parent
 
@@ -109,8 +84,7 @@ def read_stat(pid: int) -> Stat | None:
 
 
 def in_our_mount_ns(pid: int) -> bool | None:
-    """Whether the process shares the node daemon's mount namespace (every container has
-    one of its own); None when its namespace cannot be read."""
+    """Every container has a mount namespace of its own; None when unreadable."""
     try:
         theirs, ours = os.stat(f"{PROC}/{pid}/ns/mnt"), os.stat(f"{PROC}/self/ns/mnt")
     except OSError:
@@ -119,11 +93,8 @@ def in_our_mount_ns(pid: int) -> bool | None:
 
 
 def kill(pid: int, start_ticks: int) -> bool:
-    """SIGKILL the process if it is still the one that started at ``start_ticks``.
-
-    False when it is gone, is another process now, or its start time cannot be
-    read (nothing is killed that could not be checked); Exhausted when this daemon
-    has no descriptor left to check and kill with (nothing was killed)."""
+    """SIGKILL the process if it is still the one that started at ``start_ticks``; False
+    when it is gone, another process now or unreadable (nothing unchecked is killed)."""
     try:
         pidfd = os.pidfd_open(pid)
     except ProcessLookupError:
@@ -149,7 +120,7 @@ def kill(pid: int, start_ticks: int) -> bool:
 
 
 def decode_cgroups(data: bytes, where: str = "/proc/PID/cgroup") -> str:
-    """/proc/PID/cgroup as text: strict UTF-8 (a cgroup named with 0xff is refused)."""
+    """Strict UTF-8: a cgroup named with 0xff is refused."""
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -160,13 +131,9 @@ def decode_cgroups(data: bytes, where: str = "/proc/PID/cgroup") -> str:
 
 
 def parse_environ(data: bytes) -> dict[str, str]:
-    """The GPU env names of an environ block (``NAME=value`` entries, NUL-separated).
-
-    The first entry of a name wins, as getenv() sees it; an entry without '='
-    names nothing (getenv() skips it too). A value that is not UTF-8 is kept
-    with U+FFFD in place of the bad bytes: never a valid quota value, so the
-    quota parsers refuse it.
-    """
+    """The GPU env names of an environ block, as getenv() sees them (first entry wins,
+    one without '=' names nothing). A non-UTF-8 value keeps U+FFFD for the bad bytes:
+    never a valid quota value."""
     env: dict[str, str] = {}
     for entry in data.split(b"\0"):
         name, sep, value = entry.partition(b"=")
@@ -179,11 +146,7 @@ def parse_environ(data: bytes) -> dict[str, str]:
 
 
 def parse_stat(data: bytes, where: str = "/proc/PID/stat") -> Stat:
-    """/proc/PID/stat's state, parent and start time.
-
-    The command name (field 2) may hold spaces and ')': the fields are split
-    after the last ')'.
-    """
+    """Split after the last ')': the command name may hold spaces and ')'."""
     close = data.rfind(b")")
     fields = data[close + 2 :].split() if close >= 0 else []
     if len(fields) < 20:
@@ -202,7 +165,6 @@ def _number(field: bytes, where: str) -> int:
 
 
 def _read(pid: int, name: str, limit: int) -> bytes | None:
-    """/proc/PID/<name>, at most ``limit`` bytes; None when the process is gone."""
     path = f"{PROC}/{pid}/{name}"
     chunks: list[bytes] = []
     size = 0

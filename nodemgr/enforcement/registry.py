@@ -1,24 +1,14 @@
 """The containers the runtime hook let start, and the hook's decisions.
 
-``ContainerRegistry.admit`` is what the hook socket calls at a container's
-creation: it checks the container's GPU env against its live allocation
-(:mod:`nodemgr.domain.containercheck`) and, when it matches, registers the
-container's cgroup in the ledger, so the watchdog can tell whose GPU process
-is whose, also after a daemon restart. ``release`` is the poststop side.
+``admit`` checks a new container's GPU env and spec against its live allocation and,
+when they match, registers its cgroup in the ledger, so the watchdog can tell whose GPU
+process is whose, also after a restart. ``release`` is the poststop side.
 
-An allocation id is not a bearer token: a GPU container must be tied to the
-allocation by its pod (:mod:`nodemgr.domain.podtie`). One whose runtime gave
-no pod identity (no CRI annotations) is refused. Given ``kubelet_record``
-(kubelet's PodResources List), ``admit`` asks kubelet at the moment of the
-call which containers hold the allocation's devices and admits only a
-container of that pod. The ledger learns that a pod is gone only at the next
-reconcile; kubelet's record knows at once, so a freed allocation is refused
-then too (and a reconcile asked for, which releases it). Every GPU container
-is refused while kubelet cannot answer: kubelet creates every pod's
-containers, so while it is down no pod container is being made anyway, and an
-allocation nobody can vouch for grants nothing (fail closed). Likewise every GPU
-container is refused while the watchdog cannot judge the node's GPU processes
-(``enforcement_problem``): a container started then would run unpoliced.
+The container must be tied to the allocation by its pod (:mod:`nodemgr.domain.podtie`),
+through kubelet's record read at that moment: it knows a pod is gone before the next
+reconcile does. Every GPU container is refused while kubelet cannot answer (kubelet
+creates every pod container, so none is being made anyway) and while the watchdog
+cannot judge (it would run unpoliced).
 
 What it must not do: parse the wire protocol (the hook server does) or act
 on running processes (the watchdog does).
@@ -72,7 +62,7 @@ log = logging.getLogger(__name__)
 
 
 class AdmissionState(Protocol):
-    """What the registry asks of the allocation state (the Allocator), and nothing more."""
+    """The Allocator, as the registry sees it."""
 
     @property
     def cards(self) -> Sequence[Card]: ...
@@ -80,9 +70,7 @@ class AdmissionState(Protocol):
     def resource_names(self) -> Mapping[ResourceKind, str]: ...
     def allocation(self, allocation_id: str) -> Allocation | None: ...
     def allocations(self) -> list[Allocation]: ...
-    def request_reconcile(self) -> None:
-        """kubelet's record disagrees with an allocation: reconcile now, not at the period."""
-        ...
+    def request_reconcile(self) -> None: ...
 
     def awaiting_adoption(self) -> set[str]:
         """Allocation IDs taken back from cgroup marks that the next reconcile is to adopt
@@ -102,25 +90,20 @@ class ContainerRegistry:
         marks: CgroupMarks | None = None,
         daemon_paths: DaemonPaths | None = None,
     ):
-        """``kubelet_record``: kubelet's PodResources List (raises a GpushareError when
-        kubelet does not answer); None trusts the ledger alone (tests, no kubelet).
-        ``mps_layout``: where the cards' MPS directories are on the host (None: MPS off),
-        which a container's spec may mount only its own card's of. ``daemon_paths``: the
-        daemon's own paths, which no container's spec may mount (None: none known)."""
+        """``kubelet_record`` (kubelet's PodResources List) None trusts the ledger alone
+        (tests); ``mps_layout`` None: MPS off."""
         self._ledger = ledger
         self._allocator = allocator
         self._mps_pipe_directory = mps_pipe_directory
         self._clock = clock
         self._kubelet_record = kubelet_record
-        # Each registration also marks the container's cgroup: a lost ledger is recovered
-        # from the running containers (nodemgr.enforcement.cgroupmarks). None: no marks.
+        # A lost ledger is recovered from these marks (nodemgr.enforcement.cgroupmarks).
         self._marks = marks
         self._card_uuids_by_index = {str(card.index): card.uuid for card in allocator.cards}
         self._gpus = node_gpus(allocator.cards, mps_layout, daemon_paths)
         self._lock = threading.Lock()
         self._registrations = {r.container_id: r for r in ledger.load_registrations()}
-        # Why enforcement cannot judge now (the watchdog's problem), or None; the daemon
-        # wires the watchdog's in once it exists (it is made after the registry).
+        # The watchdog's problem, wired in once it exists (it is made after the registry).
         self.enforcement_problem: Callable[[], str | None] = lambda: None
 
     def admit(
@@ -134,11 +117,8 @@ class ContainerRegistry:
         identity_problem: str | None = None,
         pod_uid: str | None = None,
     ) -> tuple[bool, str]:
-        """(allowed, message): whether the container may start; registers it if so.
-        ``spec``: what its OCI spec shows of the GPUs (the hook server always passes it;
-        None checks the env alone). ``identity_problem``: why its annotations give no
-        trustworthy pod identity (they name two pods): a GPU container is refused for it.
-        ``pod_uid``: its pod's UID, where its runtime gives it (nodemgr.domain.podtie)."""
+        """(allowed, message); registers it if allowed. ``spec`` None checks the env alone;
+        ``identity_problem``: why its annotations give no trustworthy pod identity."""
         who = f"container {quote(container_id)}" + (f" ({identity})" if identity else "")
         if not gpuenv.needs_daemon(env):
             return self._no_gpu_answer(who, spec)
@@ -209,8 +189,7 @@ class ContainerRegistry:
         spec: SpecFacts | None,
         alias: str | None,
     ) -> str | None:
-        """Why the env and spec are beyond ``allocation`` (check_container finds a problem
-        whenever there is none live); ``alias``: why it is not the one the env names."""
+        """``alias``: why ``allocation`` is not the one the env names."""
         problem = check_container(
             env, allocation, self._card_uuids_by_index, self._mps_pipe_directory
         ) or self._spec_problem(spec, allocation, env)
@@ -219,7 +198,6 @@ class ContainerRegistry:
         return problem
 
     def _unpoliced(self) -> str | None:
-        """Why a GPU container started now would run unpoliced (the watchdog cannot judge)."""
         blind = self.enforcement_problem()
         if blind is None:
             return None
@@ -229,7 +207,6 @@ class ContainerRegistry:
         )
 
     def _no_gpu_answer(self, who: str, spec: SpecFacts | None) -> tuple[bool, str]:
-        """A container without GPU env: refused if its spec touches a GPU all the same."""
         problem = self._spec_problem(spec, None, {})
         if problem is not None:
             log.warning("gpushare-node refused %s: %s", who, problem)
@@ -239,8 +216,6 @@ class ContainerRegistry:
     def _spec_problem(
         self, spec: SpecFacts | None, allocation: Allocation | None, env: dict[str, str]
     ) -> str | None:
-        """Why the spec shows more of the GPUs than ``allocation`` gives (None: it holds
-        none) to this env; None when it does not, or no spec was passed."""
         if spec is None:
             return None
         node = self._gpus_now(spec)
@@ -253,9 +228,8 @@ class ContainerRegistry:
         return spec_problem(spec, grant, node, env_asks_gpus=asks)
 
     def _gpus_now(self, spec: SpecFacts) -> NodeGpus | str:
-        """The node's GPUs with what the host says now of NVIDIA's device numbers (the
-        majors of its drivers, the host's node of each NVIDIA name the spec lists); why
-        they cannot be read (fail closed). Read only for a spec with device nodes or rules."""
+        """The node's GPUs with the host's NVIDIA device numbers now, or why they cannot be
+        read (fail closed); read only for a spec with device nodes or rules."""
         if not (spec.devices or spec.rules or any(m.nodes for m in spec.mounts)):
             return self._gpus
         try:
@@ -272,8 +246,6 @@ class ContainerRegistry:
     def _judged_allocation(
         self, who: str, identity: ContainerRef | None, env: dict[str, str], pod_uid: str | None
     ) -> tuple[Allocation | None, KubeletRecord | str | None, str | None]:
-        """(the allocation to judge the container against, kubelet's record read now, why
-        that is not the allocation its env names or None)."""
         allocation_id = env.get(gpuenv.ALLOCATION_ID)
         allocation = self._allocator.allocation(allocation_id) if allocation_id else None
         record = self._read_record(identity, env)  # outside the lock: a local RPC
@@ -285,8 +257,7 @@ class ContainerRegistry:
     def _read_record(
         self, identity: ContainerRef | None, env: dict[str, str]
     ) -> KubeletRecord | str | None:
-        """kubelet's record read now for a GPU container with a pod identity; why it could
-        not be read (str); None when there is nothing to ask (no kubelet, no identity)."""
+        """str: why it could not be read; None: nothing to ask (no kubelet, no identity)."""
         if self._kubelet_record is None or identity is None:
             return None
         if gpuenv.requested_gpus(env) is None:
@@ -309,10 +280,8 @@ class ContainerRegistry:
         record: KubeletRecord | None,
         pod_uid: str | None,
     ) -> tuple[Allocation | None, str | None]:
-        """(the allocation to judge the container against, why it is not the named one):
-        the one its env names, unless kubelet's record does not give that one to its pod
-        but gives the pod exactly one on the cards it asks for (its env's ID went stale:
-        ledger rebuilt, a mislink split; see nodemgr.domain.podtie.pods_allocation)."""
+        """The one its env names, unless kubelet's record gives its pod another
+        (nodemgr.domain.podtie.pods_allocation)."""
         if record is None:
             return named, None
         names = self._allocator.resource_names
@@ -351,8 +320,6 @@ class ContainerRegistry:
         record: KubeletRecord | str | None,
         pod_uid: str | None = None,
     ) -> str | None:
-        """Why the container is not tied to the allocation by its pod
-        (:mod:`nodemgr.domain.podtie`), kubelet's record read now; or None."""
         if identity is None:
             return NO_IDENTITY
         if self._kubelet_record is None:
@@ -380,7 +347,6 @@ class ContainerRegistry:
             log.warning("%s: its cgroup is not marked (%s)", who, problem)
 
     def release(self, container_id: str, why: str = "stopped") -> bool:
-        """Forget a container; False if it was not registered."""
         with self._lock:
             registration = self._registrations.pop(container_id, None)
             if registration is None:
@@ -420,8 +386,7 @@ class ContainerRegistry:
 
 
 def _init_start_ticks(pid: int) -> tuple[int | None, str | None]:
-    """(the init process's start time, None) or (None, why it cannot be had): unreadable is
-    not admitted (fail closed)."""
+    """(start time, None) or (None, why): unreadable is not admitted (fail closed)."""
     try:
         start_ticks = procfs.read_start_ticks(pid)
     except procfs.ProcfsError as e:
@@ -434,8 +399,6 @@ def _init_start_ticks(pid: int) -> tuple[int | None, str | None]:
 def node_gpus(
     cards: Sequence[Card], mps_layout: MpsLayout | None, daemon_paths: DaemonPaths | None = None
 ) -> NodeGpus:
-    """The cards' device minors, MPS directories and the daemon's own paths a container spec
-    is checked against."""
     nodes = tuple(
         CardNode(c.uuid, c.index, c.index if c.minor_number is None else c.minor_number)
         for c in cards

@@ -1,52 +1,30 @@
 """The run-time watchdog: GPU processes held to their container's quota.
 
-Every ``enforcement.interval_seconds`` it takes one snapshot (per-process GPU
-memory from the inventory; each process's cgroup, start time and quota env
-from /proc), asks :mod:`nodemgr.domain.violations` what is wrong, and acts: with
-``action: kill`` the offending processes get SIGKILL, newest first; with
-``log`` they are only reported. Every violation is logged with its
-pod/container/card/amounts, counted, and appended to the ledger's history once
-per onset (not once per scan while it lasts).
+Each scan takes one snapshot (per-process GPU memory from the inventory; cgroup, start
+time and quota env from /proc), asks :mod:`nodemgr.domain.violations` what is wrong and
+acts (``kill``: SIGKILL, newest first; ``log``: report only). A violation is logged,
+counted and added to the ledger's history once per onset. The netlink process connector
+brings a scan forward at an exec in a registered container; without it the periodic
+scan alone runs.
 
-The netlink process connector makes it react at once: an exec in a
-registered container brings the next scan forward, and exits drop cached
-/proc reads. Where the connector is unavailable the periodic scan alone runs.
+One hostile process never stops enforcement for the others: each process is read,
+judged and acted on on its own (an unreadable one is logged once and judged fail-closed:
+no container, no quota env).
 
-One hostile process must never stop enforcement for the others: each
-process is read and judged on its own (a process whose /proc files cannot
-be read is counted and logged once, and judged fail-closed: no container,
-no quota env), each violation is reported and acted on on its own, and
-each process event is handled on its own. What still escapes ``run`` is
-the worker supervision's (nodemgr.common.workers): logged, restarted.
+A scan that cannot judge (GPU memory unreadable, or /proc or a kill failing for want of
+the daemon's own descriptors) judges nobody on half a picture and sets the worker's
+``problem``: the daemon is unhealthy (no WATCHDOG=1 to systemd, STATUS=, status and
+metrics say why) and the hook refuses new GPU containers, until a scan judges again.
 
-A scan that cannot judge never passes in silence. When the per-process GPU memory
-cannot be read, or /proc cannot be read or a process killed for want of the daemon's
-own resources (procfs.Exhausted: no descriptor left), nobody is judged on half a
-picture: the scan fails closed. The watchdog then has a ``problem`` (the worker's, see
-nodemgr.common.workers) that makes the whole daemon unhealthy: no WATCHDOG=1 to
-systemd (which restarts it once WatchdogSec passes), STATUS=, ``nodemgr status`` and the
-metrics say why, and the runtime hook refuses new GPU containers (ContainerRegistry);
-it tries again at every interval and clears the problem at the first scan that judged.
-
-The MPS servers of the cards' verified control daemons are the only GPU
-processes outside containers it spares: exactly the (PID, start time) pairs the
-MPS supervisor names (``mps_servers``, read once per scan), never a process
-because of its name, its ancestry or what it claims to be.
-
-The processes that hold a card's MPS control daemon (a client connected to its
-control socket that sends nothing, or reads nothing of its answers, which stops MPS on
-the card for every tenant)
-are found by the MPS supervisor while the card does not answer (``control_holds``,
-read once per scan); the watchdog ties each to its container and acts on it as an
-``mps_control`` violation like any other (a process of the host's is only named).
+It spares only the MPS servers of verified control daemons, by the exact (PID, start
+time) the MPS supervisor names, never by name, ancestry or claim. Processes holding a
+card's control daemon (``control_holds``, from the supervisor) are ``mps_control``
+violations like any other.
 
 What it must not do: decide what a violation is (violations.py does) or kill
 anything but a GPU process it has just seen break a rule.
 
-Why this module is longer than 400 lines: the scan, its per-process fail-closed
-handling, the process-event loop and the snapshots other threads read all share the
-watchdog's caches and its stats lock; the pure judgements already live in
-nodemgr.domain.violations and the /proc reading in procfs.
+Longer than 400 lines: the scan, the event loop and the snapshots share one set of caches.
 """
 
 from __future__ import annotations
@@ -88,20 +66,17 @@ log = logging.getLogger(__name__)
 # An exec in a registered container is scanned this soon: the new process
 # needs a moment to create its GPU context before NVML lists it.
 EXEC_RESCAN_SECONDS = 0.2
-# With no GPU process on the node there is nothing to police: while process events
-# arrive (an exec in a registered container brings the scan forward), scan this often
-# (a process on a shared card outside any container, or one that gets its GPU context a
-# while after its exec, is still met within about a second).
+# With no GPU process running and process events flowing: a process outside any
+# container, or one that gets its GPU context late, is still met within about a second.
 IDLE_SCAN_SECONDS = 1.0
 # Registrations whose init process is gone without a poststop are dropped this often
 # (one /proc read per registered container), and at once when the init's exit is seen.
 PRUNE_SECONDS = 10.0
-# A container whose processes hold a card's MPS control daemon again within this many
-# seconds of its last hold loses its init process too (the container stops): a loop that
-# starts a new silent client after each kill would otherwise stall MPS for good.
+# A container holding a card's MPS control daemon again this soon loses its init process
+# too: a loop starting a new silent client after each kill would stall MPS for good.
 HOLD_REPEAT_SECONDS = 600.0
-# A batch of more execs than this is not read one by one (a /proc read each): a flood from
-# any pod on the node must not keep the watchdog from scanning; it brings a scan forward.
+# A larger exec batch brings a scan forward instead of a /proc read each: a flood from any
+# pod must not keep the watchdog from scanning.
 MAX_EXECS_JUDGED = 64
 
 
@@ -129,17 +104,13 @@ class ProcessEventSource(Protocol):
 
 
 class PolicedState(Protocol):
-    """What the watchdog asks of the allocation state (the Allocator), and nothing more."""
+    """The Allocator, as the watchdog sees it."""
 
     @property
     def cards(self) -> Sequence[Card]: ...
-    def allocations_by_id(self) -> dict[str, Allocation]:
-        """The live allocations by ID, as one snapshot."""
-        ...
+    def allocations_by_id(self) -> dict[str, Allocation]: ...
 
-    def whole_cards(self) -> set[str]:
-        """UUIDs of the cards given out whole (policed as whole cards: see find_violations)."""
-        ...
+    def whole_cards(self) -> set[str]: ...
 
     def card_label(self, card_uuid: str) -> str: ...
 
@@ -164,34 +135,29 @@ class Watchdog(ThreadWorker):
         self._allocator = allocator
         self._inventory = inventory
         self._ledger = ledger
-        # (PID, start ticks) of the MPS servers of the verified control daemons.
         self._mps_servers = mps_servers
-        # What holds a card's MPS control daemon, as the MPS supervisor last found it.
         self._control_holds = control_holds
-        # Container ID -> the holds of its processes (their keys) -> the monotonic time of
-        # each one's onset, for HOLD_REPEAT_SECONDS.
+        # Container ID -> hold key -> monotonic onset, for HOLD_REPEAT_SECONDS.
         self._holds_of: dict[str, dict[tuple, float]] = {}
         self._clock = clock
-        # Read by the status and metrics threads: written and read under _stats_lock.
+        # Read by the status and metrics threads, under _stats_lock.
         self._stats_lock = threading.Lock()
-        self._counts: Counter[str] = Counter()  # violation onsets by kind
+        self._counts: Counter[str] = Counter()  # onsets by kind
         self._kills = 0
-        self._unreadable = 0  # processes whose /proc files could not be read, each once
-        self._failed_scans = 0  # scans that could not judge (fail closed)
-        # (pid, start ticks) of the unreadable processes already logged and counted.
+        self._unreadable = 0
+        self._failed_scans = 0
+        # (pid, start ticks) already logged and counted.
         self._unreadable_seen: set[tuple[int, int]] = set()
-        # Told of each violation onset: (violation, card label, action); posts a pod Event.
+        # Posts a pod Event per onset.
         self._on_violation = on_violation
         self._events_source = events_source
-        self._active: set[tuple] = set()  # keys of the violations seen in the last scan
-        # (pid, start ticks) -> cgroups. Only cgroups are cached: a process
-        # cannot leave its container's cgroup, but it can exec itself with
-        # another env, so environ is read again at every scan.
+        self._active: set[tuple] = set()  # violation keys of the last scan
+        # (pid, start ticks) -> cgroups. A process cannot leave its container's cgroup, but
+        # it can exec itself with another env, so environ is read at every scan.
         self._cache: dict[tuple[int, int], dict[str, str]] = {}
-        # Memory really used, from the last scan that could read it (nodemgr status, metrics).
         self._last_usage: UsageView | None = None
-        self._events: ProcessEventSource | None = None  # open while run() reads it
-        self._policing = True  # GPU processes ran at the last scan (or none was done yet)
+        self._events: ProcessEventSource | None = None
+        self._policing = True  # GPU processes ran at the last scan (or none was done)
         self._pruned_at = float("-inf")  # monotonic
         self._raw_usage: list = []
 
@@ -199,7 +165,6 @@ class Watchdog(ThreadWorker):
 
     @property
     def counts(self) -> dict[str, int]:
-        """Violation onsets by kind since start (a copy)."""
         with self._stats_lock:
             return dict(self._counts)
 
@@ -210,12 +175,12 @@ class Watchdog(ThreadWorker):
 
     @property
     def last_usage(self) -> UsageView | None:
-        """GPU memory used per card and allocation at the last readable scan; None: unknown."""
+        """At the last readable scan; None: unknown."""
         with self._stats_lock:
             return self._last_usage
 
     def summary(self) -> dict:
-        """The status document's ``enforcement`` section: action, onsets by kind, kills."""
+        """The status document's ``enforcement`` section."""
         with self._stats_lock:
             violations = {kind: self._counts.get(kind, 0) for kind in KINDS}
             return {
@@ -230,7 +195,6 @@ class Watchdog(ThreadWorker):
 
     @property
     def unreadable(self) -> int:
-        """GPU processes met whose /proc files could not be read (each counted once)."""
         with self._stats_lock:
             return self._unreadable
 
@@ -281,15 +245,15 @@ class Watchdog(ThreadWorker):
                 events.close()
 
     def _scan_interval(self, events_flow: bool) -> float:
-        """``interval_seconds`` while GPU processes run (memory grows without any event)
-        or without process events; else IDLE_SCAN_SECONDS (an exec brings a scan forward)."""
+        """``interval_seconds`` while GPU processes run (memory grows without an event) or
+        without process events; else IDLE_SCAN_SECONDS."""
         interval = self._settings.interval_seconds
         if self._policing or not events_flow:
             return interval
         return max(interval, IDLE_SCAN_SECONDS)
 
     def _news_wants_a_scan(self, news: ProcessEventBatch) -> bool:
-        """Drop the cache of exited processes; True when an exec (or a loss) needs a scan."""
+        """True when an exec (or a loss of events) needs a scan."""
         if news.exits:
             self._forget_exited(news.exits)
         if news.lost:
@@ -297,7 +261,7 @@ class Watchdog(ThreadWorker):
         if not news.execs:
             return False
         if len(news.execs) > MAX_EXECS_JUDGED:
-            return True  # an exec flood: one scan (bounded by the GPU processes) beats a read each
+            return True  # one scan (bounded by the GPU processes) beats a read each
         index = index_registrations(self._registry.registrations())  # once per batch
         for pid in news.execs:
             try:
@@ -314,7 +278,6 @@ class Watchdog(ThreadWorker):
             events.wake()
 
     def scan(self) -> list[Violation]:
-        """One snapshot, its violations, and the action on each. Returns the violations."""
         if time.monotonic() - self._pruned_at >= PRUNE_SECONDS:
             self._pruned_at = time.monotonic()
             try:
@@ -343,8 +306,7 @@ class Watchdog(ThreadWorker):
         return violations
 
     def _act(self, violations: list[Violation], starts: dict[int, int]) -> str | None:
-        """Report each new violation and, with action kill, act on each. Returns why a kill
-        could not be done for want of the daemon's own resources (None: all done)."""
+        """Why a kill could not be done for want of the daemon's own resources, or None."""
         unkilled: str | None = None
         for violation in violations:
             # Each on its own: a report that fails spares neither this offender nor the others.
@@ -363,7 +325,6 @@ class Watchdog(ThreadWorker):
         return unkilled
 
     def _process_violations(self, processes: list[GpuProcess]) -> list[Violation]:
-        """The violations of the GPU processes of one snapshot (and the usage it shows)."""
         self._policing = bool(processes)
         if not processes:  # nothing to judge: no walk over every allocation at idle
             self._set_last_usage(self._usage_view(processes))
@@ -381,8 +342,8 @@ class Watchdog(ThreadWorker):
         return violations
 
     def _held_violations(self) -> tuple[list[Violation], dict[int, int]]:
-        """The MPS control holds the supervisor found, each as a violation of the processes
-        still holding it, and their start times (what a kill is checked against)."""
+        """The supervisor's holds as violations, and their holders' start times (what a kill
+        is checked against)."""
         holds = self._control_holds()
         if not holds:
             return [], {}
@@ -412,8 +373,7 @@ class Watchdog(ThreadWorker):
         return violations, starts
 
     def _holder_process(self, holder: tuple[int, int]) -> HolderProcess | None:
-        """A process holding a control connection as /proc shows it; None once it is gone
-        (or its PID is another process's now)."""
+        """None once it is gone (or its PID is another process's)."""
         pid, start_ticks = holder
         try:
             if procfs.read_start_ticks(pid) != start_ticks:
@@ -429,7 +389,7 @@ class Watchdog(ThreadWorker):
         return HolderProcess(pid, start_ticks, cgroups, problem, procfs.in_our_mount_ns(pid))
 
     def _cannot_judge(self, reason: str) -> None:
-        """A scan that failed closed: counted, the daemon unhealthy, logged once per reason."""
+        """Logged once per reason."""
         problem = f"enforcement cannot judge: {reason}"
         with self._stats_lock:
             self._failed_scans += 1
@@ -444,7 +404,6 @@ class Watchdog(ThreadWorker):
         self.problem = problem
 
     def _judged(self) -> None:
-        """A scan that judged every GPU process: a problem of earlier scans is over."""
         if self.problem is not None:
             log.warning("enforcement judges the GPU processes again (%s: over)", self.problem)
             self.problem = None
@@ -454,7 +413,6 @@ class Watchdog(ThreadWorker):
         return self._settings.action
 
     def set_settings(self, settings: EnforcementSettings) -> None:
-        """A config reload: the next scan uses the new action, interval and grace."""
         self._settings = settings
 
     def _usage_view(self, processes: list[GpuProcess]) -> UsageView:
@@ -472,7 +430,6 @@ class Watchdog(ThreadWorker):
         return UsageView(dict(card_used), allocation_used)
 
     def _gpu_processes(self) -> list[GpuProcess]:
-        """Every GPU process as /proc shows it; CannotJudge when the node cannot be seen."""
         try:
             usage = self._inventory.process_usage()
         except Exception as e:  # NVML's own errors, or anything its binding lets through
@@ -504,12 +461,7 @@ class Watchdog(ThreadWorker):
         return processes
 
     def _gpu_process(self, pid: int, card_uuid: str, used_mib: int) -> GpuProcess | None:
-        """One GPU process as /proc shows it; None when it is gone.
-
-        A file that cannot be read (procfs.ProcfsError: not UTF-8, too large,
-        malformed) fails closed: cgroups unreadable, no container; environ
-        unreadable, no quota env. Such a process is counted and logged once.
-        """
+        """None when it is gone; an unreadable file fails closed (see the module)."""
         try:
             start_ticks = procfs.read_start_ticks(pid)
         except procfs.ProcfsError as e:
@@ -550,7 +502,6 @@ class Watchdog(ThreadWorker):
         )
 
     def _unreadable_once(self, pid: int, start_ticks: int, problem: str, judged: str) -> None:
-        """Count and log an unreadable process once (per PID and start time)."""
         key = (pid, start_ticks)
         if key in self._unreadable_seen:
             return
@@ -560,7 +511,7 @@ class Watchdog(ThreadWorker):
         log.warning("process %d: %s; %s", pid, problem, judged)
 
     def _in_registered_container(self, pid: int, index: RegistrationIndex) -> bool:
-        """Whether an exec'd process is in a registered container (True when unknowable)."""
+        """True when unknowable."""
         if not index:
             return False  # nothing registered: no exec can be one of ours
         try:
@@ -573,7 +524,6 @@ class Watchdog(ThreadWorker):
         return registration_of(index, cgroups) is not None
 
     def _forget_exited(self, pids: Collection[int]) -> None:
-        """Drop cached reads of exited processes; an exited container init: prune now."""
         exited = set(pids)
         for key in [k for k in self._cache if k[0] in exited]:
             del self._cache[key]
@@ -620,7 +570,7 @@ class Watchdog(ThreadWorker):
 
 
 def _ours_to_raise(error: Exception) -> None:
-    """Raise ``error`` again when the failure is the daemon's own (no descriptor left):
-    it says nothing about the process, which must not be judged on it."""
+    """Raise ``error`` again when the failure is the daemon's own (no descriptor left): the
+    process must not be judged on it."""
     if isinstance(error, procfs.Exhausted):
         raise error

@@ -1,53 +1,32 @@
 """What the extender knows of the cluster: every GPU node's cards and what is placed on them.
 
-Fed by one LIST+WATCH of nodes and one of pods (``nodemgr.kubernetes.listwatch``,
-the official client underneath): the handlers here turn each object into a
-small record at once, so 50,000 pods cost a few tens of MiB, and nothing is
-ever listed per request. A restart rebuilds everything from the API.
+Fed by one LIST+WATCH of nodes and one of pods, each object turned into a small record
+at once (50,000 pods cost a few tens of MiB); nothing is listed per request, and a
+restart rebuilds everything from the API. A node's card loads come from:
 
-Per node, the card loads (``logic.NodeView``) come from three sources:
+1. its ``<label_prefix>gpus`` annotation, published by gpushare-node from its ledger,
+   authoritative for the containers it lists;
+2. the node's active pods whose GPU containers the annotation does not list yet,
+   counted on the cards their believed placement names, else where the policy would
+   put them (whole cards: the lowest-index idle ones, as the daemon gives them);
+3. the assume cache: binds decided here that the pod watch has not shown bound yet.
 
-1. the node's ``<label_prefix>gpus`` annotation, which gpushare-node
-   publishes from its ledger: per card the total, what its allocations hold,
-   its mode (a card given out whole takes nothing else) and health, and which
-   containers the allocations belong to. It is authoritative for those
-   containers;
-2. the pods bound to the node and not finished whose GPU containers the
-   annotation does not list yet (kubelet has not admitted them, or the daemon
-   has not published since): counted on the card their gpushare annotations
-   name (the extender's own choice at bind), else where the policy would put
-   them; whole-card containers reserve the lowest-index idle cards, as the
-   daemon gives them out;
-3. the assume cache: binds this extender decided and whose pods the pod
-   watch has not yet shown bound to that node.
+``assume`` records a bind's placement in the same critical section that computed it,
+before any request leaves, so no card's space is given twice. ``bound`` starts its
+expiry (``assume_ttl_seconds``); ``forget`` drops it when the bind failed for sure. The
+first watch event showing the pod bound drops it in the section that counts the pod
+itself, so it is never counted twice or not at all; one never confirmed expires
+(logged, counted).
 
-The assume cache: ``assume`` records a bind's placement under the cache lock
-*in the same critical section* that computed it, before any request leaves,
-so a concurrent filter or bind already sees those cards taken (no card's
-space is ever given twice). ``bound`` starts its expiry clock
-(``assume_ttl_seconds``) once the Binding was created; ``forget`` drops it
-when the bind failed for sure. The pod watch *confirms* it: the first event
-showing the pod (same UID) with a nodeName drops the assumption in the same
-critical section that counts the pod itself (source 2), so at no moment is it
-counted twice or not at all; a DELETED event drops it too. An assumption the
-watch never confirms expires (logged, counted in the metrics), e.g. when the
-API server accepted the Binding but the watch lost the event.
-
-A pod's cards come from its placement as the cache's ``trust`` believes it
-(``nodemgr.domain.extenderchoice``): the placement this extender signed, never
-the unsigned gpushare annotations a pod owner can write; a pod whose placement
-is not believed counts where the policy would put it, and is reported
-(``on_ignored``: a log line and a pod Event). A pod the handlers cannot read at
-all is left out of the cache and reported the same way: one pod never stops
-the LIST (the cache would stay unsynced, and GPU scheduling with it).
+A pod's placement is believed per the cache's ``trust``
+(``nodemgr.domain.extenderchoice``); one not believed counts where the policy would put
+it and is reported (``on_ignored``). An unreadable pod is left out and reported: one
+pod never stops the LIST (the cache would stay unsynced, and GPU scheduling with it).
 
 What it must not do: I/O (the watch threads and the server do it), or hold
 the lock while iterating a LIST (``replace`` builds first, then swaps).
 
-Why this module is longer than 400 lines: the node and pod caches, the per-card
-arithmetic of what is used and the assume cache share one lock and must change together
-(a bind is decided and assumed in one locked section, confirmed by the watch in
-another); splitting them would spread that locking over modules.
+Longer than 400 lines: the caches and the assumed binds share one lock, changing together.
 """
 
 from __future__ import annotations
@@ -80,16 +59,13 @@ log = logging.getLogger("nodemgr.extender")
 
 PodKey = tuple[str, str]  # (namespace, name)
 Owner = tuple[str, str, str]  # (namespace, pod, container)
-SEEN_PODS = 4096  # pods remembered from filter calls, for a bind that comes before the watch
-# Node names kept, over all pods remembered, of the nodes that passed their filter: a bind
-# goes only to one of them (250,000: 50 pods in flight at once on 5,000 nodes).
+SEEN_PODS = 4096  # from filter calls, for a bind that comes before the watch
+# Over all pods remembered (250,000: 50 pods in flight at once on 5,000 nodes).
 PASSED_NAMES = 250_000
 
 
 @dataclass(frozen=True, slots=True)
 class CardRecord:
-    """One card as the node's annotation describes it."""
-
     index: int
     uuid: str
     model: str
@@ -110,12 +86,10 @@ class NodeRecord:
 
 @dataclass(frozen=True, slots=True)
 class PodRecord:
-    """A GPU pod: its demand, where it is bound, and the cards chosen for its containers."""
-
     demand: PodDemand
     node: str  # "" while not bound
     active: bool  # bound and not finished: it holds (or will hold) its cards
-    cards: Mapping[int, int]  # container index -> card index, from its gpushare annotations
+    cards: Mapping[int, int]  # container index -> card index
     created_at: float
 
 
@@ -157,7 +131,7 @@ class ClusterCache:
         self._uids: dict[str, PodKey] = {}
         self._on_node: dict[str, dict[PodKey, PodRecord]] = {}
         self._assumed: dict[str, Assumption] = {}  # pod UID -> assumption
-        self._assumed_on: dict[str, set[str]] = {}  # node -> UIDs assumed there
+        self._assumed_on: dict[str, set[str]] = {}  # node -> UIDs
         self._views: dict[str, NodeView] = {}
         self._seen: OrderedDict[str, PodDemand] = OrderedDict()
         self._passed: OrderedDict[str, frozenset[str]] = OrderedDict()  # pod UID -> nodes
@@ -188,8 +162,7 @@ class ClusterCache:
         return self._pods.get((namespace, name))
 
     def remember(self, demand: PodDemand, passed: Iterable[str] = ()) -> None:
-        """A pod seen in a filter call, and the nodes that passed it: bind may come before
-        the watch shows the pod, and binds it only to one of those nodes."""
+        """Bind may come before the watch shows the pod, and binds only to ``passed``."""
         if not demand.uid:
             return
         with self.lock:
@@ -200,7 +173,7 @@ class ClusterCache:
             old = self._passed.pop(demand.uid, None)
             self._passed_names -= len(old) if old is not None else 0
             nodes = self._nodes
-            # The names of cached nodes are kept as the cache's own strings: one copy each.
+            # The cache's own strings: one copy each.
             names = frozenset(n.name if (n := nodes.get(name)) else name for name in passed)
             self._passed[demand.uid] = names
             self._passed_names += len(names)
@@ -211,13 +184,11 @@ class ClusterCache:
                 self._passed_names -= len(dropped)
 
     def passed_filter(self, uid: str, node: str) -> bool:
-        """Whether ``node`` passed this extender's last filter of the pod ``uid``."""
         names = self._passed.get(uid)
         return names is not None and node in names
 
     def demand_for_bind(self, namespace: str, name: str, uid: str) -> PodDemand | None:
-        """The pod's demand from the watch, else from a filter call (matched by UID, which
-        the bind must name)."""
+        """From the watch, else from a filter call (by UID, which the bind must name)."""
         if not uid:
             return None
         record = self._pods.get((namespace, name))
@@ -229,7 +200,7 @@ class ClusterCache:
         return None
 
     def view(self, name: str) -> NodeView:
-        """The node's cards as placement sees them now (cached until something changes)."""
+        """Cached until something changes."""
         view = self._views.get(name)
         if view is None:
             view = self._views[name] = self._compute(name)
@@ -241,7 +212,7 @@ class ClusterCache:
     # --- the assume cache ---------------------------------------------------------------
 
     def assume(self, placement: Placement, demand: PodDemand) -> None:
-        """Count a bind's placement now (call in the critical section that computed it)."""
+        """Call in the critical section that computed it."""
         self._drop_assumption(demand.uid)
         self._assumed[demand.uid] = Assumption(
             demand, placement.node, dict(placement.cards), self._clock()
@@ -250,19 +221,16 @@ class ClusterCache:
         self._views.pop(placement.node, None)
 
     def bound(self, uid: str) -> None:
-        """The Binding was created: the assumption now expires unless the watch confirms it."""
         with self.lock:
             assumption = self._assumed.get(uid)
             if assumption is not None:
                 assumption.expires_at = self._clock() + self.assume_ttl_seconds
 
     def forget(self, uid: str) -> None:
-        """The bind failed for sure: its cards are free again."""
         with self.lock:
             self._drop_assumption(uid)
 
     def expire(self) -> int:
-        """Drop the assumptions past their time; how many."""
         now = self._clock()
         with self.lock:
             late = [
@@ -305,8 +273,7 @@ class ClusterCache:
         self._views.pop(name, None)
 
     def _put_pod(self, key: PodKey, record: PodRecord | None, uid: str, bound_to: str) -> None:
-        """Replace what is known of the pod ``key`` (None: gone or no GPU) and confirm an
-        assumption of it, in one step."""
+        """``record`` None: gone or no GPU; an assumption of it is confirmed in one step."""
         old = self._pods.pop(key, None)
         if old is not None:
             self._uids.pop(old.demand.uid, None)
@@ -434,8 +401,6 @@ class ClusterCache:
 
 
 class _NodeHandler:
-    """Nodes from the node watch into NodeRecords."""
-
     def __init__(self, cache: ClusterCache):
         self._cache = cache
 
@@ -479,8 +444,7 @@ class _NodeHandler:
         return NodeRecord(name, tuple(cards), frozenset(owners))
 
     def _safe_record(self, obj: Mapping[str, Any]) -> NodeRecord:
-        """``record``, or a node that takes no GPU pod (and why) when it cannot be read:
-        one node's annotation never stops the LIST."""
+        """An unreadable node takes no GPU pod (and says why): it never stops the LIST."""
         try:
             return self.record(obj)
         except Exception as e:
@@ -508,7 +472,7 @@ class _NodeHandler:
 
 
 class _PodHandler:
-    """Pods from the pod watch into PodRecords (pods asking no GPU are not kept)."""
+    """Pods asking no GPU are not kept."""
 
     def __init__(self, cache: ClusterCache):
         self._cache = cache
@@ -532,7 +496,6 @@ class _PodHandler:
         return key, record, info.uid, info.node_name
 
     def _report(self, info: PodInfo) -> None:
-        """Say once (per reason) that a pod's placement annotation is not believed."""
         if not info.choice_note:
             self._notes.pop(info.uid, None)
             return
@@ -545,7 +508,6 @@ class _PodHandler:
     def _safe_record(
         self, obj: Mapping[str, Any]
     ) -> tuple[PodKey, PodRecord | None, str, str] | None:
-        """``record``, or None (logged and reported) for a pod it cannot read."""
         try:
             return self.record(obj)
         except Exception as e:  # one pod must never stop the LIST or the watch

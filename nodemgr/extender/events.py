@@ -1,12 +1,8 @@
 """Pod Events from the extender, posted by a thread of their own, never blocking the caller.
 
-The pod watch reports a pod whose placement annotation the extender does not
-believe, or a pod it cannot read at all (``ClusterCache.on_ignored``): the
-pod's owner and the admin see why in ``kubectl describe pod``. The watch
-thread only queues; ``EventPoster`` sends. A pod owner can make many such
-pods, so the same pod and reason go out at most once a minute and all events
-at most ``events_per_second`` (``nodemgr.kubernetes.writes.EventLimiter``, the
-node daemon's rule); a full queue drops the event (counted in ``dropped``).
+For pods the cache reports (``ClusterCache.on_ignored``). A pod owner can make many
+such pods, so they are rate-limited as the node daemon's (``EventLimiter``); a full queue
+drops the event (counted).
 
 What it must not do: block the watch thread, or stop on an API error.
 """

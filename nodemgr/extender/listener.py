@@ -1,40 +1,29 @@
 """The extender's HTTP/1.1 listeners, with a budget for every peer (asyncio, one thread).
 
-kube-scheduler is the only client that matters and it must always get in;
-anyone who reaches the port (a NodePort is reachable from every node; a
-hostNetwork pod reaches every loopback port) may open connections, send
-slowly, send nothing or send a lot. So:
+kube-scheduler must always get in, while anyone who reaches the port (a NodePort from
+every node, a hostNetwork pod on loopback) may open connections, send slowly, nothing
+or a lot. So:
 
-- no thread per connection: one event loop thread holds every connection,
-  TLS handshakes included (``loop.start_tls``, the context of the moment, so a
-  rotated certificate is used from the next connection); the verbs run in a
-  few worker threads (``Budget.workers``), one request of a connection at a
-  time;
-- every phase has a deadline, whatever the peer sends: the TLS handshake,
-  the wait for a request (idle keep-alive), its request line and headers,
-  its body, and the writing of the answer; a peer past one is cut
-  (``abort``), never waited on;
-- bounded sizes: headers (``max_header_bytes``), the body (a
-  ``Content-Length`` over ``max_body_bytes`` is answered 413 unread; no
-  chunked bodies), and the bytes of large bodies in flight at once over all
-  connections (one largest request at a time; the next waits for no one: 503);
-- bounded counts: authenticated connections (``max_connections``): when full,
-  the connection idle or mid-headers for longest is closed for the new one,
-  and only when every one is busy is the new one refused; handshakes not yet
-  done (``max_pending``): the oldest is dropped for the new one, so a flood
-  of silent connections cannot keep a real client's handshake out;
-- ``stop`` closes everything at once (SIGTERM must end the process promptly).
+- one event loop thread holds every connection, TLS handshakes included (with the
+  context of the moment, so a rotated certificate is used from the next connection);
+  the verbs run in a few worker threads, one request of a connection at a time;
+- every phase has a deadline (handshake, idle keep-alive, head, body, answer); a peer
+  past one is cut, never waited on;
+- bounded sizes: headers, the body (over ``max_body_bytes``: 413 unread; no chunked
+  bodies), and large bodies in flight over all connections (the next one: 503);
+- bounded counts: when ``max_connections`` is full, the connection idle or mid-headers
+  longest is closed for the new one, which is refused only when all are busy; past
+  ``max_pending`` handshakes the oldest is dropped, so silent connections cannot keep a
+  real client's handshake out;
+- ``stop`` closes everything at once.
 
-Each refusal or cut is counted by listener and reason (``Stats``, in the
-extender's metrics). The plain listener (``tls=None``) is for kubelet's
-probes: GET only, no body, one request per connection.
+Refusals and cuts are counted by listener and reason (``Stats``). The plain listener
+(``tls=None``) is for kubelet's probes: GET only, no body, one request per connection.
 
 What it must not do: run a handler on the loop thread, read a body it is
 going to refuse, or keep a connection past its deadline.
 
-Why this module is longer than 400 lines: it is one HTTP/1.1 server, the
-connection state machine with its deadlines and budgets, the TLS upgrade with
-its pending pool, and the loop's life cycle; each part reads the others' state.
+Longer than 400 lines: one HTTP/1.1 server whose parts each read the others' state.
 """
 
 from __future__ import annotations
@@ -74,8 +63,6 @@ _TOKEN = frozenset("!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHI
 
 @dataclass(frozen=True)
 class Budget:
-    """What one listener gives its peers."""
-
     max_connections: int = 64  # open at once (TLS: authenticated ones)
     max_pending: int = 256  # TLS handshakes in progress
     handshake_seconds: float = 5.0
@@ -109,7 +96,7 @@ Handler = Callable[[Request], Response]
 
 
 class Stats:
-    """Connections closed or refused, by listener and reason (the loop thread writes)."""
+    """By listener and reason; the loop thread writes."""
 
     def __init__(self) -> None:
         self.counts: dict[tuple[str, str], int] = {}
@@ -120,7 +107,7 @@ class Stats:
 
 
 class _Workers:
-    """Daemon threads running the handlers (a stuck one never holds up the exit)."""
+    """Daemon threads: a stuck one never holds up the exit."""
 
     def __init__(self, name: str, count: int):
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
@@ -150,8 +137,7 @@ class RequestError(Exception):
 
 
 def parse_head(head: bytes, max_body_bytes: int) -> tuple[str, str, dict[str, str], int, bool]:
-    """(method, target, headers, content length, keep alive) of a request head (without
-    the blank line); RequestError for anything else."""
+    """(method, target, headers, content length, keep alive); RequestError otherwise."""
     try:
         text = head.decode("ascii")
     except UnicodeDecodeError:
@@ -189,8 +175,6 @@ def parse_head(head: bytes, max_body_bytes: int) -> tuple[str, str, dict[str, st
 
 
 class Listener:
-    """One listening socket (bound at construction), its handler, budget and connections."""
-
     def __init__(
         self,
         name: str,
@@ -220,7 +204,6 @@ class Listener:
     # --- the loop thread from here on ---------------------------------------------------
 
     def accepted(self, transport: asyncio.Transport) -> None:
-        """A new TCP connection: TLS first (pending), else a connection at once."""
         if self.tls is None:
             self._admit(_Connection(self), transport)
             return
@@ -287,8 +270,6 @@ def _peer(transport: asyncio.BaseTransport) -> str:
 
 
 class _Accepting(asyncio.Protocol):
-    """The protocol of a fresh TCP connection: hands it to its listener at once."""
-
     def __init__(self, listener: Listener):
         self._listener = listener
 
@@ -297,8 +278,6 @@ class _Accepting(asyncio.Protocol):
 
 
 class _Connection(asyncio.Protocol):
-    """One HTTP/1.1 connection (after TLS, if any): the request state machine."""
-
     def __init__(self, listener: Listener):
         self.listener = listener
         self.budget = listener.budget
@@ -325,9 +304,8 @@ class _Connection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         if self.transport is None:
-            # TLS hands over what came with the end of the handshake before we are told
-            # (a loop iteration or two of reads): kept for connection_made, within what one
-            # request may hold.
+            # TLS hands over what came with the end of the handshake before we are told:
+            # kept for connection_made, within what one request may hold.
             self.buffer += data
             if len(self.buffer) > self.budget.max_header_bytes + self.budget.max_body_bytes:
                 self.lost = True  # closed when the handshake's end is handled
@@ -468,7 +446,6 @@ class _Connection(asyncio.Protocol):
         self._reserved = 0
 
     def cut(self, reason: str) -> None:
-        """Close at once, whatever is buffered (a deadline, an eviction, the stop)."""
         if self.transport is None:
             return
         if reason != "idle_timeout" or self.state != "idle":
@@ -482,8 +459,6 @@ class _Connection(asyncio.Protocol):
 
 @dataclass
 class Serving:
-    """The event loop thread and its listeners."""
-
     listeners: list[Listener] = field(default_factory=list)
     loop: asyncio.AbstractEventLoop | None = None
     thread: threading.Thread | None = None
@@ -514,7 +489,6 @@ class Serving:
         ready.wait(10)
 
     def call(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the loop thread and return its result (for stats and tests)."""
         assert self.loop is not None
         done: concurrent.futures.Future[Any] = concurrent.futures.Future()
 
@@ -528,7 +502,6 @@ class Serving:
         return done.result(5)
 
     def stop(self, timeout: float = 2.0) -> None:
-        """Close the sockets and every connection at once, then end the loop."""
         loop, thread = self.loop, self.thread
         if loop is None or thread is None or not thread.is_alive():
             return

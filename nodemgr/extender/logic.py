@@ -1,14 +1,8 @@
 """Filter, prioritize and the card choice of bind, on the node's own card arithmetic (pure).
 
-Everything here goes through ``nodemgr.domain.placement`` (``CardLoad``,
-``SharedRequest``, ``choose_card``, ``NoFitDescriber``), the module the node
-daemon places with, so the extender and the node agree on what fits and on
-which card the policy picks; there is no second copy of that arithmetic.
-
-A pod's GPU demand (``pod_demand``) is per container: memory units and
-compute share on ONE card, or whole cards. On one node (``NodeView``, built
-by the cache from the node's annotation, the pods bound there and the
-assumed binds), ``place`` puts:
+Everything goes through ``nodemgr.domain.placement``, the node daemon's own arithmetic,
+so the extender and the node agree on what fits and which card the policy picks. On
+one node, ``place`` puts:
 
 - whole cards first: the pod needs max(sum over containers, max over init
   containers) of them, taken from the idle cards, lowest index first (as the
@@ -19,16 +13,9 @@ assumed binds), ``place`` puts:
 - each container's memory and share on one card, in order, by the policy,
   each container's choice reducing its card before the next.
 
-``Unfit`` carries the reason a person reads in the pod's FailedScheduling
-event (``no single GPU on node-a has 6 GiB and 40% free: GPU0 (Tesla T4)
-has 8 GiB/20% free, GPU1 (Tesla T4) has 4 GiB/90% free``; the wire writes
-each ``%`` as ``percent``) and whether it is
-unresolvable: no card of the node could hold the container even when empty,
-or the node has no gpushare-node, so preemption cannot help.
-
-``score``: 0 to 10 from how full the cards the pod lands on end up (binpack:
-fuller is better; spread: emptier is better). ``bind_annotations``: the
-gpushare annotations the node daemon honours (docs/gpushare-compat.md).
+``Unfit`` carries the reason a person reads in the pod's FailedScheduling event and
+whether it is unresolvable (no card could hold the container even when empty, or no
+gpushare-node: preemption cannot help).
 
 What it must not do: any I/O, clock reading or locking (the caller passes
 the time and holds the cache).
@@ -64,7 +51,7 @@ RESERVED_FOR_WHOLE = "to be given out whole"
 
 @dataclass(frozen=True)
 class Resources:
-    """The three resource names and the memory unit, as the node daemons are configured."""
+    """As the node daemons are configured."""
 
     memory: str
     core: str
@@ -78,8 +65,6 @@ class Resources:
 
 @dataclass(frozen=True, slots=True)
 class ContainerDemand:
-    """One container's GPU request."""
-
     index: int  # position in spec.containers; init containers: -1 - position
     name: str
     memory_units: int
@@ -124,7 +109,6 @@ class PodDemand:
 
 
 def pod_demand(pod: PodInfo, resources: Resources) -> PodDemand:
-    """The GPU demand of a pod of the API (see ``nodemgr.kubernetes.podwatch.pod_info``)."""
     specs = [(-1 - i, c) for i, c in enumerate(pod.init_containers)]
     specs += list(enumerate(pod.containers))
     containers = []
@@ -144,12 +128,10 @@ def pod_demand(pod: PodInfo, resources: Resources) -> PodDemand:
 
 @dataclass(frozen=True)
 class NodeView:
-    """What one node can still take, as the cache sees it now."""
-
     name: str
     loads: tuple[CardLoad, ...]  # every card; unavailable_reason set where no shared work goes
-    idle: tuple[int, ...] = ()  # indexes of the cards that can be given out whole, ascending
-    problem: str = ""  # non-empty: the node takes no GPU pod at all (and why)
+    idle: tuple[int, ...] = ()  # cards that can be given out whole, ascending
+    problem: str = ""  # why the node takes no GPU pod at all
 
     def card(self, index: int) -> CardLoad | None:
         return next((c for c in self.loads if c.index == index), None)
@@ -157,17 +139,14 @@ class NodeView:
 
 @dataclass(frozen=True)
 class Placement:
-    """Where a pod's GPU containers go on one node."""
-
     node: str
     cards: Mapping[int, int]  # container index -> card index, for containers with a shared part
-    whole_cards: tuple[int, ...]  # the idle cards the pod's whole-card containers take
+    whole_cards: tuple[int, ...]
     loads_after: tuple[CardLoad, ...]  # the node's cards with the pod placed
 
     @property
     def index(self) -> int | None:
-        """The pod-wide card (ALIYUN_COM_GPU_MEM_IDX): its first shared container's, in
-        admission order (init containers first)."""
+        """ALIYUN_COM_GPU_MEM_IDX: the first shared container's in admission order."""
         return next(iter(self.cards.values()), None)
 
 
@@ -181,7 +160,6 @@ class Unfit(Exception):
 
 
 def place(demand: PodDemand, view: NodeView, policy: str, memory_unit_mib: int) -> Placement:
-    """Where the pod's containers go on this node; Unfit with the reason when they do not."""
     if view.problem:
         raise Unfit(view.problem, unresolvable=True)
     loads = list(view.loads)
@@ -220,7 +198,7 @@ def place(demand: PodDemand, view: NodeView, policy: str, memory_unit_mib: int) 
 
 
 def fits(demand: PodDemand, view: NodeView, policy: str, memory_unit_mib: int) -> None:
-    """Unfit when the pod does not fit the node (filter's question; cheap for one container)."""
+    """Filter's question; cheap for one container."""
     shared = demand.shared_containers
     if not view.problem and not demand.whole_cards and len(shared) == 1:
         request = shared[0].request
@@ -292,7 +270,6 @@ def filter_nodes(
     policy: str,
     memory_unit_mib: int,
 ) -> FilterOutcome:
-    """Which of ``names`` can take the pod; the others with their reasons."""
     outcome = FilterOutcome([], {}, {})
     shared = demand.shared_containers
     # The common pod, one container with memory and/or share: any card that fits will do.
@@ -313,13 +290,8 @@ def filter_nodes(
 
 
 def score(placement: Placement, view: NodeView, policy: str) -> int:
-    """0 to 10: how well the node suits the pod under the policy.
-
-    The fill (the larger of memory and share in use, 0 to 1) of the cards the
-    pod's shared containers land on, averaged with the fill of the whole node
-    after the pod (a card given out whole counts full); binpack scores high
-    fills high, spread low ones.
-    """
+    """0 to 10: the fill of the pod's cards averaged with the node's after the pod;
+    binpack scores high fills high, spread low ones."""
     after = {c.index: c for c in placement.loads_after}
     chosen = [_fill(after[i]) for i in dict.fromkeys(placement.cards.values())]
     taken = set(placement.whole_cards)
@@ -333,7 +305,6 @@ def score(placement: Placement, view: NodeView, policy: str) -> int:
 
 
 def _fill(card: CardLoad) -> float:
-    """How full a card is, 0 to 1: the larger of memory and share in use."""
     if card.unavailable_reason and card.unavailable_reason != RESERVED_FOR_WHOLE:
         return 1.0  # given out whole, or unusable: nothing more goes there
     memory = (
@@ -349,7 +320,7 @@ def prioritize(
     policy: str,
     memory_unit_mib: int,
 ) -> list[tuple[str, int]]:
-    """(node, score) for each name; a node the pod does not fit scores 0."""
+    """A node the pod does not fit scores 0."""
     result = []
     for name in names:
         view = view_of(name)
@@ -374,17 +345,9 @@ def check_policy(policy: str) -> str:
 def bind_annotations(
     demand: PodDemand, placement: Placement, view: NodeView, now_ns: int
 ) -> dict[str, str]:
-    """The gpushare annotations for the chosen cards; {} for a pod of whole cards only.
-
-    ``ALIYUN_COM_GPU_MEM_IDX`` (pod-wide card), ``_POD`` (the pod's memory
-    units), ``_DEV`` (memory units of that card), ``_ASSIGNED=false``,
-    ``_ASSUME_TIME`` (Unix ns), and ``scheduler.framework.gpushare.allocation``
-    ``{"<container index>": {"<gpu index>": <memory units>}}`` for every
-    container with memory or share (share-only: 0 units). The share itself is
-    not in that map: ``kubectl inspect gpushare`` decodes it as integers of
-    memory; the node reads each container's share from the pod spec and its
-    card from the map.
-    """
+    """The gpushare annotations (docs/gpushare-compat.md); {} for whole cards only. The
+    share is not in the allocation map: ``kubectl inspect gpushare`` decodes it as
+    memory; the node reads the share from the pod spec."""
     index = placement.index
     if index is None:
         return {}

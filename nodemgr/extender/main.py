@@ -32,14 +32,10 @@ the largest cluster Kubernetes supports).
 pod it binds, and the node daemons believe only placements that verify with its
 public key (``kubernetes.placement_public_key``).
 
-Starts the node and pod watches (one LIST+WATCH each), then serves at
-once: ``/healthz`` says 503 until both are listed, and filter/bind answer
-with an error until then. SIGTERM and SIGINT stop it (exit 0) as soon as Python
-runs the handler (within the parse of the largest request), closing every
-connection and leaving without waiting for a verb in flight; SIGHUP is
-ignored (there is no file to reload: restart it to change a flag). Exit 2:
-bad arguments; 1: no usable credentials, an unusable key or TLS file, or an
-address that cannot be bound.
+It serves at once: ``/healthz`` says 503 and filter/bind answer an error until nodes
+and pods are listed. SIGTERM and SIGINT stop it (exit 0) without waiting for a verb in
+flight; SIGHUP is ignored (no file to reload). Exit 2: bad arguments; 1: no usable
+credentials, an unusable key or TLS file, or an address that cannot be bound.
 """
 
 from __future__ import annotations
@@ -189,7 +185,6 @@ def parser() -> argparse.ArgumentParser:
 
 
 def tls_files(p: argparse.ArgumentParser, args: argparse.Namespace) -> TlsFiles:
-    """The TLS files from the flags; exits 2 (argparse) when they are not all given."""
     files = (args.tls_cert_file, args.tls_key_file, args.tls_client_ca_file)
     if args.tls_dir and any(files):
         p.error("give --tls-dir or the three --tls-*-file flags, not both")
@@ -344,12 +339,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The console script: ``main``, then out at once.
-
-    A verb's worker thread may be inside one long C call (json.loads of the largest
-    request holds Python's lock for a second or two): the interpreter's own exit would
-    wait for it and collect its objects; the extender keeps nothing to flush but its log.
-    """
+    """``main``, then out at once: the interpreter's exit would wait for a worker inside
+    one long C call (json.loads of the largest request) and collect its objects."""
     code = main()
     logging.shutdown()
     sys.stdout.flush()

@@ -1,19 +1,8 @@
 """The extender's Prometheus metrics, kept and written by prometheus_client.
 
-One ``Metrics`` per ``ExtenderServer``, with a ``CollectorRegistry`` of its own
-(never the library's global one: tests run many servers in one process):
-
-- calls by verb and result (``gpushare_extender_requests_total``, a
-  ``Counter``) and their durations (``gpushare_extender_request_duration_seconds``,
-  a ``Histogram``), fed by the server as each call is answered;
-- read at each scrape by a collector of the registry: what the cache holds
-  (nodes, GPU nodes, pods, assumed binds; assumptions confirmed and expired),
-  whether each watch has listed and is open, and the connections the listeners
-  refused or cut, by listener and reason.
-
-``render`` is the library's text format (``generate_latest``), served with
-``CONTENT_TYPE``. As prometheus_client writes counters and histograms, the two
-fed here also have a ``_created`` series (when the series began).
+Calls by verb and result, and their durations, are fed as each is answered; the cache,
+the watches and the listeners' refusals are read at each scrape. Counters and
+histograms have prometheus_client's ``_created`` series.
 
 What it must not do: use the library's global registry, or name a series
 after anything a client sent (labels come from fixed sets: verbs, results,
@@ -35,7 +24,7 @@ BUCKETS_SECONDS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class CacheCounts(Protocol):
-    """What the metrics read of the cluster cache (nodemgr.extender.cache.ClusterCache)."""
+    """nodemgr.extender.cache.ClusterCache"""
 
     expired_total: int
     confirmed_total: int
@@ -52,11 +41,7 @@ class WatchState(Protocol):
 
 
 class Metrics:
-    """The extender's metrics: ``observe`` each answered call; ``render`` for a scrape.
-
-    ``closed_connections``: the listeners' refusals and cuts, (listener, reason) ->
-    count, asked at each scrape.
-    """
+    """``closed_connections``: (listener, reason) -> count, asked at each scrape."""
 
     def __init__(
         self,
@@ -89,8 +74,6 @@ class Metrics:
 
 
 class _ScrapeTime(Collector):
-    """The families read when scraped: the cache, the watches, the listeners' counts."""
-
     def __init__(
         self,
         cache: CacheCounts,

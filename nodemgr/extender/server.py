@@ -1,40 +1,20 @@
 """The extender's verbs over the cache, and the HTTP server kube-scheduler calls.
 
-``Extender`` answers the three verbs:
+``bind`` binds only a pod named by its real UID to a node that passed this extender's
+filter for it, never one already bound: it chooses and assumes the cards under the
+cache lock, then writes the gpushare annotations and the signed placement in one merge
+patch and creates the Binding. A bind that fails for sure frees its cards; one with an
+unknown outcome keeps them until the assumption expires. Until the cache has listed
+nodes and pods, filter and bind answer ``Error`` (kube-scheduler retries), never a
+blind decision.
 
-- ``filter``: the candidate nodes where every GPU container of the pod fits
-  on one card (whole cards: enough idle cards), the others with the reason;
-- ``prioritize``: 0 to 10 per node by the placement policy;
-- ``bind``: binds only a pod named by its real UID to a node that passed this
-  extender's filter for it (kube-scheduler's own filters ran before: its
-  taints, selectors and affinity), never one already bound; chooses the cards
-  under the cache lock and *assumes* them there (see nodemgr.extender.cache),
-  then writes the gpushare annotations and the placement signed with the
-  extender's key (``<label_prefix>placement``, the only one the nodes believe)
-  with one merge patch, and creates the Binding. A bind that fails for sure
-  frees its cards; one whose outcome is unknown (no answer) keeps them until
-  the assumption expires.
-
-While the cache has not listed nodes and pods yet, filter and bind answer
-with ``Error`` (kube-scheduler retries the pod), never with a blind decision.
-
-``ExtenderServer`` (HTTP/1.1 on ``nodemgr.extender.listener``: budgets and
-deadlines for every peer): over mutual TLS only (``nodemgr.extender.tls``),
-``POST <prefix>/filter``, ``<prefix>/prioritize``, ``<prefix>/bind`` (the
-prefix is the path of the scheduler config's urlPrefix; the bare ``/filter``
-... work too), ``GET /healthz`` (200 once both caches are synced, else 503
-saying which is not) and ``GET /metrics`` (Prometheus text format:
-nodemgr.extender.metrics); on a
-plain port of its own, for kubelet's probes (which present no client
-certificate), ``GET /healthz`` and ``/metrics`` only. A body that is not the
-verb's type, or larger than the largest real request (``wire.Limits``), gets
-HTTP 400 (413 unread when its length says so) with the reason.
+``ExtenderServer``: the verbs (``POST <prefix>/filter``, ``/prioritize``, ``/bind``, the
+bare paths too), ``GET /healthz`` and ``GET /metrics`` over mutual TLS only; on a plain
+port, for kubelet's probes (which present no client certificate), ``/healthz`` and
+``/metrics`` only. A body not of the verb's type, or over ``wire.Limits``, gets 400 (413
+unread when its length says so) with the reason.
 
 What it must not do: make an API request while holding the cache lock.
-
-Why this module is longer than 400 lines: it is the extender's whole HTTP surface
-(filter, prioritize, bind, healthz, metrics) with the translation of each verb's errors
-into the wire format's Error fields; the verbs share one request path.
 """
 
 from __future__ import annotations
@@ -87,7 +67,7 @@ NOT_SYNCED = (
 
 
 class Signer(Protocol):
-    """The extender's Ed25519 private key (nodemgr.common.placementkey.PrivateKey)."""
+    """nodemgr.common.placementkey.PrivateKey"""
 
     def sign(self, message: bytes) -> bytes: ...
 
@@ -101,8 +81,6 @@ class Binder(Protocol):
 
 
 class Extender:
-    """filter, prioritize and bind over the cache; ``binder`` makes the bind's writes."""
-
     def __init__(
         self,
         cache: ClusterCache,
@@ -174,7 +152,7 @@ class Extender:
         return [HostPriority(n, s) for n, s in scores]
 
     def bind(self, args: ExtenderBindingArgs) -> str:
-        """The bind; "" when done, else the error kube-scheduler reports."""
+        """ "" when done, else the error kube-scheduler reports."""
         cache = self.cache
         who = f"{args.pod_namespace}/{args.pod_name}"
         if not cache.synced:
@@ -214,8 +192,8 @@ class Extender:
     def _decide(
         self, args: ExtenderBindingArgs, who: str
     ) -> str | tuple[logic.PodDemand, dict[str, str]]:
-        """Under the cache lock: the refusal, or the pod's demand and the annotations to
-        write (its cards then counted as assumed)."""
+        """Under the cache lock: the refusal, or the demand and the annotations to write
+        (its cards then assumed)."""
         cache = self.cache
         demand = cache.demand_for_bind(args.pod_namespace, args.pod_name, args.pod_uid)
         if demand is None:
@@ -269,13 +247,8 @@ def _describe_choice(demand: logic.PodDemand, annotations: dict[str, str]) -> li
 
 
 class ExtenderServer:
-    """The extender's two listeners: the verbs over mutual TLS, and the probes' plain port.
-
-    ``address``: HTTPS, every verb, for a client whose certificate ``tls`` accepts;
-    ``health_address`` (optional): plain HTTP, ``GET /healthz`` and ``/metrics`` only,
-    for kubelet's probes and a scraper (read-only, no pod names). ``start`` serves in a
-    thread of its own; ``shutdown`` closes every connection at once.
-    """
+    """``address``: HTTPS, every verb; ``health_address`` (optional): plain HTTP, read-only,
+    no pod names."""
 
     def __init__(
         self,
@@ -327,7 +300,6 @@ class ExtenderServer:
         self.serving.stop()
 
     def route(self, method: str, path: str) -> str | None:
-        """The verb of a path ("filter", "healthz", ...), or None."""
         path = path.split("?", 1)[0].rstrip("/")
         if self.url_prefix and path.startswith(self.url_prefix + "/"):
             path = path[len(self.url_prefix) :]
@@ -352,7 +324,6 @@ class ExtenderServer:
         return 200, "ok\n"
 
     def answer(self, verb: str, body: bytes) -> tuple[int, Any, str]:
-        """(HTTP status, JSON document, result label for the metrics)."""
         extender = self.extender
         try:
             if verb == "filter":

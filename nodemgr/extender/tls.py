@@ -1,21 +1,13 @@
 """The extender's TLS: its certificate, the CA its client must be signed by, and rotation.
 
-kube-scheduler calls the extender over HTTPS with a client certificate
-(``enableHTTPS`` and ``tlsConfig`` in its KubeSchedulerConfiguration): the
-server presents ``cert``/``key`` and accepts only a client whose certificate
-chains to ``client_ca`` (mutual TLS, ``ssl.CERT_REQUIRED``, TLS 1.2 or later),
-optionally also named ``client_names`` (its subject CN or a DNS name). The
-three files are what ``deploy/render.py tls`` makes, or a cert-manager style
-Secret mounted as a directory (``tls.crt``, ``tls.key``, ``ca.crt``).
+kube-scheduler calls with a client certificate (``enableHTTPS`` and ``tlsConfig``); only
+one chaining to ``client_ca`` is accepted (``ssl.CERT_REQUIRED``, TLS 1.2 or later),
+optionally also named in ``client_names`` (CN or DNS name).
 
-Rotation: ``context()`` hands out the context for the next connection and,
-at most once per ``check_seconds``, looks at the three files (device, inode,
-size and mtime of what each path resolves to, so a Secret volume's atomic
-symlink swap counts); when one changed it builds a new context and new
-connections get it, with no restart. New files that do not load (half
-written, a key that does not match the certificate) leave the last good
-context in place and are logged once per state; they are tried again at the
-next check. Connections already open keep the context they were made with.
+At most once per ``check_seconds`` ``context()`` looks at the files (device, inode, size
+and mtime of what each path resolves to, so a Secret volume's symlink swap counts) and
+builds a new context for new connections when one changed. Files that do not load (half
+written, mismatched key) leave the last good context, logged once per state.
 
 What it must not do: accept a connection without a client certificate the CA
 signed; fall back to plain text.
@@ -48,7 +40,7 @@ class TlsFiles:
 
     @classmethod
     def in_directory(cls, directory: str) -> TlsFiles:
-        """A cert-manager style Secret volume: tls.crt, tls.key, ca.crt."""
+        """A cert-manager style Secret volume."""
         return cls(
             os.path.join(directory, "tls.crt"),
             os.path.join(directory, "tls.key"),
@@ -61,8 +53,6 @@ class TlsFiles:
 
 
 def server_context(files: TlsFiles) -> ssl.SSLContext:
-    """A server context demanding a client certificate the CA signed; TlsError if the files
-    do not make one."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.minimum_version = ssl.TLSVersion.TLSv1_2
     context.verify_mode = ssl.CERT_REQUIRED
@@ -105,8 +95,6 @@ def peer_names(certificate: dict) -> set[str]:
 
 
 class ServerTls:
-    """The current server context, rebuilt when the files change."""
-
     def __init__(
         self,
         files: TlsFiles,

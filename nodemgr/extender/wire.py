@@ -1,9 +1,8 @@
 """The kube-scheduler extender v1 wire format (k8s.io/kube-scheduler/extender/v1/types.go).
 
-The Go types have no json tags, so the keys are the Go field names, and Go's
-decoder matches them case-insensitively (an exact match first); ``null``
-leaves a field unset; unknown keys are ignored. What kube-scheduler sends and
-expects, field by field:
+The Go types have no json tags: keys are the Go field names, matched
+case-insensitively (an exact match first); ``null`` leaves a field unset; unknown keys
+are ignored.
 
 - ``ExtenderArgs`` (POST <urlPrefix>/filter and /prioritize): ``Pod``
   (a v1.Pod), ``Nodes`` (a v1.NodeList, only when ``nodeCacheCapable: false``)
@@ -19,28 +18,17 @@ expects, field by field:
 - ``ExtenderBindingArgs`` (POST <urlPrefix>/bind): ``PodName``,
   ``PodNamespace``, ``PodUID``, ``Node``; ``ExtenderBindingResult``: ``Error``.
 
-Every result is serialised with all its keys, as Go's encoder writes a struct
-without omitempty. Every text kube-scheduler gets back (a failed node's reason,
-``Error``) goes through ``scheduler_text``: kube-scheduler posts it as the
-*format* of the pod's FailedScheduling event (Go's ``Eventf`` with no
-arguments), where each ``%`` starts a verb (``10% free`` reads ``10%!f(MISSING)ree``),
-and puts it unformatted in the pod's PodScheduled condition, where ``%%``
-would show doubled. So no ``%`` goes out: it is written ``percent``.
+Results carry all their keys, as Go writes a struct without omitempty. No ``%`` goes
+out (``scheduler_text``): kube-scheduler posts the text as the *format* of the pod's
+FailedScheduling event (``10% free`` reads ``10%!f(MISSING)ree``) and unformatted in its
+PodScheduled condition (``%%`` would show doubled). Undecodable input raises
+``WireError`` naming the field (HTTP 400).
 
-Input that does not decode into these types raises ``WireError`` (answered with
-HTTP 400 and the message), naming the field.
-
-What one request may cost is sized from the largest real one: 5,000 nodes
-(the largest cluster Kubernetes supports; ``max_nodes``), as names or, with
-``nodeCacheCapable: false``, as full Node objects (~17 KiB and ~600 JSON
-values each as kubelet reports them with 50 images; ``NODE_BYTES`` and
-``NODE_VALUES`` leave room above that). The HTTP layer refuses a longer body
-unread (``max_body_bytes``); ``decode`` counts the JSON values a body can hold
-(its commas and brackets, a cheap bound) and refuses one that would parse into
-more objects than the largest real request, before parsing; the node lists
-are held to ``max_nodes``. So no request, whatever its shape (two million
-node names, a million-element array), costs more memory or CPU than a
-5,000-node one.
+A request costs at most what the largest real one does: 5,000 nodes, as names or as
+full Node objects (~17 KiB and ~600 JSON values each with 50 images; ``NODE_BYTES``
+and ``NODE_VALUES`` leave room). The HTTP layer refuses a longer body unread;
+``decode`` counts the JSON values a body can hold (commas and brackets, a cheap bound)
+and refuses more before parsing; node lists are held to ``max_nodes``.
 
 What it must not do: any I/O; decide anything about GPUs (that is logic's).
 """
@@ -57,16 +45,14 @@ MIN_PRIORITY = 0
 MAX_PRIORITY = 10
 
 MAX_NODES = 5000  # the largest cluster Kubernetes supports
-NODE_BYTES = 24 * 1024  # a Node object as kube-scheduler sends it, with room to spare
-NODE_VALUES = 1000  # JSON values (objects, arrays, scalars) in one such Node
+NODE_BYTES = 24 * 1024
+NODE_VALUES = 1000
 POD_BYTES = 1024 * 1024  # the pod and the envelope
 POD_VALUES = 20_000
 
 
 @dataclass(frozen=True)
 class Limits:
-    """What one request may hold, from the largest real one (``max_nodes`` nodes)."""
-
     max_nodes: int = MAX_NODES
 
     @property
@@ -79,13 +65,11 @@ class Limits:
 
 
 class WireError(ValueError):
-    """A request body that is not the extender type it must be; HTTP 400 with this message."""
+    """HTTP 400 with this message."""
 
 
 @dataclass(frozen=True)
 class ExtenderArgs:
-    """What filter and prioritize get: the pod and the candidate nodes."""
-
     pod: Mapping[str, Any]
     nodes: list[Mapping[str, Any]] | None  # Nodes.items, when the scheduler sent Nodes
     node_names: list[str] | None  # NodeNames, when it sent names
@@ -111,7 +95,7 @@ class ExtenderBindingArgs:
 
 @dataclass
 class ExtenderFilterResult:
-    """The filter's answer, in the form of the request (names for names, nodes for nodes)."""
+    """In the form of the request: names for names, nodes for nodes."""
 
     nodes: list[Mapping[str, Any]] | None = None
     node_names: list[str] | None = None
@@ -145,7 +129,6 @@ def host_priority_list(priorities: Sequence[HostPriority]) -> list[dict[str, Any
 
 
 def binding_result(error: str = "") -> dict[str, str]:
-    """ExtenderBindingResult."""
     return {"Error": scheduler_text(error)}
 
 
@@ -153,8 +136,7 @@ _PERCENT = re.compile(r" ?%")
 
 
 def scheduler_text(text: str) -> str:
-    """``text`` as it must go to kube-scheduler: no ``%`` (``40%`` becomes ``40 percent``),
-    so it reads the same in the event Go's fmt formats and in the pod's condition."""
+    """``40%`` becomes ``40 percent`` (see the module)."""
     return _PERCENT.sub(" percent", text) if "%" in text else text
 
 
@@ -162,13 +144,11 @@ def scheduler_text(text: str) -> str:
 
 
 def decode(body: bytes, type_name: str, limits: Limits | None = None) -> dict[str, Any]:
-    """The body as a JSON object; WireError otherwise (also one that would parse into more
-    values than the largest real request holds)."""
     limits = limits or Limits()
     if len(body) > limits.max_body_bytes:
         raise WireError(f"{type_name}: the body is over {limits.max_body_bytes} bytes")
-    # Every JSON value but the first follows a comma or opens an array or object (commas
-    # and brackets inside strings only raise the bound): counted at memchr speed.
+    # Every value but the first follows a comma or opens an array or object (those inside
+    # strings only raise the bound): counted at memchr speed.
     values = body.count(b",") + body.count(b"[") + body.count(b"{")
     if values > limits.max_values:
         raise WireError(
@@ -187,7 +167,6 @@ def decode(body: bytes, type_name: str, limits: Limits | None = None) -> dict[st
 
 
 def parse_extender_args(body: bytes, limits: Limits | None = None) -> ExtenderArgs:
-    """ExtenderArgs from a request body (filter, prioritize)."""
     limits = limits or Limits()
     document = decode(body, "ExtenderArgs", limits)
     fields = _go_fields(document, ("Pod", "Nodes", "NodeNames"))
@@ -232,7 +211,6 @@ def parse_extender_args(body: bytes, limits: Limits | None = None) -> ExtenderAr
 
 
 def parse_binding_args(body: bytes, limits: Limits | None = None) -> ExtenderBindingArgs:
-    """ExtenderBindingArgs from a request body (bind)."""
     document = decode(body, "ExtenderBindingArgs", limits)
     fields = _go_fields(document, ("PodName", "PodNamespace", "PodUID", "Node"))
     values = {}
@@ -263,7 +241,7 @@ def _check_count(field_name: str, count: int, limits: Limits) -> None:
 
 
 def _go_fields(document: Mapping[str, Any], names: Sequence[str]) -> dict[str, Any]:
-    """The struct fields as Go's decoder fills them: exact key, else a case-insensitive one."""
+    """As Go's decoder fills them: exact key, else a case-insensitive one."""
     fields: dict[str, Any] = {}
     lowered = {key.lower(): key for key in document}
     for name in names:

@@ -1,8 +1,6 @@
 """The loaded NVIDIA kernel module's version, from /proc/driver/nvidia/version.
 
-Read by ``nodemgr doctor`` (which driver the NVML library must match) and by the
-DRA publisher (the ``driverVersion`` attribute of each card in the ResourceSlice).
-None when no module is loaded (simulated cards, no driver): unknown, never guessed.
+None when no module is loaded: unknown, never guessed.
 """
 
 from __future__ import annotations
@@ -11,7 +9,6 @@ NVIDIA_DRIVER_VERSION_FILE = "/proc/driver/nvidia/version"
 
 
 def read_driver_version(path: str = NVIDIA_DRIVER_VERSION_FILE) -> str | None:
-    """The module's version as the file names it, or None."""
     try:
         with open(path, encoding="utf-8") as f:
             return parse_driver_version(f.read())

@@ -93,7 +93,7 @@ class NvmlInventory:
 
 
 def _optional(function, handle):
-    """A value the card may not support: None instead of an error."""
+    """None for what the card does not support."""
     try:
         return function(handle)
     except pynvml.NVMLError:

@@ -51,7 +51,6 @@ class SimulatedInventory:
 
 
 def parse_usage(document: object, source: str, known_uuids: set[str]) -> list[ProcessUsage]:
-    """Validate the usage document; every problem names the file and the entry."""
     if not isinstance(document, dict) or not isinstance(document.get("processes"), list):
         raise InventoryError(f'{source}: expected {{"processes": [...]}}')
     usage = []

@@ -1,12 +1,9 @@
 """How big a resource's ListAndWatch message is, computed without building it.
 
-kubelet reads ListAndWatch with gRPC's 4 MiB default message limit. With a
-small ``resources.memory_unit_mib`` on big cards the memory resource has
-hundreds of thousands of devices, so the config is refused at start-up when
-its device list could not be read, naming the smallest unit that fits.
-
-Pure arithmetic over the protobuf wire format; a unit test holds it equal to
-``ByteSize()`` of the message the servicer really yields.
+kubelet reads ListAndWatch with gRPC's 4 MiB default message limit; a small
+``resources.memory_unit_mib`` on big cards makes hundreds of thousands of devices, so
+such a config is refused at start, naming the smallest unit that fits. A unit test
+holds the arithmetic equal to ``ByteSize()`` of the message the servicer yields.
 """
 
 from __future__ import annotations
@@ -16,17 +13,12 @@ from nodemgr.errors import ConfigError
 from nodemgr.inventory import Card
 from nodemgr.kubelet.servicer import UNHEALTHY
 
-# kubelet reads ListAndWatch with gRPC's 4 MiB default limit; keep well under it.
+# Well under kubelet's 4 MiB.
 MAX_LIST_BYTES = 1024 * 1024
 
 
 def check_device_list_size(cards: tuple[Card, ...] | list[Card], memory_unit_mib: int) -> None:
-    """Refuse a memory unit so small that kubelet could not read the device list.
-
-    The size is the memory resource's ListAndWatch message exactly as it is sent
-    (protobuf wire format), in its largest form: every device Unhealthy, as when
-    a card's MPS is down. The refusal names the smallest unit that fits.
-    """
+    """Sized in the message's largest form: every device Unhealthy (a card's MPS down)."""
     size_bytes = memory_device_list_bytes(cards, memory_unit_mib)
     if size_bytes <= MAX_LIST_BYTES:
         return
@@ -46,12 +38,8 @@ def check_device_list_size(cards: tuple[Card, ...] | list[Card], memory_unit_mib
 
 
 def smallest_safe_memory_unit_mib(cards: tuple[Card, ...] | list[Card]) -> int | None:
-    """The smallest memory unit (MiB) whose device list stays within MAX_LIST_BYTES.
-
-    The size never grows with the unit (fewer devices, shorter IDs), so a binary
-    search over 1 MiB .. the largest card finds it; None if not even one device per
-    card fits.
-    """
+    """A binary search (the size never grows with the unit); None if not even one device
+    per card fits."""
     low, high = 1, max((card.memory_mib for card in cards), default=1)
     if memory_device_list_bytes(cards, high) > MAX_LIST_BYTES:
         return None
@@ -67,14 +55,9 @@ def smallest_safe_memory_unit_mib(cards: tuple[Card, ...] | list[Card]) -> int |
 def memory_device_list_bytes(
     cards: tuple[Card, ...] | list[Card], memory_unit_mib: int, health: str = UNHEALTHY
 ) -> int:
-    """Bytes of the memory resource's ListAndWatchResponse, computed without building it.
-
-    Protobuf wire format (every field number here is below 16: one-byte tags):
-    per device ``devices {ID, health, topology {nodes {ID}}}``. Device IDs of a
-    card differ only in the decimal unit index, so the sum runs per digit count,
-    not per device: a node with a million devices is sized in microseconds. A
-    test holds this equal to ``ByteSize()`` of the message the servicer yields.
-    """
+    """Per device ``devices {ID, health, topology {nodes {ID}}}``, every tag one byte. A
+    card's IDs differ only in the unit index, so the sum runs per digit count: a
+    million devices are sized in microseconds."""
     health_bytes = _field_bytes(len(health.encode())) if health else 0  # "" is not sent
     total = 0
     for card in cards:

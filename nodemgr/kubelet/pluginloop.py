@@ -1,16 +1,10 @@
 """The one asyncio event loop, in one thread, that serves every device plugin server.
 
-Idle, the thread sleeps in the loop's selector with no timer set, and gRPC's own
-poller waits without a deadline: nothing wakes until kubelet calls or a device
-change is announced. (A synchronous ``grpc.server`` wakes its polling thread
-five times a second per server to check for signals.)
-
-The loop starts with the first server and runs as long as the process: gRPC's
-asyncio layer keeps per-process state tied to the loop it first served on, so
-the loop is not closed and made anew between kubelet restarts. If its thread
-ever ends (a bug), that is logged CRITICAL, the servers it carried stop being
-``alive`` (the run loop then serves and registers again), and the next start
-makes a new loop.
+Idle, nothing wakes until kubelet calls or a device change is announced (a synchronous
+``grpc.server`` wakes its polling thread five times a second per server). The loop
+lives as long as the process: gRPC's asyncio layer keeps per-process state tied to the
+loop it first served on. If its thread ever ends (a bug), that is logged CRITICAL, its
+servers stop being ``alive`` and the next start makes a new loop.
 
 What it must not do: run anything that blocks for long; the calls it serves
 are the allocator's, which are short.
@@ -38,7 +32,7 @@ class PluginLoop:
 
     @property
     def thread(self) -> threading.Thread | None:
-        """The loop's thread (None before the first server)."""
+        """None before the first server."""
         return self._thread
 
     @property
@@ -47,8 +41,7 @@ class PluginLoop:
         return thread is not None and thread.is_alive()
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_seconds: float) -> T:
-        """Run ``coroutine`` on the loop (started if need be) and return its result;
-        TimeoutError when it takes longer (it is then cancelled)."""
+        """TimeoutError (the coroutine cancelled) past ``timeout_seconds``."""
         loop = self._running_loop()
         future = asyncio.run_coroutine_threadsafe(coroutine, loop)
         try:
@@ -88,7 +81,7 @@ class PluginLoop:
 
 
 def _log_loop_error(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
-    """What asyncio would print to stderr (a callback or task that failed) goes to the log."""
+    """What asyncio would print to stderr goes to the log."""
     error = context.get("exception")
     log.error(
         "device plugin event loop: %s",

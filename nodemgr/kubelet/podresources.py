@@ -1,19 +1,13 @@
 """kubelet's PodResources API: its own record of which container holds which devices.
 
-gRPC over kubelet's pod-resources unix socket. A failed read raises
-``KubeletUnavailable`` (never an empty record: the caller must not release
-anything because kubelet was restarting).
+A failed read raises ``KubeletUnavailable``, never an empty record: nothing must be
+released because kubelet was restarting. With ``dra_driver``, the driver's
+``dynamic_resources`` go in under ``CLAIMS_RECORD`` (nodemgr.domain.podtie), each once
+(kubelet repeats them, docs/dra.md, "PodResources").
 
-With ``dra_driver``, each container's DRA devices of that driver (its
-``dynamic_resources``) go into the record too, under the pseudo resource name
-``CLAIMS_RECORD``, one ``claim_record_id`` each (nodemgr.domain.podtie): the runtime
-hook ties a claim's container to its claim by them. kubelet repeats devices there
-(docs/dra.md, "PodResources"); each is recorded once.
-
-The answer is taken as bytes: while they are what kubelet sent last time, the
-record built then is returned again, the same object (building it walks every
-container and device ID, most of a periodic reconcile's cost on a full node;
-the allocator skips a record it already settled). Callers only read it.
+While kubelet's answer is byte for byte the last one, the same record object is
+returned: building it is most of a periodic reconcile's cost on a full node, and the
+allocator skips a record it already settled. Callers only read it.
 """
 
 from __future__ import annotations
@@ -33,24 +27,19 @@ KubeletRecord = dict[ContainerRef, dict[str, list[str]]]
 
 @dataclass(frozen=True)
 class _Answer:
-    """kubelet's last answer: its bytes, and the record read from them."""
-
     raw: bytes
     record: KubeletRecord
 
 
 class PodResourcesClient:
-    """kubelet's own record of which container holds which device IDs."""
-
     def __init__(
         self, socket_path: str, timeout_seconds: float = 2.0, dra_driver: str | None = None
     ):
         self.socket_path = socket_path
         self._dra_driver = dra_driver
         self._timeout_seconds = timeout_seconds
-        # The channel reconnects by path, so it survives kubelet recreating the socket.
-        # Reconnect within a second of kubelet coming back (gRPC's default backoff grows
-        # to 120 s, which would keep refusing GPU containers long after kubelet is up).
+        # gRPC's default reconnect backoff grows to 120 s, which would keep refusing GPU
+        # containers long after kubelet is back.
         self._channel = grpc.insecure_channel(
             f"unix://{socket_path}",
             options=[
@@ -58,7 +47,6 @@ class PodResourcesClient:
                 ("grpc.initial_reconnect_backoff_ms", 100),
             ],
         )
-        # List, answered as bytes (no deserializer): parsed only when they changed.
         self._list = self._channel.unary_unary(
             "/v1.PodResourcesLister/List",
             request_serializer=pr.ListPodResourcesRequest.SerializeToString,
@@ -67,8 +55,7 @@ class PodResourcesClient:
         self._last: _Answer | None = None
 
     def list(self) -> KubeletRecord:
-        """kubelet's record now: the same object as last time while kubelet's answer is
-        byte for byte the same (callers must not change it)."""
+        """Callers must not change it."""
         try:
             answer = self._list(pr.ListPodResourcesRequest(), timeout=self._timeout_seconds)
         except grpc.RpcError as e:

@@ -1,8 +1,4 @@
-"""Registration with kubelet: tell it each resource's socket, over kubelet.sock.
-
-gRPC over kubelet's unix socket. Failures become ``KubeletUnavailable`` with
-the socket and what to check; the caller retries.
-"""
+"""Registration with kubelet over kubelet.sock; the caller retries failures."""
 
 from __future__ import annotations
 
@@ -29,13 +25,9 @@ def register(
     stop: threading.Event,
     timeout_seconds: float = 15.0,
 ) -> bool:
-    """Register one resource; our server at ``endpoint`` must already be serving.
-
-    kubelet dials back and calls GetDevicePluginOptions before it answers, so
-    the timeout is longer than kubelet's own 10 s dial-back timeout. A hung
-    kubelet never delays a stop: the call is abandoned when ``stop`` is set
-    (returns False).
-    """
+    """Our server at ``endpoint`` must already serve: kubelet dials back before it
+    answers, so the timeout is longer than its 10 s dial-back. Abandoned (False) when
+    ``stop`` is set."""
     request = dp.RegisterRequest(
         version=API_VERSION, endpoint=endpoint, resource_name=resource_name, options=options
     )

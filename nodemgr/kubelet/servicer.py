@@ -1,34 +1,15 @@
 """The device plugin gRPC servers: one per resource, each on its own socket.
 
-The servicer only translates: protobuf in, a call on the allocation state's
-narrow interface (:class:`~nodemgr.allocation.resources.ResourceManager`),
-protobuf out; our errors become gRPC status codes with the allocator's message, which
-kubelet shows in the pod's events (for GetPreferredAllocation and Allocate followed by
-``REFUSAL_IS_FINAL``: kubelet fails the pod on those for good). How long Allocate took
-is reported through a plain callback (``observe_allocate``); the servicer knows nothing
-of metrics.
-
-The servers are ``grpc.aio`` servers on one event loop in one thread
-(:mod:`nodemgr.kubelet.pluginloop`): idle, that thread and gRPC's poller sleep
-until a call or a change comes. A synchronous ``grpc.server`` polls its
-completion queue five times a second per server, which was most of an idle
-node's CPU. The allocation calls run on that loop as they are (they are short and
-take the allocator's lock, which serialises them anyway; kubelet admits one
-container at a time); ListAndWatch waits for device changes on an asyncio event
-that the change counter sets.
-
-Only kubelet may talk to these sockets, and only root can: each is served by
-:func:`~nodemgr.kubelet.rootsocket.serve_root_only` (bound in a private directory, made
-0600 there and renamed into place, so none wider is ever in the device plugin directory,
-whatever the umask). That is the authentication (kubelet runs as root; the gRPC server
-has none of its own). On top of it each server keeps to ``BUDGET`` (docs/how-it-works.md,
-Device plugin sockets), because root clients can misbehave too: ``MAX_CONNECTIONS`` connections
-(the rest closed at once by gRPC), a connection that has not finished its HTTP/2
-handshake in ``HANDSHAKE_SECONDS`` or has had no call for ``IDLE_SECONDS`` is closed,
-``MAX_STREAMS`` calls per connection and ``MAX_CALLS`` per server at once (kubelet needs
-its ListAndWatch stream and one call at a time), and messages of at most
-``MAX_RECEIVE_BYTES``. No budget is a per-connection deadline: kubelet's ListAndWatch
-stream lives as long as kubelet.
+The servicer only translates: protobuf in, a call on
+:class:`~nodemgr.allocation.resources.ResourceManager`, protobuf out; our errors become
+gRPC status codes with the allocator's message, which kubelet shows in the pod's events
+(for GetPreferredAllocation and Allocate followed by ``REFUSAL_IS_FINAL``: kubelet fails
+the pod on those for good).
+The servers run on the plugin loop (:mod:`nodemgr.kubelet.pluginloop`); the allocation
+calls run on it as they are (short, and serialised by the allocator's lock anyway), and
+ListAndWatch waits on an asyncio event the change counter sets. Each socket is
+root-only with a ``BUDGET`` (:mod:`nodemgr.kubelet.rootsocket`; docs/how-it-works.md,
+Device plugin sockets).
 
 What it must not do: decide anything or hold state beyond one stream's last sent list;
 block the loop on anything slower than the allocation state's own calls.
@@ -65,7 +46,7 @@ from nodemgr.kubelet.rootsocket import GrpcBudget, serve_root_only
 
 log = logging.getLogger(__name__)
 
-# (resource name, seconds, ok) for each Allocate call; ok is False when it was refused or failed.
+# (resource name, seconds, ok)
 ObserveAllocate = Callable[[str, float, bool], None]
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
@@ -84,10 +65,7 @@ _STATUS = [
 
 
 class DevicePluginServicer(dp_grpc.DevicePluginServicer):
-    """The DevicePlugin service of one resource, served on the plugin loop.
-
-    Each call goes straight to the allocation state (``ResourceManager``); a refusal
-    becomes the call's gRPC status in one place, ``_refuse``."""
+    """A refusal becomes the call's gRPC status in one place, ``_refuse``."""
 
     def __init__(
         self,
@@ -126,8 +104,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
                 if message is not None:
                     yield message
                     continue  # look again: something may have moved while sending
-                # Until a change, a stop (wake_all) or the stream's end (the call is
-                # cancelled here): no timer wakes it.
+                # Until a change, a stop or the stream's end: no timer wakes it.
                 await moved.wait()
         finally:
             changes.remove_listener(wake)
@@ -176,10 +153,8 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
     async def _refuse(
         self, context: grpc.aio.ServicerContext, call: str, error: Exception
     ) -> NoReturn:
-        """End the call with a gRPC status: our errors with the code kubelet shows the user
-        and the allocator's message; anything else (a bug) as INTERNAL, logged with its
-        traceback, and the server lives on. kubelet fails the pod for good on any error of
-        an admission call and never retries it, so their messages say so."""
+        """Anything but our errors (a bug) is INTERNAL, logged with its traceback. kubelet
+        fails the pod for good on an admission call's error, so those messages say so."""
         said = final_refusal if call in _ADMISSION_CALLS else str
         if isinstance(error, GpushareError):
             code = next(code for cls, code in _STATUS if isinstance(error, cls))
@@ -200,8 +175,7 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
 
 
 class _DeviceWatch:
-    """What one ListAndWatch stream sends: the device list, rebuilt only when the card
-    state moved (thousands of devices on a big node), sent only when it differs."""
+    """One ListAndWatch stream's device list, sent only when it differs."""
 
     def __init__(self, resources: ResourceManager, kind: ResourceKind):
         self._resources, self._kind = resources, kind
@@ -209,7 +183,6 @@ class _DeviceWatch:
         self._sent: list[DeviceInfo] | None = None
 
     def message(self, generation: int) -> dp.ListAndWatchResponse | None:
-        """The message to send for the state at ``generation``; None when none is due."""
         if generation == self._seen:
             return None
         self._seen = generation
@@ -229,9 +202,6 @@ def _device(info: DeviceInfo) -> dp.Device:
 
 
 class PluginServer:
-    """One resource's gRPC server on ``<device_plugin_dir>/<socket_name>``; its calls are
-    served on the plugin loop."""
-
     def __init__(
         self,
         resources: ResourceManager,
@@ -251,7 +221,7 @@ class PluginServer:
 
     @property
     def endpoint(self) -> str:
-        """What kubelet wants in RegisterRequest: the socket's name in its directory."""
+        """The socket's name in its directory, as RegisterRequest wants it."""
         return os.path.basename(self.socket_path)
 
     def start(self) -> None:
@@ -285,20 +255,17 @@ class PluginServer:
             _remove(self.socket_path)
 
     def join(self, timeout_seconds: float) -> bool:
-        """``stop`` already waited for the server's grace period: nothing is left."""
         return self._server is None
 
     @property
     def alive(self) -> bool:
-        """Serving: started, not stopped, and the plugin loop runs."""
         return self._server is not None and not self._stopping.is_set() and PLUGIN_LOOP.running
 
 
-# How long starting a server, or stopping one beyond its grace, may take on the loop.
-START_TIMEOUT_SECONDS = 10.0
+START_TIMEOUT_SECONDS = 10.0  # also for a stop beyond its grace
 
-# The budget of each device plugin server (docs/how-it-works.md, Device plugin sockets).
-# kubelet holds one connection per plugin (two for a moment when it restarts).
+# docs/how-it-works.md, Device plugin sockets. kubelet holds one connection per plugin (two for a
+# moment when it restarts), its ListAndWatch stream and one call at a time.
 MAX_CONNECTIONS = 8
 HANDSHAKE_SECONDS = 5.0
 IDLE_SECONDS = 30.0
@@ -320,8 +287,8 @@ BUDGET = GrpcBudget(
 
 
 def budget_stats() -> ListenerStats:
-    """A device plugin server's budget; gRPC does not say how many connections are open
-    or what it refused (unknown, never zero)."""
+    """gRPC does not say how many connections are open or what it refused: unknown,
+    never zero."""
     return {
         "connections": None,
         "max_connections": MAX_CONNECTIONS,

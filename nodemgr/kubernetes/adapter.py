@@ -1,21 +1,14 @@
 """The Kubernetes adapter: a cache of this node's pods in, annotations, labels and events out.
 
-The adapter is this module with nodemgr.kubernetes.client (credentials, client,
-error mapping), nodemgr.kubernetes.kubeclient (the official client through
-its public API, without its generated classes and models, and the requests
-made with it),
-nodemgr.kubernetes.podwatch (the pod cache, kept by listwatch's LIST+WATCH
-follower) and nodemgr.kubernetes.writes (coalescing queue, backoff, event rate
-limit); no other code talks to the API server. Two daemon threads:
+Two daemon threads:
 
-- the pod watch (podwatch): one LIST of the pods bound to this node, then
-  a WATCH, kept in a local cache that the Allocate path reads;
-- the writer (here): pod annotations, node labels/annotations,
-  ``aliyun.com/gpu-count`` in node status, pod Events. Callers only queue
-  the desired state; a newer value for the same object coalesces with a
-  pending one; failures are retried with exponential backoff while the API
-  server is down, slow or says 5xx/429; a write is dropped with a log line
-  when the pod is gone (404) or RBAC forbids it (403).
+- the pod watch (nodemgr.kubernetes.podwatch): the pods bound to this node, cached for
+  the Allocate path;
+- the writer (here): pod annotations, node labels and annotations,
+  ``aliyun.com/gpu-count`` in node status, pod Events. Callers only queue the desired
+  state, coalesced with a pending one; failures retry with exponential backoff while
+  the API server is down, slow or says 5xx/429; a write is dropped with a log line on
+  404 or 403.
 
 What it must not do: block or do I/O in the calls the Allocate path makes
 (``pods``, ``generation``, ``wait_for_change``, ``patch_pod_annotations``),
@@ -24,11 +17,7 @@ missing (the daemon then runs as a plain device plugin), touch node labels
 outside ``kubernetes.label_prefix``, or use the kubernetes client's global
 default configuration.
 
-Why this module is longer than 400 lines: the facade, its write queue, its
-event rate limit and the writer thread share one lock and one mode
-(new/running/off); keeping them together keeps that locking readable in one
-place. The pure parts live in writes.py and publish.py, the client's in
-client.py and kubeclient.py, the pod cache in podwatch.py.
+Longer than 400 lines: the facade, write queue and writer thread share one lock and mode.
 """
 
 from __future__ import annotations
@@ -76,9 +65,8 @@ API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 EVENT_COMPONENT = "gpushare-node"
 PLACEMENT_IGNORED_REASON = "GPUSharePlacementIgnored"
 MERGE_PATCH = "application/merge-patch+json"
-# Repeats of an event patch the Event already posted (count, lastTimestamp),
-# as kubelet's recorder does, while it is younger than this: the API server
-# deletes events after an hour by default.
+# Repeats patch the posted Event (count, lastTimestamp), as kubelet's recorder does,
+# while younger than this: the API server deletes events after an hour by default.
 EVENT_REUSE_SECONDS = 50 * 60.0
 _LABEL_PART = re.compile(r"([A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?)?")
 
@@ -106,8 +94,6 @@ _MERGES: dict[str, Callable[[Any, Any], Any]] = {
 
 
 class KubeAdapter:
-    """Pods of this node from the API server, and writes to it that never block the caller."""
-
     def __init__(
         self,
         settings: KubernetesSettings,
@@ -127,7 +113,7 @@ class KubeAdapter:
         self.settings = settings
         self._candidate_filter = candidate_filter
         self.node_name = node_name
-        self._clock = clock  # event timestamps and rate limit; delays use time.monotonic
+        self._clock = clock  # event timestamps and rate limit
         self._environ = environ
         self._home = home
         self._service_account_dir = service_account_dir
@@ -145,7 +131,7 @@ class KubeAdapter:
             per_key_interval_seconds=event_interval_seconds,
             rate_per_second=events_per_second,
         )
-        self._mode = "new"  # new (queueing), running, off (disabled, no credentials, stopped)
+        self._mode = "new"  # new (queueing), running, off
         self._start_error: str | None = None
 
         self.name = "kubernetes-adapter"
@@ -155,14 +141,14 @@ class KubeAdapter:
         self._watch: PodWatch | None = None
         self._writer: threading.Thread | None = None
         self._events: dict[tuple, _PostedEvent] = {}  # the writer thread's only
-        # Writes of other kinds (the DRA ones, nodemgr.kubernetes.dra): kind -> (merge, write).
+        # add_writer's kinds (nodemgr.kubernetes.dra): kind -> (merge, write).
         self._merges: dict[str, Callable[[Any, Any], Any]] = dict(_MERGES)
         self._writers: dict[str, Callable[[ApiSession, tuple, Any], None]] = {}
 
     # --- life cycle ------------------------------------------------------
 
     def start(self) -> None:
-        """Start the watch and writer threads; without credentials, log why and do nothing."""
+        """Without credentials, log why and do nothing."""
         with self._lock:
             if self._mode != "new":
                 return
@@ -206,7 +192,6 @@ class KubeAdapter:
         self._writer.start()
 
     def stop(self) -> None:
-        """Ask both threads to stop and end a blocked watch read; returns at once."""
         self._stop.set()
         with self._lock:
             self._mode = "off"
@@ -215,11 +200,8 @@ class KubeAdapter:
             self._watch.abort()
 
     def join(self, timeout_seconds: float) -> bool:
-        """Wait up to ``timeout_seconds`` for both threads; True once they ended.
-
-        A request stuck on a hung API server is abandoned (daemon threads): it
-        ends at its own timeout and changes nothing after the stop.
-        """
+        """A request stuck on a hung API server is abandoned: it ends at its own timeout and
+        changes nothing after the stop."""
         if self._watch is None or self._writer is None or self._session is None:
             return True
         deadline = time.monotonic() + timeout_seconds
@@ -233,8 +215,7 @@ class KubeAdapter:
 
     @property
     def alive(self) -> bool:
-        """Not stopped, and its threads up when it has any (disabled or without
-        credentials it runs no thread and does its job: nothing)."""
+        """Not stopped, and its threads up when it has any."""
         if self._stop.is_set():
             return False
         if self._watch is None:
@@ -244,7 +225,6 @@ class KubeAdapter:
         )
 
     def _placement_ignored(self, pod: PodInfo) -> None:
-        """A placement annotation on one of this node's pods is not believed: say so."""
         log.warning("pod %s/%s: %s", pod.namespace, pod.name, pod.choice_note)
         self.record_event(pod.namespace, pod.name, PLACEMENT_IGNORED_REASON, pod.choice_note)
 
@@ -256,24 +236,21 @@ class KubeAdapter:
     # --- the pod cache (no I/O, no lock held over I/O) -------------------
 
     def pods(self) -> list[PodInfo]:
-        """The pods bound to this node, as last seen."""
         return [] if self._watch is None else list(self._watch.pods())
 
     def pod(self, namespace: str, name: str) -> PodInfo | None:
         return None if self._watch is None else self._watch.pod(namespace, name)
 
     def candidates(self) -> tuple[PodInfo, ...]:
-        """The cached pods ``candidate_filter`` accepts, kept per event: no walk of the cache."""
+        """Kept per event: no walk of the cache."""
         return () if self._watch is None else self._watch.candidates()
 
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
-        """The candidates some container of which requests exactly ``size`` of ``resource``
-        (an index kept per event); none without a watch."""
+        """An index kept per event; none without a watch."""
         return () if self._watch is None else self._watch.candidates_asking(resource, size)
 
     @property
     def generation(self) -> int:
-        """Bumps on every change of the cache."""
         return 0 if self._watch is None else self._watch.generation
 
     @property
@@ -282,7 +259,6 @@ class KubeAdapter:
         return self._watch is not None and self._watch.synced
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
-        """Wait up to ``timeout`` s for the generation to differ from ``seen_generation``."""
         watch = self._watch
         if watch is None:  # disabled or no credentials: nothing will ever change
             self._stop.wait(timeout)
@@ -294,7 +270,7 @@ class KubeAdapter:
     def patch_pod_annotations(
         self, namespace: str, name: str, annotations: Mapping[str, str | None]
     ) -> None:
-        """Set (None: remove) annotations of a pod, merged with a pending patch of that pod."""
+        """None removes; merged with a pending patch of that pod."""
         self._put(("pod-annotations", namespace, name), dict(annotations))
 
     def set_node_labels(self, desired: Mapping[str, str]) -> None:
@@ -314,11 +290,10 @@ class KubeAdapter:
         self._put(("node-labels",), valid)
 
     def set_node_annotations(self, annotations: Mapping[str, str | None]) -> None:
-        """Set (None: remove) annotations of the node (full keys)."""
         self._put(("node-annotations",), dict(annotations))
 
     def set_node_extended_resources(self, quantities: Mapping[str, int | None]) -> None:
-        """Set (None: remove) resources in the node's status capacity and allocatable."""
+        """In the node's status capacity and allocatable (None removes)."""
         self._put(("node-resources",), dict(quantities))
 
     def add_writer(
@@ -327,20 +302,18 @@ class KubeAdapter:
         write: Callable[[ApiSession, tuple, Any], None],
         merge: Callable[[Any, Any], Any] = replace,
     ) -> None:
-        """A kind of write queued with ``queue_write`` and done by ``write(session, key,
-        value)`` in the writer thread (before ``start``). ``write`` raises the adapter's
-        errors: unavailable and conflict are retried with backoff, others dropped."""
+        """A kind of write for ``queue_write``, done by ``write(session, key, value)`` in the
+        writer thread (register before ``start``); unavailable and conflict errors are
+        retried with backoff, others dropped."""
         self._merges[kind] = merge
         self._writers[kind] = write
 
     def queue_write(self, key: tuple, value: Any) -> None:
-        """Queue a write of a kind ``add_writer`` registered (``key[0]``); a newer value
-        for the same key coalesces with a pending one."""
+        """``key[0]``: the kind; a newer value coalesces with a pending one."""
         self._put(key, value)
 
     def read_claim(self, namespace: str, name: str) -> dict[str, Any]:
-        """GET a ResourceClaim now (the DRA prepare path, which may wait for it up to
-        ``kubernetes.request_timeout_seconds``); KubeApiError when it cannot be read."""
+        """GET a ResourceClaim now (the DRA prepare path may wait for it)."""
         session = self._session
         if session is None:
             raise KubeUnavailable(
@@ -358,7 +331,7 @@ class KubeAdapter:
     def record_event(
         self, namespace: str, pod: str, reason: str, message: str, type: str = "Warning"
     ) -> None:
-        """An Event on the pod, subject to the rate limit (suppressed ones are counted)."""
+        """Subject to the rate limit (suppressed ones are counted)."""
         with self._lock:
             if self._mode == "off":
                 return
@@ -377,7 +350,6 @@ class KubeAdapter:
             self._wake.notify()
 
     def state(self) -> dict:
-        """For status, doctor and metrics."""
         session, watch = self._session, self._watch
         with self._lock:
             pending = len(self._queue)
@@ -397,7 +369,7 @@ class KubeAdapter:
         }
 
     def _reconnected(self) -> None:
-        """The API server answers again: whatever waits out a backoff goes now."""
+        """Whatever waits out a backoff goes now."""
         with self._lock:
             self._queue.reset_backoff()
             self._wake.notify_all()
@@ -406,7 +378,6 @@ class KubeAdapter:
 
     @property
     def _api(self) -> ApiSession:
-        """The session, for the writer thread: start() makes it before starting the thread."""
         assert self._session is not None
         return self._session
 

@@ -1,30 +1,15 @@
 """The Kubernetes adapter's edge with the kubernetes client: credentials, client, errors.
 
-Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes);
-the kubernetes client itself is imported by nodemgr.kubernetes.kubeclient
-only (its public API, loaded at the first client built).
-
-- ``find_credentials``: which credentials to use, from ``kubernetes.kubeconfig``
-  and the environment, without reading them (a missing file is a clear error);
-- ``new_api_client``: a ``KubeClient`` with a ``Configuration`` of our own;
-  the client's global default configuration is never read or changed, so
-  nothing else in the process is affected;
-- ``map_error``: every failure of the client (``ApiException``, urllib3 and
-  socket errors) becomes one of the ``KubeApiError`` classes, in this one
-  place; callers chain the original (``raise ... from``);
-- ``ApiSession``: the client both adapter threads share, one request at a
-  time per thread, and what the last request said (connected, last error);
-- ``CommandClient``: the requests of the one-shot nodemgr commands
-  (``nodemgr doctor``: read this node, SelfSubjectAccessReviews of the
-  adapter's RBAC; ``nodemgr status --cluster``: list the nodes), which
-  report errors themselves and so log nothing.
+- ``find_credentials``: which credentials, without reading them;
+- ``new_api_client``: a ``KubeClient`` on a ``Configuration`` of our own (the client's
+  global default is never read or changed);
+- ``map_error``: every failure of the client becomes a ``KubeApiError``, here only;
+- ``ApiSession``: the client both adapter threads share, and how the last request went;
+- ``CommandClient``: the one-shot nodemgr commands' requests, which log nothing.
 
 What it must not do: start threads, sleep or retry (the adapter does).
 
-Why this module is longer than 400 lines: it is the one place where the
-client's configuration, requests and exceptions (from kubeclient) are used;
-every part above shares the one error mapping, and splitting them would
-spread the client's surface over several importers.
+Longer than 400 lines: the client's whole surface, sharing one error mapping.
 """
 
 from __future__ import annotations
@@ -73,11 +58,9 @@ RBAC_FIX = (
 
 @dataclass(frozen=True)
 class Credentials:
-    """Where the API server's address and our identity come from."""
-
     kind: str  # "kubeconfig" or "in-cluster"
     path: str  # the kubeconfig file(s) ($KUBECONFIG may list several), or the SA directory
-    source: str  # how it was chosen, for operators: "kubernetes.kubeconfig", "$KUBECONFIG", ...
+    source: str  # for operators: "kubernetes.kubeconfig", "$KUBECONFIG", ...
 
     def describe(self) -> str:
         return f"{self.source} ({self.path})"
@@ -89,11 +72,8 @@ def find_credentials(
     home: str | None = None,
     service_account_dir: str = SERVICE_ACCOUNT_DIR,
 ) -> Credentials:
-    """The credentials to use: ``kubeconfig`` if set, else $KUBECONFIG, in-cluster, ~/.kube/config.
-
-    Checks only that the files exist. Raises ``KubeCredentialsError`` naming
-    everything tried and the fix.
-    """
+    """``kubeconfig`` if set, else $KUBECONFIG, in-cluster, ~/.kube/config; checks only
+    that the files exist."""
     environ = os.environ if environ is None else environ
     if kubeconfig:
         # Named on purpose: no fallback to another identity.
@@ -129,11 +109,8 @@ def find_credentials(
 
 
 def credentials_problem(message: str) -> str:
-    """A credentials error's message without ``CREDENTIALS_FIX``, for callers with another fix.
-
-    (``nodemgr doctor`` puts the fix after "— fix:"; ``nodemgr status
-    --cluster`` runs with an admin's kubeconfig.)
-    """
+    """A credentials error's message without ``CREDENTIALS_FIX``, for callers with another
+    fix."""
     problem, found, _ = message.partition(CREDENTIALS_FIX)
     if not found:
         return message
@@ -145,11 +122,7 @@ def new_api_client(
     environ: Mapping[str, str] | None = None,
     pool_size: int = 4,
 ) -> KubeClient:
-    """A KubeClient on a Configuration of its own, loaded from ``credentials``.
-
-    Raises ``KubeCredentialsError`` for an unusable kubeconfig or service
-    account (bad YAML, no current context, unreadable certificate, ...).
-    """
+    """KubeCredentialsError for an unusable kubeconfig or service account."""
     configuration = kubeclient.new_configuration()
     try:
         if credentials.kind == "in-cluster":
@@ -171,9 +144,8 @@ def new_api_client(
             f"credentials from {credentials.describe()} are unusable: "
             f"{type(e).__name__}: {e}; {CREDENTIALS_FIX}"
         ) from e
-    # No retries inside urllib3: a request fails fast and the adapter's backoff
-    # decides when to try again (urllib3's default would repeat a timed-out
-    # GET three times, quadrupling how long a thread is stuck).
+    # urllib3's default would repeat a timed-out GET three times, quadrupling how long a
+    # thread is stuck; the adapter's backoff decides when to try again.
     configuration.retries = False
     configuration.connection_pool_maxsize = pool_size  # two threads, one request each
     return KubeClient(configuration)  # User-Agent: gpushare-node
@@ -194,7 +166,6 @@ def map_error(error: BaseException, verb: str, resource: str) -> KubeApiError:
 
 
 def _map_api_exception(error: ApiException, what: str, verb: str, resource: str) -> KubeApiError:
-    """map_error for the client's ApiException: by its HTTP status."""
     status = error.status or None  # the client says 0 for a TLS failure
     detail = _status_message(error)
     if status is None:
@@ -228,11 +199,8 @@ def _map_api_exception(error: ApiException, what: str, verb: str, resource: str)
 def request_json(
     verb: str, resource: str, timeout_seconds: float, method: Callable[..., Any], *args, **kwargs
 ) -> Any:
-    """One request through a client ``method``; its decoded JSON answer (not the client's models).
-
-    ``verb`` on ``resource`` names it in errors. Raises a ``KubeApiError``
-    chained to the client's error.
-    """
+    """The decoded JSON answer (not the client's models); ``verb`` and ``resource`` name
+    it in errors."""
     try:
         response = method(*args, _preload_content=False, _request_timeout=timeout_seconds, **kwargs)
         try:
@@ -260,7 +228,7 @@ def _status_message(error: ApiException) -> str:
 
 
 def _short(error: BaseException) -> str:
-    """urllib3 nests the cause in long reprs; the innermost reason is what helps."""
+    """The innermost reason of urllib3's nested reprs."""
     reason = getattr(error, "reason", None)
     if isinstance(reason, BaseException):
         return _short(reason)
@@ -283,12 +251,9 @@ def rfc3339(unix_seconds: float) -> str:
 
 
 class ApiSession:
-    """The API client the watch and writer threads share, and how the last request went.
-
-    ``connected``: the last request got an answer (any HTTP status but 5xx or
-    429). A loss and a recovery are logged once each; a refusal by RBAC once
-    per message.
-    """
+    """The API client the watch and writer threads share. ``connected``: the last request
+    got an answer (not 5xx or 429). A loss and a recovery are logged once each, an RBAC
+    refusal once per message."""
 
     def __init__(
         self,
@@ -314,10 +279,7 @@ class ApiSession:
         return self.api_client.configuration.host
 
     def call(self, verb: str, resource: str, method: Callable[..., Any], *args, **kwargs) -> Any:
-        """One request (``verb`` on ``resource`` names it in errors); its decoded JSON answer.
-
-        Raises a ``KubeApiError`` chained to the client's error.
-        """
+        """As ``request_json``."""
         try:
             result = request_json(verb, resource, self.timeout_seconds, method, *args, **kwargs)
         except KubeApiError as error:
@@ -361,21 +323,14 @@ class ApiSession:
 
 @dataclass(frozen=True)
 class NodeSummary:
-    """What ``nodemgr status --cluster`` reads of a Node."""
-
     name: str
     internal_ip: str | None  # status.addresses of type InternalIP
     annotations: Mapping[str, str]
 
 
 class CommandClient:
-    """The API client of a one-shot nodemgr command: ``doctor``, ``status --cluster``.
-
-    One request at a time, no threads, no retries and no log lines (the
-    command reports what went wrong). Each request raises a ``KubeApiError``
-    (``map_error``); the constructor a ``KubeCredentialsError`` for unusable
-    credentials.
-    """
+    """For ``doctor`` and ``status --cluster``: no threads, retries or log lines (the
+    command reports what went wrong)."""
 
     def __init__(
         self,
@@ -399,13 +354,8 @@ class CommandClient:
         )
 
     def can_i(self, verb: str, group: str, resource: str, name: str = "") -> tuple[bool, str]:
-        """Whether our identity may ``verb`` ``resource`` ("pods", "nodes/status") of ``group``.
-
-        Asks as ``kubectl auth can-i`` does: a SelfSubjectAccessReview, which
-        every authenticated user may create. Cluster-wide (no namespace, as
-        the adapter's requests); ``name`` narrows it to one object. Returns
-        (allowed, the authorizer's reason).
-        """
+        """(allowed, the authorizer's reason), asked as ``kubectl auth can-i``: a
+        SelfSubjectAccessReview (every authenticated user may create one), cluster-wide."""
         plural, _, subresource = resource.partition("/")
         attributes = {"group": group, "resource": plural, "verb": verb}
         if subresource:
@@ -429,7 +379,6 @@ class CommandClient:
         return status.get("allowed") is True, str(reason)
 
     def list_nodes(self, page_size: int = 500) -> list[NodeSummary]:
-        """Every Node of the cluster (needs RBAC ``nodes list``), in pages of ``page_size``."""
         nodes: list[NodeSummary] = []
         token = ""
         while True:

@@ -1,22 +1,15 @@
 """The DRA side of the Kubernetes edge: the node's ResourceSlice, claims' status, refusals.
 
-- ``DraPublisher`` (a thread) keeps the API in line with the allocation state: the
-  node's ResourceSlice (``nodemgr.domain.slices``: one device per card, capacities
-  lowered by what the device plugin holds, cards that take no shares left out) and,
-  per prepared claim, its ``status.devices`` entries (a ``Ready`` condition saying
-  what the claim holds and how far this node isolates it, from the status
-  document). It queues the desired state on the adapter, which retries; it queues the
-  slice again every ``SLICE_CHECK_SECONDS`` even when nothing changed, and the writer
-  creates it again when it is gone (kubelet deletes a node's slices at its start and
-  30 s after a driver left).
-- ``SliceWriter`` and ``ClaimStatusWriter``: the adapter's writes of those two kinds
-  (read, compare, create or replace with the read resourceVersion: a conflict is
-  retried). The slice's ``pool.generation`` grows with every change of its content,
-  from the highest the API server showed; the slice is owned by the Node, so it goes
-  when the node is deleted.
-- ``remove_slice``: the write that deletes the slice, queued at start when the DRA
-  plugin is disabled but was publishing (the ledger's meta ``dra_slice`` says so).
-- ``ClaimEvents``: a refused claim as an Event on each pod the claim is reserved for.
+- ``DraPublisher`` (a thread) queues on the adapter the node's ResourceSlice
+  (``nodemgr.domain.slices``) and each prepared claim's ``status.devices`` (a ``Ready``
+  condition with what it holds and its isolation); the slice again every
+  ``SLICE_CHECK_SECONDS``, since kubelet deletes a node's slices at its start and 30 s
+  after a driver left.
+- ``SliceWriter`` and ``ClaimStatusWriter``: read, compare, create or replace with the
+  read resourceVersion (a conflict is retried). ``pool.generation`` grows with every
+  change from the highest the API showed; the Node owns the slice.
+- ``remove_slice``: queued at start when DRA is disabled but was publishing.
+- ``ClaimEvents``: a refused claim as an Event on each pod it is reserved for.
 
 What it must not do: write anything on the prepare path (everything is queued), or
 touch slices of another node or driver.
@@ -39,15 +32,14 @@ from nodemgr.domain.model import Allocation
 from nodemgr.domain.slices import device_of, plugin_use, slice_cards, slice_spec
 from nodemgr.errors import KubeNotFound, KubeUnavailable
 
-if TYPE_CHECKING:  # the client module imports the kubernetes client: only when used
+if TYPE_CHECKING:  # the client is imported only when used
     from nodemgr.kubernetes.client import ApiSession
 
 log = logging.getLogger(__name__)
 
-# (API group, resource, verbs): every request the DRA side makes, besides the adapter's
-# (API_PERMISSIONS). deploy/'s `render.py dra` ClusterRole grants exactly these (a test
-# compares them); doctor reviews them when dra.enabled. resourceclaims/driver is what
-# Kubernetes 1.36+ checks (for this driver's name) when a driver writes status.devices.
+# Besides the adapter's API_PERMISSIONS; `render.py dra`'s ClusterRole grants exactly
+# these (a test compares them). Kubernetes 1.36+ checks resourceclaims/driver (for this
+# driver's name) when a driver writes status.devices.
 DRA_API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("resource.k8s.io", "resourceclaims", ("get",)),
     ("resource.k8s.io", "resourceclaims/status", ("update",)),
@@ -58,11 +50,11 @@ DRA_API_PERMISSIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
 SLICE_WRITE = "resource-slice"
 SLICE_DELETE = "resource-slice-delete"
 CLAIM_STATUS = "claim-status"
-SLICE_CHECK_SECONDS = 10.0  # the slice is looked at this often: republished if it is gone
+SLICE_CHECK_SECONDS = 10.0
 MIN_PUBLISH_INTERVAL_SECONDS = 1.0
 REFUSAL_REASON = "GPUShareClaimRefused"
 CONDITION_TYPE = "Ready"
-META_SLICE = "dra_slice"  # ledger meta: the slice this node published (removed when disabled)
+META_SLICE = "dra_slice"  # ledger meta: the slice this node published
 
 
 def slice_name(node: str, driver: str) -> str:
@@ -82,8 +74,6 @@ def _rfc3339(unix_seconds: float) -> str:
 
 
 class SliceWriter:
-    """Creates or replaces the node's slice with the devices queued; keeps the generation."""
-
     def __init__(self, node: str, driver: str, on_written: Callable[[], None] = lambda: None):
         self.node, self.driver = node, driver
         self.name = slice_name(node, driver)
@@ -122,7 +112,6 @@ class SliceWriter:
         self._on_written()
 
     def _owner(self, session: ApiSession) -> dict[str, Any]:
-        """The Node as the slice's owner: deleting the node deletes its slice."""
         if self._node_uid is None:
             try:
                 node = session.call("get", f"nodes/{self.node}", session.core.read_node, self.node)
@@ -158,8 +147,7 @@ def _same_slice(spec: Mapping[str, Any], node: str, driver: str, devices: list) 
 
 
 def _normal(value: Any, key: str = "") -> Any:
-    """Devices compared as the API means them: quantities as numbers (it stores them
-    canonically: 1024Mi reads back as 1Gi)."""
+    """Quantities as numbers: the API stores them canonically (1024Mi reads back as 1Gi)."""
     if isinstance(value, dict):
         return {k: _normal(v, k) for k, v in value.items() if v not in (None, [], {})}
     if isinstance(value, list):
@@ -173,7 +161,7 @@ def _normal(value: Any, key: str = "") -> Any:
 
 
 class ClaimStatusWriter:
-    """Puts this driver's entries into a claim's ``status.devices``, keeping others'."""
+    """Keeps other drivers' entries."""
 
     def __init__(self, driver: str):
         self.driver = driver
@@ -212,8 +200,6 @@ class ClaimStatusWriter:
 def claim_device_status(
     driver: str, allocation: Allocation, isolation: Mapping[str, str] | None, label: str
 ) -> list[dict[str, Any]]:
-    """The ``status.devices`` entries of a prepared claim: per result, a Ready condition
-    saying what it holds and its isolation, and the same as ``data``."""
     claim = allocation.claim
     assert claim is not None
     if allocation.whole:
@@ -290,7 +276,6 @@ class DraPublisher(ThreadWorker):
         self._allocator.changes.wake_all()
 
     def devices(self) -> list[dict[str, Any]]:
-        """The devices the slice offers now."""
         cards = slice_cards(
             self._allocator.cards,
             self._unit_mib,
@@ -350,7 +335,6 @@ class DraPublisher(ThreadWorker):
 
 
 def remove_slice(adapter: Any, node: str, driver: str, clear_meta: Callable[[], None]) -> None:
-    """Queue the removal of this node's slice (DRA disabled after it published one)."""
     writer = SliceWriter(node, driver, on_written=clear_meta)
     adapter.add_writer(SLICE_DELETE, writer.delete)
     adapter.queue_write((SLICE_DELETE, writer.name), None)

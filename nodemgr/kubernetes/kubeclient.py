@@ -1,44 +1,26 @@
 """The official kubernetes client, through its public API, and the requests gpushare makes.
 
-The one module that imports the ``kubernetes`` package (an import contract
-says so), and only when it is used: importing this module loads nothing of it;
-the first client built (``new_configuration``, ``KubeClient``), the first
-credentials loaded or the first quantity parsed do. The package's own
-``__init__`` then imports all of its subpackages (config, watch, stream, ...)
-and, through ``kubernetes.config``, the generated ``ApiClient`` with pydantic
-and python-dateutil: that is the supported way to load it. In the daemon it
-costs ~15 MiB, about 10 MiB more than the parts used here would alone.
+Importing this module loads nothing of the package; the first client, credentials or
+quantity does. The package's ``__init__`` then imports all its subpackages and the
+generated ``ApiClient`` with pydantic (the supported way to load it): ~15 MiB in the
+daemon.
 
-What is used, all of it public:
+Used, all public: ``Configuration`` (credentials renewed through its
+``refresh_api_key_hook`` before a request), ``kubernetes.config``'s loaders,
+``ApiClient.param_serialize`` and ``call_api`` (what the library's own ``DynamicClient``
+requests with), ``ApiException``, ``kubernetes.utils.parse_quantity``.
 
-- ``kubernetes.client.Configuration``: the address, TLS, proxy and bearer
-  token, renewed through its ``refresh_api_key_hook`` (exec plugins, OIDC and
-  the in-cluster loader renew credentials before a request);
-- ``kubernetes.config``'s ``load_kube_config`` and ``InClusterConfigLoader``,
-  only when credentials are loaded;
-- ``kubernetes.client.ApiClient``'s request methods, ``param_serialize`` (URL,
-  path and query parameters, credentials) and ``call_api`` (one request on its
-  urllib3 pool): what the library's own ``DynamicClient`` makes its requests
-  with; ``ApiException`` for an answer that is not 2xx, as the generated
-  methods raise it;
-- ``kubernetes.utils.parse_quantity``.
+Not the generated API classes: they cost ~25 MiB at import, and from release 37 they
+validate a body against the client's model with unknown fields forbidden, so a
+ResourceClaim showing a field newer than the client could not be written back (status
+is replaced whole). ``CoreV1``, ``ResourceV1`` and ``AuthorizationV1`` below make the
+few requests needed under the generated methods' names, the JSON body as given and the
+raw response handed back.
 
-Not the generated API classes (``CoreV1Api``, ``ResourceV1Api``, ...): they
-cost ~25 MiB at import (the class and the models it names), and since release
-37 they validate a request body against the client's model of that kind with
-unknown fields forbidden. A ResourceClaim that a newer API server shows with
-a field this client's models lack could then not be written back (its status
-is replaced whole), and times would go out re-formatted. ``CoreV1``,
-``ResourceV1`` and ``AuthorizationV1`` below make the few requests gpushare
-makes, under the generated methods' names and arguments, with the JSON body
-as given and the raw response handed back (every caller parses the JSON
-itself, as with ``_preload_content=False``).
-
-Why ``kubernetes>=37`` (pyproject.toml): ``param_serialize`` and ``call_api``
-as used here came with 37's generator; older releases had another
-``call_api``. Nothing caps newer releases: a release that changes these names
-fails tests/unit/kubernetes/test_kubeclient.py, which makes every request kind
-through the installed client.
+``kubernetes>=37`` (pyproject.toml): ``param_serialize`` and ``call_api`` as used here
+came with 37's generator. A newer release that changes them fails
+tests/unit/kubernetes/test_kubeclient.py, which makes every request kind through the
+installed client.
 
 What it must not do: import the kubernetes package at module import, import
 the generated API classes, or be imported anywhere but nodemgr.kubernetes (it
@@ -57,7 +39,7 @@ if TYPE_CHECKING:
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-AUTH_SETTINGS = ["BearerToken"]  # the one scheme the generated methods name (a header)
+AUTH_SETTINGS = ["BearerToken"]  # the one scheme the generated methods name
 
 # The query parameters of a LIST or WATCH: the generated methods' argument -> the API's name.
 LIST_QUERY = {
@@ -73,15 +55,14 @@ LIST_QUERY = {
 
 
 def new_configuration() -> Configuration:
-    """A Configuration of our own (never the client's global default)."""
+    """Never the client's global default."""
     from kubernetes.client import Configuration
 
     return Configuration()
 
 
 def load_kubeconfig(path: str, configuration: Configuration) -> None:
-    """Fill ``configuration`` from the kubeconfig file(s) ``path`` (exec plugins included);
-    the file is never written back. Raises the loader's errors (``ConfigException`` ...)."""
+    """Exec plugins included; the file is never written back."""
     from kubernetes.config import load_kube_config
 
     load_kube_config(config_file=path, client_configuration=configuration, persist_config=False)
@@ -90,8 +71,7 @@ def load_kubeconfig(path: str, configuration: Configuration) -> None:
 def load_in_cluster(
     token_file: str, ca_file: str, environ: Mapping[str, str], configuration: Configuration
 ) -> None:
-    """Fill ``configuration`` from a service account's token and CA (the token is read
-    again every minute, as kubelet rotates it). Raises ``ConfigException``."""
+    """The token is read again every minute, as kubelet rotates it."""
     from kubernetes.config.incluster_config import InClusterConfigLoader
 
     InClusterConfigLoader(
@@ -100,21 +80,19 @@ def load_in_cluster(
 
 
 def config_error() -> type[Exception]:
-    """The loaders' error class (``kubernetes.config.ConfigException``)."""
     from kubernetes.config import ConfigException
 
     return ConfigException
 
 
 def api_exception() -> type[ApiException]:
-    """The client's error for an answer that is not 2xx (status 0: no answer, e.g. TLS)."""
+    """Status 0: no answer (a TLS failure)."""
     from kubernetes.client import ApiException
 
     return ApiException
 
 
 def parse_quantity(value: str) -> Decimal:
-    """A Kubernetes quantity ("2Gi", "500m") as a Decimal; ValueError if it is none."""
     from kubernetes.utils import parse_quantity
 
     return parse_quantity(value)
@@ -149,14 +127,9 @@ class KubeClient:
         content_type: str | None = None,
         timeout: float | tuple[float, float] | None = None,
     ) -> Any:
-        """``method`` on ``path`` (``{name}`` parts filled from ``path_params``, quoted);
-        the urllib3 response, its body unread.
-
-        The credentials come from the Configuration at each request, so a token
-        an exec plugin or the in-cluster loader renewed is used at once. An
-        answer other than 2xx raises ``ApiException`` (with the body read), as
-        the generated methods do; so does a TLS failure (status 0).
-        """
+        """The urllib3 response, its body unread; ``ApiException`` for anything but 2xx.
+        Credentials are read from the Configuration at each request, so a renewed token
+        is used at once."""
         headers = {"Accept": JSON}
         if body is not None:
             headers["Content-Type"] = content_type or JSON
@@ -215,8 +188,6 @@ class _Api:
 
 
 class CoreV1(_Api):
-    """The core/v1 requests of gpushare, as ``CoreV1Api``'s methods of the same names."""
-
     def list_pod_for_all_namespaces(self, **options: Any) -> Any:
         return self._send("GET", "/api/v1/pods", options, query_names=LIST_QUERY)
 
@@ -252,10 +223,6 @@ class CoreV1(_Api):
 
 
 class ResourceV1(_Api):
-    """The resource.k8s.io/v1 (DRA) requests of gpushare-node, as ``ResourceV1Api``'s
-    methods of the same names: its claims read and their status written, its node's
-    ResourceSlice kept."""
-
     _CLAIM = "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
     _SLICES = "/apis/resource.k8s.io/v1/resourceslices"
 
@@ -285,8 +252,6 @@ class ResourceV1(_Api):
 
 
 class AuthorizationV1(_Api):
-    """The authorization.k8s.io/v1 request of ``nodemgr doctor``, as ``AuthorizationV1Api``'s."""
-
     def create_self_subject_access_review(self, body: Any, **options: Any) -> Any:
         path = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
         return self._send("POST", path, options, body)

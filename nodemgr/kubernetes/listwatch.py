@@ -1,23 +1,13 @@
 """LIST+WATCH of one resource (nodes, pods), handed to a handler as raw JSON.
 
-The one follower of the API's list-then-watch protocol, for the scheduler
-extender (nodemgr.extender.cache: every GPU node and pod of the cluster) and
-the daemon's pod watch (podwatch: the pods of one node, by a field
-selector). One thread per resource: a paged LIST (``page_size`` items per
-request, so a cluster of 50,000 pods is never one body in memory), then a
-WATCH from the list's resourceVersion with bookmarks; a new WATCH from the
-last version seen when the server ends one (every
-``watch_timeout_seconds``) or the connection fails (with backoff); a new
-LIST when the version expired (410) or went back (504 "too large resource
-version").
+For the scheduler extender's cache and the daemon's pod watch. One thread per
+resource: a paged LIST (50,000 pods are never one body in memory), then a WATCH with
+bookmarks, resumed from the last version when the server ends it or the connection
+fails (with backoff), listed again when the version expired (410) or went back (504).
 
-The handler gets the objects as decoded JSON dicts (camelCase, as on the
-wire) and keeps what it needs of them:
-
-- ``replace(items)``: the complete current set after a LIST; ``items`` is an
-  iterator that fetches the pages as it is consumed (the handler must not hold
-  its own lock while iterating it);
-- ``apply(kind, obj)``: one ADDED, MODIFIED or DELETED event.
+The handler gets decoded JSON dicts: ``replace(items)`` after a LIST (``items`` fetches
+pages as consumed: the handler must not hold its own lock while iterating) and
+``apply(kind, obj)`` per ADDED, MODIFIED or DELETED event.
 
 What it must not do: list more than once per (re)start or expiry, hold a
 lock over I/O, or let an error end the thread before ``stop``.
@@ -49,13 +39,7 @@ class WatchHandler(Protocol):
 
 
 class ListWatch:
-    """One resource, listed once and watched, in a thread of its own.
-
-    ``field_selector`` narrows the LIST and the WATCH alike (the pod watch:
-    ``spec.nodeName=<node>``); ``on_expired`` runs when the version expired,
-    before the new LIST; ``name``, ``thread_name`` and ``logger`` say whose
-    watch it is in log lines and thread listings.
-    """
+    """``on_expired`` runs when the version expired, before the new LIST."""
 
     def __init__(
         self,
@@ -87,10 +71,10 @@ class ListWatch:
         self._name = name or f"{resource} watch"
         self._log = logger
         self._response_lock = threading.Lock()
-        self._response: Any = None  # the open watch stream, for abort()
-        self.synced = False  # a LIST has been handed over since the last expiry
+        self._response: Any = None  # for abort()
+        self.synced = False  # since the last expiry
         self.watching = False
-        self.lists = 0  # how many LISTs (first pages) were made
+        self.lists = 0
         self.last_error: str | None = None
         self.thread = threading.Thread(
             target=self._run, name=thread_name or f"watch-{resource}", daemon=True
@@ -109,7 +93,7 @@ class ListWatch:
         self.thread.start()
 
     def abort(self) -> None:
-        """After ``stop`` is set: end a blocked read of the watch stream now."""
+        """After ``stop`` is set."""
         with self._response_lock:
             response = self._response
         if response is not None:
@@ -152,7 +136,6 @@ class ListWatch:
             self._stop.wait(delay)
 
     def _pages(self, first: Mapping[str, Any]) -> Iterator[Mapping[str, Any]]:
-        """Every item of the list whose first page is ``first``, fetching the next pages."""
         page = first
         while True:
             yield from page.get("items") or ()
@@ -169,7 +152,7 @@ class ListWatch:
             )
 
     def _relist(self) -> str:
-        """LIST the resource (page by page) into the handler; the list's resourceVersion."""
+        """The list's resourceVersion."""
         first = self._session.call(
             "list", self.resource, self._list_method(), limit=self._page_size, **self._selection()
         )
@@ -181,7 +164,7 @@ class ListWatch:
         return version
 
     def _follow(self, resource_version: str) -> str:
-        """WATCH from ``resource_version`` until the stream ends; the last version seen."""
+        """The last version seen."""
         session = self._session
         try:
             response = self._list_method()(
@@ -246,7 +229,6 @@ class ListWatch:
 
 
 def _lines(response: Any) -> Iterator[str]:
-    """The newline-separated JSON documents of a watch stream, as they arrive."""
     buffer = b""
     for chunk in response.stream(amt=None, decode_content=False):
         buffer += chunk
@@ -258,11 +240,8 @@ def _lines(response: Any) -> Iterator[str]:
 
 
 def _wake_reader(response: Any) -> None:
-    """Make a read of the stream blocked in another thread return (at EOF).
-
-    Only shutdown() of the socket does: close() does not interrupt a blocked
-    recv(), and closing the response waits for the reader's buffer lock.
-    """
+    """shutdown() of the socket: close() does not interrupt a blocked recv(), and closing
+    the response waits for the reader's buffer lock."""
     connection = getattr(response, "connection", None)
     sock = getattr(connection, "sock", None)
     if sock is not None:
@@ -273,7 +252,6 @@ def _wake_reader(response: Any) -> None:
 
 
 def _close_response(response: Any) -> None:
-    """Close a stream this thread has stopped reading (its connection is not reused)."""
     _wake_reader(response)
     try:
         response.close()

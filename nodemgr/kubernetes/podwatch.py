@@ -1,25 +1,11 @@
 """The Kubernetes adapter's pod watch: the pods bound to this node, in a local cache.
 
-Part of the adapter (nodemgr.kubernetes.adapter, client, podwatch, writes).
-One thread, the LIST+WATCH follower of listwatch with the field selector
-``spec.nodeName=<node>``: a LIST of this node's pods, then a WATCH from the
-list's resourceVersion (bookmarks keep it fresh); a new WATCH from the last
-version seen when the server ends one (every ``watch_timeout_seconds``) or
-the connection fails (with backoff); a new LIST when the server says the
-version expired (410) or went back.
-
-The cache is an immutable snapshot replaced whole on each change, so
-readers (the Allocate path) take it without a lock and never wait on I/O.
-Two indexes ride along, updated per event (an event touches only its pod's
-entries): the candidates (pods the allocator may match) and, by what they
-ask, ``(resource, size) -> candidates`` some container of which requests
-exactly that, so an Allocate reads only the pods that can match it.
-``pod_info`` turns a pod of the API into the ``PodInfo`` the admission
-match reads, with the scheduler extender's choice as the placement trust
-(``kubernetes.placement_trust``, ``placement_public_key``) believes it; a pod
-whose placement annotation is not believed is reported once per change of the
-reason (``on_ignored``: a log line and a pod Event), never raises, and stays
-in the cache without it.
+Kept by a listwatch follower with ``spec.nodeName=<node>``. The cache is an immutable
+snapshot replaced whole on each change, so the Allocate path reads it without a lock.
+Two indexes are updated per event: the candidates (pods the allocator may match) and
+``(resource, size) -> candidates`` asking exactly that, so an Allocate reads only the
+pods that can match it. A pod whose placement annotation is not believed is reported
+once per change of the reason (``on_ignored``) and stays in the cache without it.
 
 What it must not do: list pods more than once per (re)start or expiry,
 hold a lock over I/O, or let an error end the thread before ``stop``.
@@ -47,14 +33,12 @@ from nodemgr.kubernetes.writes import Backoff
 log = logging.getLogger("nodemgr.kubernetes.adapter")
 
 PodKey = tuple[str, str]  # (namespace, name)
-Ask = tuple[str, int]  # (resource name, size): one container's request of one resource
-# The candidates by what they ask; a bucket's order means nothing (find_demand orders).
-AskIndex = dict[Ask, dict[PodKey, PodInfo]]  # copied on write, never changed in place
+Ask = tuple[str, int]  # (resource name, size)
+# A bucket's order means nothing (find_demand orders); copied on write.
+AskIndex = dict[Ask, dict[PodKey, PodInfo]]
 
 
 class PodWatch:
-    """The cache of this node's pods, and the watch thread that keeps it current."""
-
     def __init__(
         self,
         session: ApiSession,
@@ -68,8 +52,7 @@ class PodWatch:
     ):
         self._trust = trust or PlacementTrust()
         self._on_ignored = on_ignored or (lambda pod: None)
-        # Which pods the allocator may match (pending, asking for a shared GPU), kept as
-        # an index updated per event: Allocate reads it without walking the whole cache.
+        # Pending pods asking for a shared GPU, updated per event.
         self._candidate = candidate or (lambda pod: True)
         self._candidates: tuple[PodInfo, ...] = ()
         self._candidate_keys: dict[PodKey, PodInfo] = {}
@@ -79,7 +62,7 @@ class PodWatch:
         self._cache: tuple[dict[PodKey, PodInfo], tuple[PodInfo, ...]] = ({}, ())
         self._synced = False
         self._cache_lock = threading.Lock()  # held only to publish, never over I/O
-        self.changes = ChangeCounter()  # moves on every change of the cache
+        self.changes = ChangeCounter()
         self._follower = ListWatch(
             session,
             "pods",
@@ -104,12 +87,10 @@ class PodWatch:
         return self._cache[0].get((namespace, name))
 
     def candidates(self) -> tuple[PodInfo, ...]:
-        """The cached pods the candidate filter accepts (all pods without a filter)."""
+        """All pods without a filter."""
         return self._candidates
 
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
-        """The candidates some container (or init container) of which requests exactly
-        ``size`` of ``resource``: the only ones an Allocate of that size can be for."""
         bucket = self._asking.get((resource, size))
         return tuple(bucket.values()) if bucket else ()
 
@@ -123,20 +104,18 @@ class PodWatch:
 
     @property
     def watching(self) -> bool:
-        """The watch stream is open: a change of a pod arrives as it happens."""
         return self._follower.watching
 
     def wait_for_change(self, seen_generation: int, timeout: float) -> int:
         return self.changes.wait_for_change(seen_generation, timeout)
 
     def abort(self) -> None:
-        """After ``stop`` is set: end a blocked read of the watch stream now."""
+        """After ``stop`` is set."""
         self._follower.abort()
 
     # --- the follower's handler (the watch thread) ----------------------------
 
     def replace(self, items: Iterator[Mapping[str, Any]]) -> None:
-        """A LIST: the cache becomes exactly these pods, and synced."""
         pods = {}
         old = self._cache[0]
         for item in items:
@@ -148,7 +127,7 @@ class PodWatch:
         self._publish(pods, synced=True, index=(candidates, _ask_index(candidates.values())))
 
     def apply(self, kind: str, obj: Mapping[str, Any]) -> None:
-        """One ADDED, MODIFIED or DELETED pod (one moved to another node is gone)."""
+        """A pod moved to another node is gone."""
         info = pod_info(obj, self._trust)
         key = (info.namespace, info.name)
         self._report(self._cache[0].get(key), info)
@@ -171,12 +150,10 @@ class PodWatch:
         self._publish(pods, index=(candidates, _reindexed(self._asking, key, old, new)))
 
     def _report(self, old: PodInfo | None, new: PodInfo) -> None:
-        """A placement annotation newly not believed: said once, until its reason changes."""
         if new.choice_note and (old is None or old.choice_note != new.choice_note):
             self._on_ignored(new)
 
     def _unsync(self) -> None:
-        """The watch's version expired: the cache may miss changes until the next LIST."""
         with self._cache_lock:
             self._synced = False
 
@@ -186,8 +163,7 @@ class PodWatch:
         synced: bool | None = None,
         index: tuple[dict[PodKey, PodInfo], AskIndex] | None = None,
     ) -> None:
-        """Make ``pods`` the cache; ``index``, the candidates and their ask index, when
-        they changed (None: kept as they are)."""
+        """``index`` None: the candidates and their ask index are kept."""
         if self._stop.is_set():
             return  # nothing changes after stop
         with self._cache_lock:
@@ -204,7 +180,6 @@ class PodWatch:
 
 
 def _ask_index(candidates: Iterable[PodInfo]) -> AskIndex:
-    """The candidates by each (resource, size) they ask (podmatch.asked_sizes)."""
     buckets: AskIndex = {}
     for pod in candidates:
         for ask in asked_sizes(pod):
@@ -213,8 +188,8 @@ def _ask_index(candidates: Iterable[PodInfo]) -> AskIndex:
 
 
 def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo | None) -> AskIndex:
-    """A copy of ``index`` with the pod ``key`` as ``new`` instead of ``old`` (None: not a
-    candidate). Only the buckets of what either asks are rebuilt; readers keep theirs."""
+    """A copy with pod ``key`` as ``new`` (None: not a candidate); only the buckets of what
+    either asks are rebuilt."""
     old_asks = asked_sizes(old) if old is not None else frozenset()
     new_asks = asked_sizes(new) if new is not None else frozenset()
     if not old_asks and not new_asks:
@@ -236,8 +211,7 @@ def _reindexed(index: AskIndex, key: PodKey, old: PodInfo | None, new: PodInfo |
 
 
 def placement_trust(settings: KubernetesSettings) -> PlacementTrust:
-    """The node's trust in placement annotations (kubernetes.placement_trust and
-    placement_public_key); an unreadable key is logged and trusts no signature."""
+    """An unreadable key is logged and trusts no signature."""
     path = settings.placement_public_key
     verifier, problem = None, "no kubernetes.placement_public_key is configured"
     if path:
@@ -250,9 +224,7 @@ def placement_trust(settings: KubernetesSettings) -> PlacementTrust:
 
 
 def pod_info(pod: Any, trust: PlacementTrust | None = None) -> PodInfo:
-    """A pod from the API as PodInfo: a raw JSON dict (camelCase) or a ``V1Pod``.
-
-    ``trust``: how to read the scheduler extender's choice (None: not read at all)."""
+    """A raw JSON dict or a ``V1Pod``; ``trust`` None: the extender's choice is not read."""
     data = pod if isinstance(pod, Mapping) else pod.to_dict(serialize=True)
     metadata = data.get("metadata") or {}
     spec = data.get("spec") or {}
@@ -294,13 +266,8 @@ def is_extended_resource(name: str) -> bool:
 
 
 def extended_requests(resources: Mapping[str, Any] | None) -> dict[str, int]:
-    """Integer requests of the extended resources; a limit alone counts as the request.
-
-    The API server copies limits into requests for extended resources (they
-    must be equal), but a pod seen before defaulting, or a hand-made dict,
-    may carry the limit only. A quantity that is not a whole number cannot be
-    an extended resource request and is left out.
-    """
+    """Integer requests of the extended resources; a limit alone counts as the request
+    (the API server copies it, but a pod seen before defaulting may lack it)."""
     resources = resources or {}
     limits = resources.get("limits") or {}
     requests = resources.get("requests") or {}
@@ -334,7 +301,7 @@ def _integer_quantity(value: Any) -> int | None:
 
 
 def _unix_seconds(timestamp: Any) -> float:
-    """RFC 3339 text (raw JSON) or a datetime (V1Pod) as Unix seconds; 0.0 when missing."""
+    """0.0 when missing."""
     if isinstance(timestamp, datetime):
         moment = timestamp
     elif isinstance(timestamp, str) and timestamp:

@@ -1,11 +1,7 @@
 """What the node tells the Kubernetes API: pod annotations, node labels and annotation (pure).
 
-Everything here is derived from the ledger's allocations and the cards, so a
-correction (kubelet's record naming another owner at reconcile) corrects what
-was published. The daemon compares the result with what it last sent and
-hands only the differences to the adapter, which queues and retries them.
-
-Pod annotations follow the gpushare conventions that the scheduler extender
+Derived from the ledger and the cards, so a correction at reconcile corrects what was
+published. Pod annotations follow the gpushare conventions that the scheduler extender
 and ``kubectl inspect gpushare`` read (docs/gpushare-compat.md):
 ``ALIYUN_COM_GPU_MEM_IDX`` (the card of the pod's first GPU container),
 ``ALIYUN_COM_GPU_MEM_POD`` (the pod's memory units), ``ALIYUN_COM_GPU_MEM_DEV``
@@ -17,17 +13,10 @@ where each container went. gpushare-node adds ``<label_prefix>isolation``: per
 container, what the node really enforces (nodemgr.domain.isolation), as
 ``{"<container>": {"memory": "<level>", "compute": "<level>"}}``.
 
-A pod's annotations come from its own allocations only: those of another pod of its
-name (deleted and created again, a StatefulSet's), held until reconcile releases them,
-have another owner UID (``Allocation.held_by``).
-
-A pod's annotations are written only from its containers' whole demand: kubelet
-allocates a container's memory and share one after the other (in either order),
-and between the two its allocation holds half of what the container asks. So a
-pod is published once each of its containers asking for shared resources holds
-exactly what its spec asks (from the pod cache); until then, and while the pod
-is not in the cache, it gets nothing (a level "unlimited", or a pod total of 0,
-written from half a demand would stand until the next publish).
+A pod's annotations come from its own allocations only (by owner UID), and only once
+each of its containers holds its whole demand: kubelet allocates memory and share one
+after the other, and annotations written from half a demand would stand until the next
+publish.
 """
 
 from __future__ import annotations
@@ -71,12 +60,8 @@ def pod_annotations(
     isolation: Mapping[str, Mapping[str, Any]] | None = None,
     label_prefix: str = "",
 ) -> dict[PodKey, dict[str, str]]:
-    """The gpushare annotations of every pod holding shared GPU resources here whose
-    containers hold their whole demand (``pods``: the pod cache; the resource names say
-    which requests are the demand).
-
-    ``isolation`` (allocation ID -> its isolation, ``isolation_by_allocation``)
-    adds ``<label_prefix>isolation`` for the containers whose isolation is known."""
+    """The gpushare annotations of every pod here whose containers hold their whole
+    demand; ``isolation`` adds ``<label_prefix>isolation`` where known."""
     index_of = {card.uuid: card.index for card in cards}
     units_of = {card.uuid: card.memory_mib // memory_unit_mib for card in cards}
     per_pod: dict[PodKey, list[Allocation]] = defaultdict(list)
@@ -88,8 +73,6 @@ def pod_annotations(
         pod = pods.get(key)
         if pod is None:
             continue  # its demand is not known: nothing can be told whole from half
-        # An allocation made for another pod of this name (deleted, created again) is not
-        # this pod's, however long until reconcile releases it.
         mine = [a for a in all_held if a.held_by(pod.namespace, pod.name, pod.uid)]
         held = _whole_demands(pod, mine, memory_resource, core_resource)
         if not held:
@@ -121,11 +104,8 @@ def pod_annotations(
 def _whole_demands(
     pod: PodInfo, held: Sequence[Allocation], memory_resource: str, core_resource: str
 ) -> list[Allocation]:
-    """The allocations of ``pod`` that hold exactly their container's demand; [] while a
-    container of the pod that asks for shared resources does not hold its whole demand yet.
-
-    An init container is not waited for (kubelet may hand its devices on to the pod's
-    containers), but its allocation counts only when it is whole too."""
+    """[] while a container of the pod does not hold its whole demand yet. An init
+    container is not waited for (kubelet may hand its devices on), but counts only whole."""
 
     def demand(container: ContainerRequest) -> tuple[int, int]:
         return (
@@ -148,17 +128,14 @@ def _whole_demands(
 
 
 def isolation_by_allocation(status: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
-    """Allocation ID -> its isolation, from the status document (unknown ones left out)."""
     return {a["id"]: a["isolation"] for a in status["allocations"] if a.get("isolation")}
 
 
 def _isolation_levels(
     held: Sequence[Allocation], isolation: Mapping[str, Mapping[str, Any]]
 ) -> str:
-    """Compact JSON ``{"<container>": {"memory", "compute"}}``; "" when none is known.
-
-    Levels only: the reasons are long and in ``nodemgr status``; a level changes
-    (MPS down, watchdog down) rarely, so the pod is patched rarely."""
+    """ "" when none is known. Levels only (they change rarely, so the pod is patched
+    rarely); the reasons are in ``nodemgr status``."""
     per_container = {
         _owner(a).container: {
             "memory": str(isolation[a.id]["memory"]),
@@ -173,13 +150,12 @@ def _isolation_levels(
 
 
 def _owner(allocation: Allocation) -> ContainerRef:
-    """The owner of an allocation that pod_annotations grouped (only those with one)."""
     assert allocation.owner is not None
     return allocation.owner
 
 
 def node_labels(cards: Sequence[CardFacts], mps_enabled: bool) -> dict[str, str]:
-    """Labels (without prefix) to schedule by GPU type; unknown facts give no label."""
+    """Unknown facts give no label."""
     if not cards:
         return {}
     models = {card.name for card in cards}
@@ -199,7 +175,6 @@ def node_labels(cards: Sequence[CardFacts], mps_enabled: bool) -> dict[str, str]
 
 
 def node_annotation(status: Mapping[str, Any]) -> str:
-    """Per-card totals and allocations, compact JSON, from the status document."""
     by_card: dict[str, list[list[Any]]] = defaultdict(list)
     for a in status["allocations"]:
         for uuid in a["gpus"]:
@@ -225,13 +200,8 @@ def node_annotation(status: Mapping[str, Any]) -> str:
 
 
 def parse_node_annotation(text: str) -> list[dict[str, Any]]:
-    """The cards of a ``<label_prefix>gpus`` annotation (what ``node_annotation`` writes),
-    sorted by index; ValueError saying what is wrong with it.
-
-    Read by ``nodemgr status --cluster`` / ``kubectl inspect gpushare`` and the
-    scheduler extender. Every card has int ``index``, ``memory_mib`` and
-    ``memory_allocated_mib`` and a list of ``allocations``.
-    """
+    """The cards of a ``<label_prefix>gpus`` annotation, sorted by index; ValueError saying
+    what is wrong with it."""
     try:
         document = json.loads(text)
     except RecursionError:
@@ -258,7 +228,6 @@ def parse_node_annotation(text: str) -> list[dict[str, Any]]:
 
 
 def label_value(text: str) -> str:
-    """A valid label value: at most 63 of [A-Za-z0-9_.-], alphanumeric at both ends."""
     value = _LABEL_VALUE_BAD.sub("-", text.strip())[:63]
     return value.strip("-_.") or "unknown"
 

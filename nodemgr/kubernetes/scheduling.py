@@ -1,18 +1,9 @@
 """The scheduler extender's requests: its session, the pod annotations and the Binding.
 
-For nodemgr.extender (which may not import the kubernetes client itself):
-
-- ``open_session``: credentials found as the daemon finds them (an explicit
-  kubeconfig, $KUBECONFIG, in-cluster, ~/.kube/config) and an ``ApiSession``;
-- ``patch_pod_annotations``: one JSON merge patch of ``metadata.annotations``
-  (only the keys given change);
-- ``create_binding``: ``POST .../pods/<name>/binding``, with the pod's UID as
-  precondition, so a pod deleted and made again under the same name is never
-  bound by a decision made for the old one;
-- ``create_event``: a pod Event (a placement annotation it ignored).
-
-Errors are ``KubeApiError`` (``client.map_error``). RBAC: pods patch,
-pods/binding create, events create (deploy/templates/scheduler-rbac.yaml.j2).
+For nodemgr.extender, which may not import the kubernetes client itself. A Binding
+carries the pod's UID as precondition, so a pod made again under the same name is never
+bound by a decision made for the old one. RBAC: pods patch, pods/binding create, events
+create (deploy/templates/scheduler-rbac.yaml.j2).
 """
 
 from __future__ import annotations
@@ -27,7 +18,6 @@ EVENT_COMPONENT = "gpushare-scheduler"
 
 
 def open_session(kubeconfig: str, timeout_seconds: float, pool_size: int = 8) -> ApiSession:
-    """An ApiSession for the extender; raises KubeCredentialsError naming what was tried."""
     credentials = find_credentials(kubeconfig)
     client = new_api_client(credentials, pool_size=pool_size)
     client.user_agent = "gpushare-scheduler"
@@ -35,7 +25,6 @@ def open_session(kubeconfig: str, timeout_seconds: float, pool_size: int = 8) ->
 
 
 def describe_credentials(kubeconfig: str) -> str:
-    """Where the session's credentials come from, for the start-up log line."""
     return find_credentials(kubeconfig).describe()
 
 
@@ -79,7 +68,7 @@ def create_event(
     message: str,
     count: int = 1,
 ) -> None:
-    """A Warning Event on the pod (a new one per call: the caller rate-limits)."""
+    """A new one per call: the caller rate-limits."""
     now = rfc3339(time.time())
     involved = {"apiVersion": "v1", "kind": "Pod", "namespace": namespace, "name": pod}
     if uid:

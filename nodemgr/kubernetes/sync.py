@@ -1,15 +1,10 @@
 """Between the allocator and the Kubernetes adapter: pods in, annotations and events out.
 
-- ``CandidatePods`` gives the allocator the pods kubelet may still admit (the
-  adapter's cache filtered once per cache change, so Allocate does not walk
-  thousands of running pods);
-- ``Publisher`` (a thread) keeps the API in line with the ledger: the
-  gpushare annotations of every pod holding shared GPUs, the node's labels,
-  its per-card annotation and ``aliyun.com/gpu-count``. It sends only what
-  changed since it last sent; the adapter queues and retries, so the API
-  server being down delays this and blocks nothing;
-- ``post_refusal`` / ``post_violation`` turn refusals and enforcement actions
-  into pod Events (the adapter rate-limits them).
+- ``CandidatePods``: the allocator's pod source;
+- ``Publisher`` (a thread) sends the adapter what changed of the pods' gpushare
+  annotations, the node's labels, per-card annotation and ``aliyun.com/gpu-count``;
+  the adapter queues and retries, so an API server down blocks nothing;
+- ``post_refusal`` / ``post_violation``: pod Events (rate-limited by the adapter).
 
 What it must not do: decide anything (podmatch and publish do), or call
 the API server itself.
@@ -38,11 +33,10 @@ from nodemgr.kubernetes.publish import (
 
 log = logging.getLogger(__name__)
 
-# Also without allocation changes, for the memory used (health and allocation changes
-# publish at once): every publish walks every pod and allocation, the idle daemon's
-# largest cost with 384 allocations when it ran every 5 s.
+# For the memory used (other changes publish at once). A publish walks every pod and
+# allocation: every 5 s it would be an idle full node's largest cost.
 PUBLISH_PERIOD_SECONDS = 30.0
-# At most one publish per second: a burst of admissions is one recomputation, not one each.
+# A burst of admissions is one recomputation, not one each.
 MIN_PUBLISH_INTERVAL_SECONDS = 1.0
 REPUBLISH_SECONDS = 60.0  # everything again, whether or not it changed
 REFUSAL_REASON = "GPUShareRefused"
@@ -50,19 +44,13 @@ VIOLATION_REASON = "GPUQuotaViolation"
 
 
 class CandidatePods:
-    """The allocator's PodSource over the adapter's pod cache.
-
-    The adapter keeps the candidates (pending pods asking for a shared GPU
-    resource, ``candidate_filter``) as an index updated per watch event, so
-    Allocate never walks the node's other pods.
-    """
+    """The allocator's PodSource over the adapter's candidate index."""
 
     def __init__(self, adapter):
         self._adapter = adapter
 
     @property
     def live(self) -> bool:
-        """Synced and its watch stream open: a newly bound pod is about to show up."""
         state = self._adapter.state()
         return bool(state.get("synced") and state.get("watching"))
 
@@ -80,12 +68,11 @@ class CandidatePods:
         return self._adapter.pod(namespace, name)
 
     def candidates_asking(self, resource: str, size: int) -> tuple[PodInfo, ...]:
-        """The adapter's index bucket itself: an immutable snapshot, no copy per Allocate."""
+        """The adapter's immutable bucket itself: no copy per Allocate."""
         return self._adapter.candidates_asking(resource, size)
 
 
 def candidate_filter(resources: tuple[str, ...]):
-    """The adapter's index filter: pods kubelet may still admit for one of ``resources``."""
     return lambda pod: is_candidate_pod(pod, resources)
 
 
@@ -119,9 +106,8 @@ class Publisher(ThreadWorker):
         while not stop.is_set():
             now = time.monotonic()
             if now >= next_full:
-                # Now and then everything again: a write the adapter dropped (pod not
-                # there yet, RBAC fixed since), or gpu-count that kubelet reset when it
-                # re-registered the node. The adapter skips what is already in place.
+                # Recovers a dropped write (pod not there yet, RBAC fixed since) and
+                # gpu-count that kubelet reset when it re-registered the node.
                 self._sent_pods, self._sent_node = {}, None
                 next_full = now + REPUBLISH_SECONDS
             if (pending and now >= last_publish + MIN_PUBLISH_INTERVAL_SECONDS) or (
@@ -134,13 +120,10 @@ class Publisher(ThreadWorker):
                     log.exception("publishing to the Kubernetes API failed")
                 pending, last_publish = False, now
                 next_publish = now + PUBLISH_PERIOD_SECONDS
-            # Every wait lasts until something is due (a stop ends it at once: stop() sets
-            # the event and wakes the change counter): an idle publisher wakes for the
-            # periodic publishes only, not on a short timer.
+            # Wait until something is due (a stop ends it at once), never on a short timer.
             if pending:
-                # A publish is already owed and reads the state when it runs: further
-                # changes until then change nothing. Sleeping through them, rather than
-                # waking on each (several per admission), spares a busy node's GIL.
+                # A publish is owed and reads the state when it runs: sleeping through the
+                # changes until then (several per admission) spares a busy node's GIL.
                 stop.wait(max(last_publish + MIN_PUBLISH_INTERVAL_SECONDS - now, 0.0))
                 continue
             due = min(next_publish, next_full) - time.monotonic()
@@ -148,7 +131,6 @@ class Publisher(ThreadWorker):
             pending = generation != seen
 
     def publish(self) -> None:
-        """Hand the adapter what differs from what was last sent."""
         pods = {(p.namespace, p.name): p for p in self._adapter.pods()}
         status = self._status_document()
         desired = pod_annotations(
@@ -182,7 +164,6 @@ class Publisher(ThreadWorker):
 
 
 def post_refusal(adapter, demand: Demand, message: str) -> None:
-    """A GPUShareRefused Event: the refusal, and that kubelet rejects the pod for good."""
     adapter.record_event(demand.namespace, demand.pod, REFUSAL_REASON, final_refusal(message))
 
 

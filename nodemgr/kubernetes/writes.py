@@ -1,17 +1,13 @@
 """The Kubernetes adapter's write bookkeeping: coalescing queue, backoff, event rate limit.
 
-Pure (no I/O, no threads, no lock: the adapter serialises access); time comes
-from the clock the caller passes, so tests drive it by hand.
+Pure (no I/O, threads or lock: the adapter serialises access; the caller's clock).
 
-- ``WriteQueue``: one pending write per key (a pod's annotations, the node's
-  labels, ...). A newer desired value is merged into the pending one, so a
-  burst of changes, or everything that piled up while the API server was
-  down, goes out as one request in its latest form. A failed write comes back
-  with exponential backoff; the API server answering again makes everything
-  due at once (``reset_backoff``).
-- ``EventLimiter``: the same (namespace, pod, reason) at most once per
-  interval, at most ``rate_per_second`` events overall; what it suppresses is
-  counted and folded into the next event of that key.
+- ``WriteQueue``: one pending write per key; a newer value is merged into the pending
+  one, so a burst, or what piled up while the API server was down, goes out as one
+  request. A failed write comes back with exponential backoff; the API server answering
+  again makes everything due at once.
+- ``EventLimiter``: the same (namespace, pod, reason) at most once per interval, at
+  most ``rate_per_second`` overall; what it suppresses is folded into the next event.
 
 What it must not do: talk to the API server, sleep, or know the kubernetes client.
 """
@@ -29,19 +25,17 @@ K = TypeVar("K", bound=Hashable)  # a WriteQueue's keys
 
 
 def replace(_older: Any, newer: Any) -> Any:
-    """Coalescing for a complete desired state (node labels): the newer one wins."""
+    """For a complete desired state (node labels)."""
     return newer
 
 
 def merge_keys(older: dict[Any, Any], newer: dict[Any, Any]) -> dict[Any, Any]:
-    """Coalescing for partial patches (annotations): per key, the newer value wins."""
+    """For partial patches (annotations)."""
     return {**older, **newer}
 
 
 @dataclass
 class Backoff:
-    """Exponential delay between failed attempts: initial, doubling, capped."""
-
     initial_seconds: float = 0.5
     max_seconds: float = 30.0
     failures: int = 0
@@ -62,30 +56,27 @@ class _Pending:
     due_at: float
     backoff: Backoff
     last_error: str | None = None
-    order: int = 0  # when it joined the queue: among writes due at once, the first goes first
+    order: int = 0  # among writes due at once, the first queued goes first
 
 
 @dataclass
 class WriteQueue(Generic[K]):
-    """Desired writes by key, each sent when due; at most one in flight per key.
-
-    The due times are kept in a heap, so taking the next write costs log(n): after a
-    full republish hundreds of pods' annotations are pending at once, and a scan per
-    take made draining them quadratic."""
+    """At most one write in flight per key. Due times are in a heap: after a full
+    republish hundreds of writes are pending, and a scan per take would drain them in
+    quadratic time."""
 
     clock: Callable[[], float]
     initial_backoff_seconds: float = 0.5
     max_backoff_seconds: float = 30.0
     _pending: dict[K, _Pending] = field(default_factory=dict)
-    # Keys being written now, with their backoff, so a failure continues the sequence.
+    # With their backoff, so a failure continues the sequence.
     _in_flight: dict[K, Backoff] = field(default_factory=dict)
-    # (due_at, order, key) of each pending write; an entry whose key's pending write has
-    # another due time or order since is stale and skipped when it comes up.
+    # (due_at, order, key); an entry whose write was rescheduled since is skipped.
     _due: list[tuple[float, int, K]] = field(default_factory=list)
     _orders: itertools.count[int] = field(default_factory=itertools.count)
 
     def put(self, key: K, value: Any, merge: Merge = replace) -> None:
-        """Queue ``value`` for ``key``, coalesced with a pending one (which keeps its due time)."""
+        """A pending write for ``key`` keeps its due time."""
         pending = self._pending.get(key)
         if pending is not None:
             pending.value = merge(pending.value, value)
@@ -96,7 +87,6 @@ class WriteQueue(Generic[K]):
         self._add(key, _Pending(value, merge, self.clock(), backoff))
 
     def take(self) -> tuple[K, Any] | None:
-        """The due write with the earliest due time, now in flight; None if nothing is due."""
         key = self._first_due(self.clock())
         if key is None:
             return None
@@ -105,17 +95,12 @@ class WriteQueue(Generic[K]):
         return key, pending.value
 
     def done(self, key: K) -> None:
-        """The write of ``key`` succeeded, or was dropped for good: forget its backoff."""
         backoff = self._in_flight.pop(key, None)
         if backoff is not None:
             backoff.reset()  # shared with a value queued meanwhile, which starts afresh
 
     def retry(self, key: K, value: Any, merge: Merge, error: str) -> float:
-        """The write of ``key`` failed for now: send it again after a backoff delay.
-
-        A newer value queued meanwhile is merged over the failed one. Returns
-        the delay in seconds.
-        """
+        """A newer value queued meanwhile is merged over the failed one; the delay."""
         backoff = self._in_flight.pop(key, None) or self._new_backoff()
         delay = backoff.next_delay_seconds()
         pending = self._pending.get(key)
@@ -130,7 +115,6 @@ class WriteQueue(Generic[K]):
         return delay
 
     def reset_backoff(self) -> None:
-        """The API server answers again: everything pending is due now, delays start over."""
         now = self.clock()
         for pending in self._pending.values():
             pending.due_at = min(pending.due_at, now)
@@ -141,7 +125,6 @@ class WriteQueue(Generic[K]):
         heapq.heapify(self._due)
 
     def seconds_until_due(self) -> float | None:
-        """How long until the next write not in flight is due (0 if one is); None if none."""
         key = self._first_due(float("inf"))
         if key is None:
             return None
@@ -153,7 +136,6 @@ class WriteQueue(Generic[K]):
         heapq.heappush(self._due, (pending.due_at, pending.order, key))
 
     def _first_due(self, now: float) -> K | None:
-        """The key of the earliest write due by ``now`` and not in flight (left queued)."""
         due, skipped, found = self._due, [], None
         while due and due[0][0] <= now:
             due_at, order, key = due[0]
@@ -178,7 +160,6 @@ class WriteQueue(Generic[K]):
         self._due.clear()
 
     def __len__(self) -> int:
-        """Writes not yet done: pending plus in flight (a key in both counts once)."""
         return len(self._pending.keys() | self._in_flight.keys())
 
     def _new_backoff(self) -> Backoff:
@@ -197,8 +178,6 @@ class _KeyState:
 
 @dataclass
 class EventLimiter:
-    """Which events go out, and how many occurrences each stands for."""
-
     clock: Callable[[], float]
     per_key_interval_seconds: float = 60.0
     rate_per_second: float = 5.0
@@ -246,11 +225,8 @@ class EventLimiter:
         return True
 
     def _prune(self, now: float) -> None:
-        """Forget keys past their interval (pods come and go).
-
-        Suppressed occurrences wait for the key's next event, but not for
-        ever: a key silent for ``FORGET_INTERVALS`` intervals is forgotten.
-        """
+        """A key silent for ``FORGET_INTERVALS`` intervals is forgotten, with its
+        suppressed count."""
         interval = self.per_key_interval_seconds
         if now - self._pruned_at < interval:
             return

@@ -1,13 +1,10 @@
 """The daemon's open-file limit: raised to what it may be, then checked against the budget.
 
-systemd gives a unit without ``LimitNOFILE=`` a soft limit of 1024 (and a hard one far
-higher): enough for the daemon, but a process may raise its soft limit to its hard one,
-and one that serves sockets to untrusted clients should (the shipped unit also sets
-``LimitNOFILE=``). At start :func:`prepare` raises the soft limit to the hard one, logs
-both, and checks that what was open at start, every listener at its connection cap and
-the reserve kept for enforcement fit (nodemgr.domain.fdbudget); when they do not it
-raises :class:`FdLimitError` (the daemon exits 2, as for a bad config: a restart cannot
-fix it). The daemon uses epoll, never select(), so descriptors above 1024 are fine.
+systemd gives a unit without ``LimitNOFILE=`` a soft limit of 1024 and a far higher hard
+one; a process serving sockets to untrusted clients should raise the soft one (the
+shipped unit also sets ``LimitNOFILE=``). A budget that does not fit
+(nodemgr.domain.fdbudget) exits 2, as a bad config: a restart cannot fix it. The daemon
+uses epoll, never select(), so descriptors above 1024 are fine.
 """
 
 from __future__ import annotations
@@ -32,12 +29,11 @@ class FdLimitError(GpushareError):
 class FdLimit:
     soft: int  # after raising
     hard: int
-    raised_from: int | None  # the soft limit before, when it was raised
-    needed: int  # what the listeners' caps, the reserve and what was open at start take
+    raised_from: int | None  # None: not raised
+    needed: int
 
 
 def prepare(caps: Mapping[str, int], reserve: int = RESERVE) -> FdLimit:
-    """Raise the soft RLIMIT_NOFILE to the hard one and check ``caps`` fit (FdLimitError)."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     raised_from = None
     if hard == resource.RLIM_INFINITY:
@@ -67,7 +63,6 @@ def prepare(caps: Mapping[str, int], reserve: int = RESERVE) -> FdLimit:
 
 
 def open_files() -> int:
-    """Descriptors this process holds now."""
     return len(os.listdir("/proc/self/fd")) - 1  # the listing's own
 
 

@@ -1,24 +1,15 @@
 """The daemon's run loop: serve kubelet, register, watch, reconcile, reload, tell systemd.
 
-One device plugin server per resource is started and registered with kubelet.
-When kubelet restarts (it deletes our sockets and recreates kubelet.sock) the
-servers are started and registered again. Every ``reconcile_interval_seconds``
-(and right after a PreStartContainer) the ledger is compared with kubelet's
-PodResources record. A SIGHUP re-reads the config file and applies what can
-change while running.
+When kubelet restarts (it deletes our sockets and recreates kubelet.sock) the device
+plugin servers are started and registered again. The ledger is reconciled with
+kubelet's record every ``reconcile_interval_seconds`` and on request; SIGHUP reloads.
 
-Under systemd (``Type=notify``) it says READY=1 once every resource is
-registered with kubelet and every shared card's MPS is healthy, keeps
-STATUS= to a one-line summary, pings WATCHDOG=1 only from a healthy
-iteration (none while a background worker is down: the enforcement
-watchdog, the MPS supervisor, a server; nor while a running worker has a
-problem: the enforcement watchdog unable to judge; STATUS= then names it and
-why, and systemd restarts the daemon once its WatchdogSec passes), and wraps a reload in
-RELOADING=1 / READY=1. The reload's outcome
-(applied, needs a restart, refused) stays in STATUS= for
-``RELOAD_STATUS_SECONDS`` or until the summary changes, so that ``systemctl
-status`` after ``systemctl reload`` shows it (the next iteration's summary
-used to replace it at once).
+Under systemd (``Type=notify``): READY=1 once every resource is registered and every
+shared card's MPS is healthy; STATUS= a one-line summary; WATCHDOG=1 only from a
+healthy iteration (no worker down or with a problem; STATUS= then says why, and
+systemd restarts the daemon after WatchdogSec); a reload in RELOADING=1 / READY=1, its
+outcome held in STATUS= for ``RELOAD_STATUS_SECONDS`` so ``systemctl status`` after
+``systemctl reload`` shows it.
 """
 
 from __future__ import annotations
@@ -52,21 +43,18 @@ SOCKET_NAMES = {
     ResourceKind.CORE: PLUGIN_SOCKETS["core"],
     ResourceKind.WHOLE: PLUGIN_SOCKETS["whole"],
 }
-WATCH_PERIOD_SECONDS = 0.5  # how fast a kubelet restart or a stop request is noticed
+WATCH_PERIOD_SECONDS = 0.5  # a kubelet restart or a stop request is noticed this fast
 REGISTER_RETRY_MAX_SECONDS = 5.0
 # The allocation state must be readable this fast for a systemd watchdog ping.
 WATCHDOG_LOCK_TIMEOUT_SECONDS = 1.0
-# How long a reload's outcome stays in STATUS= (unless the summary changes first).
 RELOAD_STATUS_SECONDS = 60.0
 
 
 @dataclass
 class _HeldStatus:
-    """A reload's outcome, shown in STATUS= instead of the summary for a while."""
-
     text: str
     until: float  # clock time
-    summary: str | None = None  # the summary when first held back; a change ends the hold
+    summary: str | None = None  # a change of the summary ends the hold
 
 
 @dataclass
@@ -83,12 +71,11 @@ class RunLoop:
     podresources: PodResourcesClient
     metrics: Metrics
     clock: Callable[[], float] = time.monotonic
-    # Names of the background workers that are down (nodemgr.common.workers.Workers.dead).
+    # Workers.dead
     dead_workers: Callable[[], list[str]] = list
-    # "<worker>: <why>" of running workers that cannot do their job (Workers.problems).
+    # Workers.problems
     worker_problems: Callable[[], list[str]] = list
-    # Ledger.check_file: a ledger file deleted, replaced or damaged under us is rewritten
-    # at once (from its open copy, or rebuilt from what the daemon committed).
+    # Ledger.check_file
     check_ledger_file: Callable[[], str | None] = lambda: None
     _held: _HeldStatus | None = field(default=None, init=False, repr=False)
     _told_ready: bool = field(default=False, init=False, repr=False)  # READY=1 sent
@@ -99,7 +86,6 @@ class RunLoop:
         return self.metrics.observe_allocate if enabled else None
 
     def run(self, stop: threading.Event, reload_requested: threading.Event) -> None:
-        """Until ``stop``: serve and register with kubelet, again after each kubelet restart."""
         plugin_dir = self.settings.kubelet.device_plugin_dir
         kubelet_socket = os.path.join(plugin_dir, "kubelet.sock")
         next_reconcile = 0.0
@@ -121,8 +107,7 @@ class RunLoop:
             self.facts.registered = self.facts.ready = False
             kubelet_inode = self._register_all(servers, kubelet_socket, stop)
             self.facts.registered = kubelet_inode is not None
-            # The first iteration runs at once: READY=1 (and the first reconcile) as soon
-            # as the last resource is registered, not one period later.
+            # READY=1 and the first reconcile as soon as the last resource is registered.
             while kubelet_inode is not None and not stop.is_set():
                 if _inode(kubelet_socket) != kubelet_inode or not all(
                     s.socket_present() for s in servers
@@ -152,10 +137,8 @@ class RunLoop:
     def _register_all(
         self, servers: list[PluginServer], kubelet_socket: str, stop: threading.Event
     ) -> int | None:
-        """Register every resource once kubelet is there; kubelet.sock's inode, or None if stopped.
-
-        Waiting for kubelet is healthy: systemd's watchdog keeps being pinged meanwhile
-        (unless a worker is down)."""
+        """kubelet.sock's inode, or None if stopped. Waiting for kubelet is healthy: the
+        watchdog is pinged meanwhile."""
         notifier = self.notifier
         delay, waiting_logged, next_try = 0.2, False, 0.0
         waiting: str | None = None  # STATUS= while waiting for kubelet
@@ -197,7 +180,6 @@ class RunLoop:
         return None
 
     def _tell_systemd(self, resources: int) -> None:
-        """One healthy iteration of the run loop: READY once, STATUS when it changed, WATCHDOG."""
         allocator, facts, notifier = self.allocator, self.facts, self.notifier
         problems = allocator.card_problems()
         summary = (
@@ -235,7 +217,6 @@ class RunLoop:
             log.exception("checking the ledger file failed")
 
     def _unhealthy(self) -> list[str]:
-        """Why the daemon is not healthy now: workers down, workers with a problem."""
         try:
             dead = self.dead_workers()
             problems = self.worker_problems()
@@ -245,7 +226,6 @@ class RunLoop:
         return ([f"{', '.join(dead)} not running"] if dead else []) + problems
 
     def _reload_outcome(self, summary: str) -> str | None:
-        """The last reload's outcome while it is still shown instead of ``summary``."""
         held = self._held
         if held is None:
             return None
@@ -257,12 +237,10 @@ class RunLoop:
         return None
 
     def _tell_reloaded(self, message: str) -> None:
-        """READY=1 after a reload, its outcome in STATUS= (held there for a while)."""
         self.notifier.ready(message)
         self._held = _HeldStatus(message, self.clock() + RELOAD_STATUS_SECONDS)
 
     def _reload(self) -> None:
-        """SIGHUP: apply what can change while running; say what needs a restart."""
         self.notifier.reloading()
         try:
             loaded = load_settings(self.config_path)
@@ -304,13 +282,13 @@ class RunLoop:
         self.metrics.count_reconcile_plan(plan)
 
     def _period(self) -> float:
-        """Seconds between run loop iterations: short enough for systemd's watchdog too."""
+        """Short enough for systemd's watchdog too."""
         interval = self.notifier.watchdog_interval_seconds
         return WATCH_PERIOD_SECONDS if interval is None else min(WATCH_PERIOD_SECONDS, interval / 4)
 
 
 def _down_status(unhealthy: list[str], summary: str) -> str:
-    """STATUS= while the daemon is not healthy: why first (STATUS= may be cut short)."""
+    """Why first: STATUS= may be cut short."""
     return f"NOT HEALTHY: {'; '.join(unhealthy)}; {summary}"
 
 
@@ -322,5 +300,4 @@ def _inode(path: str) -> int | None:
 
 
 def _count(n: int, noun: str) -> str:
-    """``1 allocation``, ``2 allocations``: the STATUS= line is read by people."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -1,13 +1,5 @@
 """``gpushare-node``: the daemon's command line, logging and signals.
 
-Parses argv, loads the config (a bad one: one line on stderr, exit 2), turns
-SIGTERM/SIGINT into a stop request and SIGHUP into a reload request, then
-hands over to :func:`nodemgr.runtime.wiring.run`.
-
-Before anything is started, the open-file limit is raised to the hard limit and checked
-against the listeners' connection caps and the enforcement reserve
-(:mod:`nodemgr.runtime.fdlimit`).
-
 Exit codes: 0 stopped by signal; 1 cannot start (no GPUs/NVML, ledger); 2 bad
 configuration (one line on stderr naming the key), or an open-file limit too small
 for the listeners and the enforcement reserve (one line saying how much is needed).
@@ -17,9 +9,8 @@ from __future__ import annotations
 
 import os
 
-# gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to
-# stderr; it reads this once, when grpc is first imported, so it is set before
-# the imports below bring grpc in. The daemon says what matters in its own log.
+# gRPC's C core logs connection chatter (GOAWAY on every kubelet restart) to stderr; it
+# reads this once, when grpc is first imported, so it is set before the imports below.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 import argparse
@@ -90,14 +81,9 @@ def version() -> str:
 
 
 def entry() -> None:
-    """The ``gpushare-node`` console script: ``main``, then exit at once.
-
-    By the time ``main`` returns every worker is stopped, the sockets are
-    removed and the ledger is closed. Python's own finalisation after that
-    (gRPC's core, thread states, module teardown) takes another quarter second
-    or more on a busy node, and a daemon asked to stop must be gone within a
-    second: so the logs are flushed and the process ends without it.
-    """
+    """``main``, then exit at once: when it returns everything is stopped and closed, and
+    Python's own finalisation (gRPC's core, module teardown) takes a quarter second or
+    more on a busy node, while a daemon asked to stop must be gone within a second."""
     code = main()
     logging.shutdown()
     sys.stdout.flush()

@@ -1,18 +1,12 @@
 """The systemd service protocol: READY, STATUS, RELOADING, STOPPING and watchdog pings.
 
-The protocol is a datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``. It is
-spoken here directly rather than through the ``sdnotify`` package (0.3.2,
-still its newest release on PyPI on 2026-11-26; its source read again then),
-which cannot do three things this daemon needs: it reads
-``$NOTIFY_SOCKET`` from the process environment itself (tests and a
-``systemd-nspawn`` harness could not point it elsewhere); it encodes every
-message as Latin-1 and hides the failure in a bare ``except``, so a STATUS
-naming a card or pod with a non-Latin-1 character would be dropped without a
-trace (systemd reads UTF-8); and it knows nothing of ``$WATCHDOG_USEC`` /
-``$WATCHDOG_PID``. Outside systemd (no
-``$NOTIFY_SOCKET``) every call does nothing, so the daemon runs the same
-under any supervisor. A send that fails is logged once and never raised:
-systemd being gone must not stop the device plugin.
+A datagram of ``KEY=VALUE`` lines to ``$NOTIFY_SOCKET``, spoken directly: the
+``sdnotify`` package (0.3.2) reads ``$NOTIFY_SOCKET`` from the process environment
+itself (tests could not point it elsewhere), encodes Latin-1 and hides the failure in a
+bare ``except`` (a STATUS naming a non-Latin-1 pod would vanish; systemd reads UTF-8),
+and knows nothing of ``$WATCHDOG_USEC`` / ``$WATCHDOG_PID``. Without ``$NOTIFY_SOCKET``
+every call does nothing. A failed send is logged once and never raised: systemd being
+gone must not stop the device plugin.
 
 ``$WATCHDOG_USEC`` is honoured only when ``$WATCHDOG_PID`` is unset or is our
 PID (sd_watchdog_enabled(3)); pings are then due every half interval. What
@@ -30,7 +24,7 @@ from collections.abc import Mapping
 
 log = logging.getLogger(__name__)
 
-_STATUS_MAX_CHARS = 200  # systemctl status shows one line; keep it readable
+_STATUS_MAX_CHARS = 200  # systemctl status shows one line
 
 
 class ServiceNotifier:
@@ -72,13 +66,13 @@ class ServiceNotifier:
         self._send("STOPPING=1", "STATUS=stopping")
 
     def status(self, status: str) -> None:
-        """STATUS=, sent only when it changed (the run loop calls this every iteration)."""
+        """Sent only when it changed."""
         if status != self._last_status:
             self._send(f"STATUS={_one_line(status)}")
             self._last_status = status
 
     def watchdog(self) -> None:
-        """WATCHDOG=1 when one is due; call it only from a healthy iteration of the run loop."""
+        """When one is due; call it only from a healthy iteration."""
         if self.watchdog_interval_seconds is None:
             return
         now = time.monotonic()

@@ -1,15 +1,7 @@
 """The daemon's wiring: every part built and started in order, each start followed by its stop.
 
-``run`` is the whole life of the daemon in one function, read top to bottom:
-the GPUs and the ledger, the Kubernetes adapter (when enabled), the
-allocation state, the MPS supervisor, the hook server and the watchdog, the
-status socket and metrics, the publisher; then the run loop
-(:mod:`nodemgr.runtime.loop`) until SIGTERM. Every worker is started through
-:class:`~nodemgr.common.workers.Workers`, which registers its stop on the
-ExitStack at once: a failed start stops what was already running, and a stop
-asks every worker at once before waiting for each.
-
-MPS control daemons are left running on exit: their clients outlive us.
+``run`` is the whole life of the daemon, read top to bottom. MPS control daemons are
+left running on exit: their clients outlive us.
 """
 
 from __future__ import annotations
@@ -66,7 +58,6 @@ from nodemgr.supervision.supervisor import MpsSupervisor
 
 log = logging.getLogger("gpushare-node")
 
-# The DRA plugin's two servers as the status document and the metrics name them.
 DRA_LISTENERS = ("dra-registration", "dra-service")
 
 
@@ -84,7 +75,7 @@ def run(
     notifier.status("starting: reading GPUs, ledger and MPS")
     with contextlib.ExitStack() as stack:
         workers = Workers(stack)
-        facts.worker_health = workers.health  # the status document and metrics show it
+        facts.worker_health = workers.health
         inventory = open_inventory(settings.gpus)
         stack.callback(inventory.close)
         cards = inventory.cards()
@@ -192,7 +183,7 @@ def run(
 
 
 def _recover_claims(settings: Settings, allocator: Allocator) -> None:
-    """Claims prepared before the ledger was lost, from their CDI specs (nodemgr.dra.recovery)."""
+    """nodemgr.dra.recovery"""
     record = PodResourcesClient(
         settings.kubelet.pod_resources_socket, dra_driver=settings.dra.driver
     )
@@ -210,9 +201,8 @@ def _recover_claims(settings: Settings, allocator: Allocator) -> None:
 
 
 def _dra(settings, workers, allocator, kube, ledger, status_document, metrics):
-    """The DRA kubelet plugin and its publisher when dra.enabled (its state, for the
-    status document); otherwise the removal of a slice this node published while it was
-    enabled, and None."""
+    """The DRA plugin's state when dra.enabled; otherwise None, after queueing the removal
+    of a slice this node published."""
     dra = settings.dra
     if not dra.enabled:
         if kube is not None and ledger.get_meta(META_SLICE):
@@ -251,7 +241,6 @@ def _dra(settings, workers, allocator, kube, ledger, status_document, metrics):
 
 
 def _kubernetes(settings: Settings, workers: Workers):
-    """The started Kubernetes adapter, or None with kubernetes.enabled false."""
     if not settings.kubernetes.enabled:
         log.info(
             "kubernetes.enabled is false: a plain device plugin (no pod identity, "
@@ -273,7 +262,6 @@ def _kubernetes(settings: Settings, workers: Workers):
 def _prepared_supervisor(
     settings: Settings, layout: MpsLayout | None, inventory: Inventory, allocator: Allocator
 ) -> MpsSupervisor | None:
-    """The MPS supervisor after its first tend of every card; None with mps.enabled false."""
     if layout is None:
         log.warning("mps.enabled is false: shared containers get env quotas only, no MPS")
         return None
@@ -287,7 +275,6 @@ def _prepared_supervisor(
 def _metrics(
     workers: Workers, settings: Settings, status: LiveStatus, facts: DaemonFacts
 ) -> tuple[Metrics, MetricsServer | None]:
-    """The metrics of the status document, and their server when metrics.enabled."""
     metrics = Metrics(status.document)
     if not settings.metrics.enabled:
         return metrics, None
@@ -304,8 +291,7 @@ def _metrics(
 
 
 def listener_caps(settings: Settings) -> dict[str, int]:
-    """The connection cap of each listener the daemon serves with ``settings``: what they
-    may hold open at once (nodemgr.runtime.fdlimit checks the open-file limit holds it)."""
+    """Each listener's connection cap (what nodemgr.runtime.fdlimit checks)."""
     caps = {"hook": hookserver.MAX_CONNECTIONS, "status": status_server.MAX_CONNECTIONS}
     if settings.metrics.enabled:
         caps["metrics"] = http.MAX_CONNECTIONS
@@ -328,7 +314,6 @@ def _listener_stats(
     status: StatusServer,
     metrics: MetricsServer | None,
 ) -> dict[str, ListenerStats]:
-    """Each listener's budget and what it refused (the status document, the metrics)."""
     stats = {"hook": hook.stats(), "status": status.stats()}
     if metrics is not None:
         stats["metrics"] = metrics.stats()
@@ -341,7 +326,6 @@ def _listener_stats(
 
 
 def _host_port(address: str, port: int) -> str:
-    """The configured address with the port really bound (port 0 picks one)."""
     return f"{address.rpartition(':')[0]}:{port}"
 
 

@@ -1,18 +1,13 @@
 """The metrics endpoint's HTTP server: bound to one address, served by one thread.
 
-wsgiref with a thread per request (a slow scraper holds up nobody), no DNS
-lookup at bind, no request log, and bind failures translated into one
-sentence saying which address and what to do. It follows the worker
-lifecycle of :mod:`nodemgr.common.workers`. What it must not do: know what
-the metrics are (``nodemgr.status.metrics`` hands it a WSGI app).
+wsgiref with a thread per request (a slow scraper holds up nobody), no DNS lookup at
+bind, no request log. What it must not do: know what the metrics are
+(``nodemgr.status.metrics`` hands it a WSGI app).
 
-The port is reachable by every local user and hostNetwork pod (on loopback; more when
-``metrics.address`` says so), so it has a budget (:mod:`nodemgr.common.connbudget`):
-``MAX_CONNECTIONS`` served at once, the rest closed at once, unread; the request head
-(request line and headers: a scrape's is a few hundred bytes) must arrive whole within
-``HEAD_SECONDS`` and be at most ``MAX_HEAD_BYTES``, else the connection is closed (431
-when too large); a body is never read; and each connection is cut ``DEADLINE_SECONDS``
-after it was accepted, answer sent or not.
+Every local user and hostNetwork pod reaches the port, so it has a budget
+(:mod:`nodemgr.common.connbudget`): the request head must arrive whole within
+``HEAD_SECONDS`` and be at most ``MAX_HEAD_BYTES`` (431 when larger), a body is never
+read, and each connection is cut ``DEADLINE_SECONDS`` after it was accepted.
 """
 
 from __future__ import annotations
@@ -38,13 +33,12 @@ from nodemgr.common.connbudget import (
 from nodemgr.common.serveloop import ServeLoop
 from nodemgr.errors import BindError
 
-# The budget (docs/operations.md, Metrics). A scrape is one short request answered in milliseconds;
-# Prometheus scrapes every 15 s or so, one connection at a time.
+# docs/operations.md, Metrics. Prometheus scrapes every 15 s or so, one connection at a time.
 MAX_CONNECTIONS = 16
-HEAD_SECONDS = 2.0  # the whole request head, in all (not per read)
+HEAD_SECONDS = 2.0  # in all, not per read
 MAX_HEAD_BYTES = 8 * 1024
 DEADLINE_SECONDS = 10.0  # accepted to closed, the answer to a slow reader included
-# Connections the kernel queues for accept: a burst of scrapers waits there, not in us.
+# A burst of scrapers waits in the kernel's accept queue, not in us.
 LISTEN_BACKLOG = 64
 _TOO_LARGE_ANSWER = (
     b"HTTP/1.0 431 Request Header Fields Too Large\r\nContent-Type: text/plain\r\n"
@@ -53,10 +47,8 @@ _TOO_LARGE_ANSWER = (
 
 
 def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
-    """A server for ``app`` bound to ``host:port`` (``[v6]:port``; port 0 = any free port).
-
-    Raises BindError, saying which address and why, when it cannot be bound.
-    """
+    """Bound to ``host:port`` (``[v6]:port``; port 0 = any free port); BindError saying
+    which address and why."""
     host, port = split_host_port(address)
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[
@@ -79,19 +71,17 @@ def bind_wsgi(address: str, app: WSGIApplication) -> MetricsServer:
 
 
 class MetricsServer:
-    """The running endpoint: ``.port`` (the bound port) and ``.stop()``."""
-
     def __init__(self, httpd: ThreadingServer):
         self.name = "metrics-http"
         self._httpd = httpd
         self.port: int = httpd.server_address[1]
-        self.url_host_port = ""  # host:port as a URL shows it (set by bind_wsgi)
+        self.url_host_port = ""  # as a URL shows it
         self._stopped = False
         self._loop = ServeLoop(httpd)
         self._thread = threading.Thread(target=self._loop.serve, name=self.name, daemon=True)
 
     def start(self) -> None:
-        """Serve on the socket ``Metrics.bind`` bound (once; later calls do nothing)."""
+        """Once; later calls do nothing."""
         if not self._thread.is_alive() and not self._stopped:
             self._httpd.budget.start()
             self._thread.start()
@@ -104,7 +94,7 @@ class MetricsServer:
         return self._httpd.budget.stats()
 
     def stop(self) -> None:
-        """Stop serving and close the listening socket (the port is free on return)."""
+        """The port is free on return."""
         if self._stopped:
             return
         self._stopped = True
@@ -127,7 +117,6 @@ class MetricsServer:
 
 
 def split_host_port(address: str) -> tuple[str, int]:
-    """``host:port`` or ``[v6]:port`` (as nodemgr.config.loading validates it) -> (host, port)."""
     host, colon, port = address.rpartition(":")
     if not colon or not host or not port.isascii() or not port.isdigit() or int(port) > 65535:
         raise BindError(f"metrics address must be host:port or [v6]:port (got {address!r})")
@@ -159,9 +148,8 @@ class ThreadingServer(BudgetedServer, socketserver.ThreadingMixIn, WSGIServer):
     request_queue_size = LISTEN_BACKLOG
 
     def server_bind(self) -> None:
-        # HTTPServer.server_bind resolves the bound host with socket.getfqdn,
-        # which can wait seconds on DNS (0.0.0.0 becomes a lookup of our own
-        # hostname); nothing here needs the name.
+        # HTTPServer.server_bind calls socket.getfqdn, which can wait seconds on DNS;
+        # nothing here needs the name.
         socketserver.TCPServer.server_bind(self)
         # A TCP server's address is a (host, port[, flowinfo, scope_id]) tuple.
         self.server_name, self.server_port = cast("tuple[str, int]", self.server_address[:2])
@@ -169,7 +157,7 @@ class ThreadingServer(BudgetedServer, socketserver.ThreadingMixIn, WSGIServer):
 
 
 class QuietHandler(WSGIRequestHandler):
-    """wsgiref's handler, given a request head it read itself within its budget."""
+    """wsgiref's handler, given a request head read within its budget."""
 
     server: ThreadingServer
     timeout = DEADLINE_SECONDS  # each send of the answer (the deadline bounds them all)
@@ -183,8 +171,7 @@ class QuietHandler(WSGIRequestHandler):
         super().handle()
 
     def _read_head(self) -> bytes | None:
-        """The request line and headers, whole within HEAD_SECONDS and MAX_HEAD_BYTES;
-        None when the connection is to be closed (counted, and answered 431 if too large)."""
+        """None when the connection is to be closed (counted; 431 if too large)."""
         budget, sock = self.server.budget, self.connection
         deadline = time.monotonic() + HEAD_SECONDS
         data = b""
@@ -233,7 +220,6 @@ class QuietHandler(WSGIRequestHandler):
 
 
 def _head_end(data: bytes) -> int | None:
-    """Where the request head ends in ``data`` (after its blank line), or None."""
     for blank in (b"\r\n\r\n", b"\n\n"):
         at = data.find(blank)
         if at >= 0:

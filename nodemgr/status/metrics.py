@@ -1,30 +1,18 @@
 """The Prometheus endpoint: what the node's cards and allocations look like, and how
 the daemon's hot paths behave.
 
-Three sources, all read at scrape time by one collector:
-
-- the status document (``snapshot()``, the same one ``nodemgr status`` shows):
-  cards, allocations, MPS, enforcement, readiness, worker health. It is turned
-  into gauges and counters here; a value the document gives as None (unknown) is
-  left out, never exported as 0;
-- the Allocate latency histogram, fed by :meth:`Metrics.observe_allocate`, which
-  the gRPC servicer calls through a plain callback (it knows nothing of Prometheus);
-- reconcile counters, fed by :meth:`Metrics.count_reconcile` and
-  :meth:`Metrics.count_reconcile_plan`.
-
-The counters and the histogram are kept here by hand, not as prometheus_client
-``Counter``/``Histogram`` objects: those add ``_created`` series (or need a
-process-wide switch to drop them) and hide their values behind private API.
+One collector reads, at scrape time, the status document (``snapshot()``: a value it
+gives as None is left out, never exported as 0), the Allocate and prepare latency
+histograms and the reconcile counters (fed through plain callbacks). Counters and
+histograms are kept by hand: prometheus_client's add ``_created`` series and hide their
+values behind private API.
 
 What it must not do: import anything of the daemon beyond errors (the daemon
 wires it), use prometheus_client's global registry (tests make many Metrics in
 one process), or let a failing snapshot break the scrape of everything else.
-With nodemgr.extender.metrics (the scheduler extender's), the only modules that
-import prometheus_client.
+With nodemgr.extender.metrics, the only modules that import prometheus_client.
 
-Why this module is longer than 400 lines: every metric family is built here from the one
-status document, in one collector, so the names Grafana and operators rely on are all in
-one place; the HTTP server is in http.py.
+Longer than 400 lines: every metric family Grafana and operators rely on is built here.
 """
 
 from __future__ import annotations
@@ -52,14 +40,13 @@ log = logging.getLogger(__name__)
 
 MIB_BYTES = 1024 * 1024
 
-# Allocate is in-memory work plus one SQLite transaction with an fsync: well
-# under a millisecond on tmpfs, a few ms on an SSD, tens on a busy disk. A
-# second is already pathological (kubelet's own timeout is minutes, but pods
-# wait on it), so the buckets stop soon after.
+# Allocate is in-memory work plus one SQLite commit: under a millisecond to a few ms,
+# tens on a busy disk. A second is pathological (pods wait on it), so the buckets stop
+# soon after.
 ALLOCATE_BUCKETS_SECONDS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
 )  # fmt: skip
-_BUCKET_LE = (*(repr(b) for b in ALLOCATE_BUCKETS_SECONDS), "+Inf")  # the exposed "le" values
+_BUCKET_LE = (*(repr(b) for b in ALLOCATE_BUCKETS_SECONDS), "+Inf")
 _PREPARE = "\0dra-prepare"  # NodePrepareResources in the same buckets (not a resource name)
 
 RECONCILE_RESULTS = ("ok", "skipped", "failed")
@@ -69,34 +56,25 @@ VIOLATION_KINDS = ("memory", "env", "unallocated", "mps_control")
 MPS_STATES = (
     "healthy", "starting", "down", "hung", "broken", "fault", "off", "disabled", "unknown",
 )  # fmt: skip
-# States in which no MPS control daemon is supposed to run (card given out whole,
-# or mps.enabled false) or in which nobody knows yet: gpushare_gpu_mps_up is left
-# out for these, so that an alert on `gpushare_gpu_mps_up == 0` means "MPS should
-# be up and is not", and nothing else. gpushare_gpu_mps_state still shows them.
+# gpushare_gpu_mps_up is left out in these, so an alert on `gpushare_gpu_mps_up == 0`
+# means "MPS should be up and is not"; gpushare_gpu_mps_state still shows them.
 MPS_UP_ABSENT = frozenset({"off", "disabled", "unknown"})
 
 CARD_LABELS = ("gpu", "index", "model")
-# An allocation is named by its owner, never by its id: the id is the credential the
-# runtime hook accepts (GPUSHARE_ALLOCATION_ID), and this endpoint is readable by every
-# local user and hostNetwork pod. Allocations without a known owner yet (kubelet has not
-# reported them) have empty owner labels; those on one card and mode are added up into
-# one series, as they cannot be told apart without the id.
+# Named by owner, never by id: the id is a credential the hook accepts, and every local
+# user reads this endpoint. Those without a known owner yet are added up per card and
+# mode.
 ALLOCATION_LABELS = ("namespace", "pod", "container", "gpu", "mode")
 ISOLATION_LABELS = (*ALLOCATION_LABELS, "memory", "compute")
-# A DRA claim's allocation is named by its claim (it may serve several pods); claims are
-# not in the gpushare_allocation_* families, which name device plugin allocations.
+# A claim may serve several pods; claims are not in the gpushare_allocation_* families.
 CLAIM_LABELS = ("namespace", "claim", "gpu", "mode")
 CLAIM_ISOLATION_LABELS = (*CLAIM_LABELS, "memory", "compute")
 PREPARE_RESULTS = ("ok", "refused")
 
 
 class Metrics:
-    """The daemon's metrics: a private registry, the hot-path callbacks, and the endpoint.
-
-    ``snapshot`` is called once per scrape, from the HTTP server's thread: it
-    must be cheap and thread-safe, and return the status document (see
-    nodemgr.domain.statusdoc for the contract).
-    """
+    """``snapshot`` is called once per scrape, from the HTTP server's thread: it must be
+    cheap and thread-safe."""
 
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]]):
         self.registry = CollectorRegistry(auto_describe=False)
@@ -104,47 +82,37 @@ class Metrics:
         self.registry.register(self._collector)
 
     def observe_allocate(self, resource: str, seconds: float, ok: bool) -> None:
-        """One Allocate call of ``resource``, answered (ok) or refused/failed, took ``seconds``."""
         self._collector.observe_allocate(resource, seconds, ok)
 
     def observe_prepare(self, seconds: float, ok: bool) -> None:
-        """One NodePrepareResources call took ``seconds`` (its claims' reads from the API
-        server included); ok is False when it refused a claim."""
+        """``seconds`` include its claims' reads from the API server."""
         self._collector.observe_prepare(seconds, ok)
 
     def count_reconcile(self, result: str) -> None:
-        """One reconcile: ``ok``, ``skipped`` (kubelet unavailable) or ``failed``."""
+        """``ok``, ``skipped`` (kubelet unavailable) or ``failed``."""
         if result not in RECONCILE_RESULTS:
             raise ValueError(f"reconcile result must be one of {RECONCILE_RESULTS}: {result!r}")
         self._collector.count_reconcile(result)
 
     def count_reconcile_plan(self, plan: ReconcilePlan) -> None:
-        """What a reconcile changed: allocations released and allocations written."""
         self._collector.count_reconcile_changes(released=len(plan.delete), updated=len(plan.put))
 
     def render(self) -> bytes:
-        """The text exposition, as a scrape would get it."""
         return generate_latest(self.registry)
 
     def serve(self, address: str) -> MetricsServer:
-        """Serve ``GET /metrics`` on ``host:port`` (``[v6]:port``; port 0 = any free port).
-
-        Raises BindError, saying which address and why, when it cannot be bound.
-        """
+        """Serve ``GET /metrics`` (see ``http.bind_wsgi``)."""
         server = self.bind(address)
         server.start()
         return server
 
     def bind(self, address: str) -> MetricsServer:
-        """The metrics server bound to ``address``, not serving yet (``start`` it)."""
         server = bind_wsgi(address, make_wsgi_app(self.registry))
         log.info("serving metrics on http://%s/metrics", server.url_host_port)
         return server
 
 
 class _Collector:
-    """Everything the registry exposes, computed at scrape time."""
-
     def __init__(self, snapshot: Callable[[], Mapping[str, Any]]):
         self._snapshot = snapshot
         self._lock = threading.Lock()  # observe/count run on gRPC and daemon threads
@@ -184,8 +152,7 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         try:
-            # Build everything before yielding anything: a document that breaks
-            # halfway gives no half-truths, only the scrape error.
+            # Built whole before yielding: a document breaking halfway gives no half-truths.
             from_snapshot = list(_from_document(self._snapshot()))
         except Exception as e:
             from_snapshot = []
@@ -262,11 +229,7 @@ class _Collector:
 
 
 def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
-    """The status document as metric families (a KeyError/TypeError means a bad document).
-
-    A section the document gives as null (no daemon facts, no enforcement) is
-    left out, like any other unknown value.
-    """
+    """A KeyError/TypeError means a bad document; a null section is left out."""
     daemon = doc["daemon"]
     if daemon is not None:
         yield GaugeMetricFamily(
@@ -294,7 +257,6 @@ def _from_document(doc: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _workers(daemon: Mapping[str, Any]) -> Iterator[Metric]:
-    """Each background worker up or down, and the daemon's health (absent when not given)."""
     if daemon.get("healthy") is not None:
         yield GaugeMetricFamily(
             "gpushare_daemon_healthy",
@@ -326,7 +288,6 @@ def _workers(daemon: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _listeners(listeners: Mapping[str, Mapping[str, Any]]) -> Iterator[Metric]:
-    """Each listener's connections, its cap, and the connections it refused, by reason."""
     if not listeners:
         return
     connections = _gauge(
@@ -495,7 +456,6 @@ def _dra(dra: Mapping[str, Any]) -> Iterator[Metric]:
 
 
 def _claims(claims: list[Mapping[str, Any]]) -> Iterator[Metric]:
-    """The DRA claims' allocations, one series per claim and card."""
     quota = _gauge(
         "gpushare_claim_memory_quota_bytes",
         "Memory quota of a DRA claim (whole cards: their memory).",
@@ -541,9 +501,8 @@ def _claims(claims: list[Mapping[str, Any]]) -> Iterator[Metric]:
 
 
 def _by_owner(allocations: list[Mapping[str, Any]]) -> dict[tuple[str, ...], dict[str, Any]]:
-    """The allocations by their label values, those sharing them (owners not known yet)
-    added up: quotas, use, containers and violations summed, confirmed only when all are,
-    the earliest start; use unknown when any is."""
+    """Those sharing label values (owners not known yet) added up: confirmed only when
+    all are, the earliest start, use unknown when any is."""
     merged: dict[tuple[str, ...], dict[str, Any]] = {}
     for a in allocations:
         labels = (
@@ -553,7 +512,7 @@ def _by_owner(allocations: list[Mapping[str, Any]]) -> dict[tuple[str, ...], dic
             str(a["gpu"]),
             "whole" if a["whole"] else "shared",
         )
-        isolation = a.get("isolation")  # null while unknown; older documents lack it
+        isolation = a.get("isolation")  # null or absent while unknown
         levels = {(isolation["memory"], isolation["compute"])} if isolation else set()
         row = {
             "memory_mib": a["memory_mib"],
@@ -633,7 +592,6 @@ def _gauge(name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
 
 
 def _one_hot(family: GaugeMetricFamily, labels: tuple[str, ...], known, current: str) -> None:
-    """The enum pattern: one sample per state, 1 for the current one."""
     states = known if current in known else (*known, current)
     for state in states:
         family.add_metric((*labels, state), int(state == current))

@@ -1,15 +1,11 @@
 """The one place that reads the kernel facts behind an allocation's isolation (I/O).
 
-``dmem_regions``: which cards have a region in the cgroup v2 ``dmem``
-controller (kernel 6.14+), i.e. the controller is enabled at the root
-(``cgroup.controllers`` lists ``dmem``) and the GPU driver registered a region
-for the card (a line of the root's ``dmem.capacity`` naming the card's PCI
-address, e.g. ``drm/0000:03:00.0/vram0 16106127360``). A card's PCI address
-comes from NVIDIA's ``/proc/driver/nvidia/gpus/<address>/information`` (its
-``GPU UUID:`` line). Anything unreadable or absent means no region: a fact
-this module cannot see is never claimed.
+``dmem_regions``: the cards with a region in the cgroup v2 ``dmem`` controller (kernel
+6.14+): enabled at the root and a line of the root's ``dmem.capacity`` naming the
+card's PCI address (``drm/0000:03:00.0/vram0 16106127360``), which comes from
+``/proc/driver/nvidia/gpus/<address>/information``. What cannot be read is never
+claimed. Read once at start: regions appear when the driver loads, before the daemon.
 
-Read once at start-up: regions appear when the driver loads, before the daemon.
 What it must not do: decide levels (nodemgr.domain.isolation does).
 """
 
@@ -23,13 +19,12 @@ log = logging.getLogger(__name__)
 
 CGROUP_ROOT = "/sys/fs/cgroup"
 NVIDIA_GPUS = "/proc/driver/nvidia/gpus"
-MAX_READ_BYTES = 1024 * 1024  # these files are a few lines; never read without bound
+MAX_READ_BYTES = 1024 * 1024  # these files are a few lines
 
 
 def dmem_regions(
     card_uuids: Iterable[str], cgroup_root: str = CGROUP_ROOT, nvidia_gpus: str = NVIDIA_GPUS
 ) -> dict[str, str]:
-    """Card UUID -> its dmem region name, for the cards that have one."""
     controllers = _read(os.path.join(cgroup_root, "cgroup.controllers"))
     if controllers is None or "dmem" not in controllers.split():
         return {}
@@ -44,7 +39,7 @@ def dmem_regions(
         if address is None:
             continue
         for region in regions:
-            # Region names carry the device name: drm/<PCI address>/<memory>.
+            # drm/<PCI address>/<memory>
             if address.lower() in region.lower().split("/"):
                 found[uuid] = region
                 break
@@ -54,7 +49,6 @@ def dmem_regions(
 
 
 def _pci_addresses(nvidia_gpus: str) -> dict[str, str]:
-    """Card UUID -> PCI address, from the NVIDIA driver's /proc files."""
     try:
         addresses = os.listdir(nvidia_gpus)
     except OSError:

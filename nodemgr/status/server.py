@@ -1,16 +1,9 @@
 """The status socket (``<run_dir>/status.sock``, root-only) that ``nodemgr status`` reads.
 
-One request per connection, as on the hook socket: the client writes one
-JSON line ``{"command": "status"}``, the daemon answers the status document
-of :mod:`nodemgr.domain.statusdoc` as one JSON line (or ``{"error": "..."}``) and
-closes. ``LiveStatus`` gathers the live state for that document and for
-the metrics endpoint; it reads, it never changes anything.
-
-The socket's budget (docs/operations.md, ``nodemgr status``): ``MAX_CONNECTIONS`` served
-at once (the rest closed at once, unread), the request whole within
-``READ_TIMEOUT_SECONDS`` and at most ``MAX_REQUEST_BYTES``, each connection cut
-``DEADLINE_SECONDS`` after it was accepted (the answer to a slow reader included), see
-:mod:`nodemgr.common.unixserver`.
+One request per connection: ``{"command": "status"}`` in, the status document (or
+``{"error": "..."}``) out, one JSON line each. ``LiveStatus`` gathers the live state for
+it and for the metrics; it never changes anything. Its budget: docs/operations.md, ``nodemgr
+status``, and :mod:`nodemgr.common.unixserver`.
 """
 
 from __future__ import annotations
@@ -36,33 +29,29 @@ from nodemgr.errors import GpushareError
 
 log = logging.getLogger(__name__)
 
-READ_TIMEOUT_SECONDS = 2.0  # the whole request, in all (not per read)
+READ_TIMEOUT_SECONDS = 2.0  # in all, not per read
 MAX_REQUEST_BYTES = 4096  # {"command": "status"} is 22 bytes
 MAX_CONNECTIONS = 16  # nodemgr status, doctor, an agent: one at a time each
 DEADLINE_SECONDS = 30.0  # a 64 MiB answer to a slow reader included
 MAX_ANSWER_BYTES = 64 * 1024 * 1024  # a node with thousands of allocations still fits
-CARDS_META_KEY = "cards"  # the ledger keeps the card list for `nodemgr status` with us down
-# The watchdog's worker name (nodemgr.enforcement.watchdog): its health says whether
-# anything checks memory quotas now. Absent from the workers: taken as down (fail closed).
+CARDS_META_KEY = "cards"  # for `nodemgr status` with the daemon down
+# Absent from the workers: taken as down (fail closed).
 WATCHDOG_WORKER = "watchdog"
 
 
 @dataclass
 class DaemonFacts:
-    """What the run loop knows about itself; it updates ``ready`` and ``registered``."""
-
     version: str
     pid: int = field(default_factory=os.getpid)
     started_at: float = field(default_factory=time.time)
     ready: bool = False  # every resource registered with kubelet and MPS healthy
     registered: bool = False  # every resource registered with the current kubelet
-    metrics_address: str | None = None  # host:port actually bound, None when off or failed
-    # Each background worker by name: {"up", "restarts", "failure", "problem"}
-    # (Workers.health).
+    metrics_address: str | None = None  # as bound; None when off or failed
+    # Workers.health
     worker_health: Callable[[], Mapping[str, Mapping[str, Any]]] | None = None
-    # The DRA plugin's state (nodemgr.dra.plugin.DraPlugin.state); None: DRA not enabled.
+    # nodemgr.dra.plugin.DraPlugin.state; None: DRA not enabled.
     dra: Callable[[], Mapping[str, Any]] | None = None
-    # Each listener by name: its budget and what it refused (ConnectionBudget.stats).
+    # ConnectionBudget.stats by listener
     listener_stats: Callable[[], Mapping[str, ListenerStats]] | None = None
 
 
@@ -79,7 +68,6 @@ class LiveStatus:
         enforcement: Callable[[], dict],
         dmem_regions: Mapping[str, str] | None = None,
     ):
-        """``dmem_regions``: card UUID -> kernel dmem region (nodemgr.status.nodefacts)."""
         self.node = node
         self.facts = facts
         self._allocator = allocator
@@ -91,7 +79,6 @@ class LiveStatus:
         self._dmem_regions = dict(dmem_regions or {})
 
     def remember_cards(self) -> None:
-        """Keep the card list in the ledger, for ``nodemgr status`` while we are down."""
         cards = [
             {"index": c.index, "uuid": c.uuid, "name": c.name, "memory_mib": c.memory_mib}
             for c in self._allocator.cards
@@ -143,8 +130,6 @@ class LiveStatus:
                 "ready": facts.ready,
                 "registered": facts.registered,
                 "metrics_address": facts.metrics_address,
-                # False while any worker is down or cannot do its job (systemd gets no
-                # WATCHDOG=1 then); ``problems`` says which and why.
                 "healthy": not problems,
                 "problems": problems,
                 "workers": workers,
@@ -190,7 +175,7 @@ class StatusServer(UnixServer):
 
 
 def query(socket_path: str, timeout_seconds: float = 5.0) -> dict:
-    """The daemon's status document; OSError or protocol.ProtocolError when it cannot answer."""
+    """OSError or protocol.ProtocolError when the daemon cannot answer."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_seconds)
         sock.connect(socket_path)

@@ -1,62 +1,37 @@
 """Keeps every card in its mode: shared cards run MPS, whole cards leave it.
 
-For a card that is not given out whole: its control daemon runs (started, or
-adopted when one already answers at its pipe directory), compute mode is
-EXCLUSIVE_PROCESS and the server-side ceiling is set (pinned memory limit at
-the card's shareable memory, so a client without env is still bounded). A
-control daemon that is down is restarted with backoff (1 s, doubling, at most
-60 s); while it is down, hung, answering garbage or in FAULT the card's shared
-devices are Unhealthy (``Allocator.set_card_problem``). Health checks only
-read: running clients are never killed.
+A shared card's control daemon runs (started, or adopted when one answers at its pipe
+directory), compute mode is EXCLUSIVE_PROCESS and the server-side pinned memory ceiling
+is set (a client without env is still bounded). A daemon down is restarted with backoff
+(1 s doubling to 60 s); while it is down, hung, broken or in FAULT, or answers but
+cannot be verified (mps.identity: its servers could not be told from tenants'), the
+card's shared devices are Unhealthy. A card given out whole leaves MPS once its daemon
+has no clients (compute mode DEFAULT); freed, it returns. ``mps_servers`` gives the
+watchdog the verified daemons' servers, the only GPU processes outside containers it
+spares.
 
-For a card given out whole: its control daemon is stopped once it has no
-clients, then compute mode goes back to DEFAULT; freed, it returns to MPS.
+The thread sleeps until a card changes state, a verified daemon exits (a pidfd each)
+or a health check is due. A check re-verifies the known daemon alone and, at most
+every ``DEFAULTS_CHECK_SECONDS``, reads the daemon's defaults back: any tenant may set
+them through the unprivileged socket, so a change is restored and logged.
 
-Which process is a card's control daemon is verified from facts no container can
-forge (mps.identity): the one holding the listening socket of its pipe directory,
-running the control binary, as our user, in our mount namespace. A daemon that
-answers but cannot be verified makes the card Unhealthy: its MPS servers could not
-be told from tenants' processes. ``mps_servers`` gives the watchdog exactly the
-servers of the verified daemons (their direct children running the server binary):
-the only GPU processes outside containers that enforcement spares. Containers get
-the card's client directory, whose ``control`` is kept the daemon's current socket.
+Each card has its own /dev/shm tmpfs (mps.shm), shared by its shared containers and its
+control daemon, started in a namespace where /dev/shm is that tmpfs (mps.namespace). A
+daemon found on the host's /dev/shm is replaced once it has no clients. A card holding
+no shared allocation has its tmpfs emptied under the allocator's lock, after an idle
+MPS server is stopped with its daemon (its own files are there too). Without root the
+daemons keep our /dev/shm and the cards' directories are plain ones (said once).
 
-What it costs follows from what changes, not from a timer: the thread sleeps
-until a card changes state (given out whole or freed: allocator.card_changes), a
-verified control daemon exits (a pidfd per daemon: no process-table walk) or the
-next health check is due (``health_check_interval_seconds``: the control-command
-probe, which also finds a hung daemon). A check re-verifies the known daemon alone
-(mps.proc.find_daemon), and at most every ``DEFAULTS_CHECK_SECONDS`` reads the
-daemon's defaults back: any client (a tenant) may set them through the
-unprivileged socket, so a changed pinned limit or thread percentage is restored
-and logged. The first tend at start runs every card at once.
+A control daemon serves one client at a time and waits on it with no time-out, so a
+silent client hangs MPS on the card for every tenant. While a card does not answer,
+each hung check looks at the daemon's connections (mps.connections); a client waited
+on at two checks in a row is a hold (mps.holders), named in the card's problem and
+handed to the watchdog (``control_holds``). The supervisor itself never kills.
 
-/dev/shm, per card (mps.shm, mps.namespace): each card has a tmpfs of its own,
-mounted at start (``mps.shm_size_mib`` each; 0: half of the machine's memory shared
-out among the cards), the /dev/shm of the card's shared containers (Allocate's
-mounts) and of its control daemon, which is started in a mount namespace of its own
-where /dev/shm is that tmpfs, so its MPS servers have it too. A daemon found on the
-host's /dev/shm (started by an earlier gpushare-node, or by hand) is adopted and
-replaced by one in the card's namespace as soon as it has no clients. Once a card
-holds no shared allocation its tmpfs is emptied (under the allocator's lock: no
-container of a new allocation meets it), after its MPS server, if one runs without
-clients, is stopped with its control daemon, which is then started again: the
-server's own files are there too. The one tmpfs earlier versions gave every card is
-unmounted at start. Without root none of this can be had: the daemons keep our
-/dev/shm and the cards' directories are plain ones (said once, at start).
+Stopping leaves every control daemon running: they and their clients outlive a restart
+or upgrade of gpushare-node.
 
-A control daemon serves one client at a time and waits, with no time-out, on the one
-it accepted: a client that connects to the control socket and sends nothing (or reads
-nothing of what the daemon sends it, until the daemon blocks writing) hangs MPS
-on the card for every tenant. While a card does not answer, each hung check also looks
-at the daemon's connections (mps.connections, judged by mps.holders); a connection on
-which the daemon waits for a client other than ours is looked at again at once (after
-one more check that times out), and one seen so both times is a hold: its holders are
-named in the card's problem and handed to the watchdog (``control_holds``), which acts
-on them as an ``mps_control`` violation. The supervisor itself never kills.
-
-The node daemon's stop leaves every control daemon running: they and their
-clients must outlive a restart or upgrade of gpushare-node.
+Longer than 400 lines: one thread drives each card's mode, daemon, tmpfs and holds.
 """
 
 from __future__ import annotations
@@ -89,24 +64,22 @@ from nodemgr.inventory import Card, Inventory
 log = logging.getLogger(__name__)
 
 BACKOFF_MAX_SECONDS = 60.0
-# The MPS defaults are read back at most this often (two control commands per card).
+# Two control commands per card.
 DEFAULTS_CHECK_SECONDS = 60.0
 DEFAULT_THREAD_PERCENT = 100.0  # no server-side share: each client's env sets its own
-MIN_SHM_MIB = 64  # a card's /dev/shm is never smaller than a container runtime's default
+MIN_SHM_MIB = 64  # a container runtime's default
 
 
 def card_shm_mib(setting_mib: int, memory_bytes: int, cards: int) -> int:
-    """The size of each card's /dev/shm tmpfs: ``mps.shm_size_mib``, or for 0 half of the
-    machine's memory shared out among the cards (what one tmpfs for all held before), at
-    least MIN_SHM_MIB. A tmpfs takes memory only for what is written in it."""
+    """``mps.shm_size_mib``, or for 0 half of the memory shared out among the cards, at
+    least MIN_SHM_MIB (a tmpfs takes memory only for what is written in it)."""
     if setting_mib:
         return setting_mib
     return max(MIN_SHM_MIB, memory_bytes // 2 // max(1, cards) // 2**20)
 
 
 def card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, isolate: bool) -> CardDaemon:
-    """The card's control daemon as gpushare-node runs it: with ``isolate``, started in the
-    card's mount namespace, whose /dev/shm is the card's tmpfs."""
+    """With ``isolate``: started in the card's mount namespace."""
     namespace = None
     if isolate:
         timeout = settings.command_timeout_seconds
@@ -123,10 +96,9 @@ def card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, isolate: bo
 
 
 def start_card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, cards: int) -> int:
-    """Start the card's control daemon as the supervisor does (what a ``gpushare-mps@`` unit
-    runs, through ``nodemgr mps-start``): as root, in the card's namespace on the card's
-    tmpfs (``mps.shm_size_mib``, of ``cards`` cards), made first. Its PID; MpsError or
-    MountError naming what failed (a daemon already answering is left alone)."""
+    """As the supervisor does (``nodemgr mps-start``, run by a ``gpushare-mps@`` unit):
+    in the card's namespace on its tmpfs, made first. Its PID; a daemon already
+    answering is left alone."""
     isolate = os.geteuid() == 0
     if isolate:
         prepare_directory(layout.namespace_dir)
@@ -147,20 +119,18 @@ def start_card_daemon(settings: MpsSettings, layout: MpsLayout, uuid: str, cards
 class _CardState:
     daemon: CardDaemon
     mode: str | None = None  # "shared" or "whole" once reached
-    # The verified control daemon the ceilings were set on. Read by the watchdog thread
-    # (mps_servers): replaced whole, never changed in place.
+    # Where the ceilings were set. Read by the watchdog thread: replaced whole.
     identity: DaemonIdentity | None = None
     failures: int = 0
     retry_at: float = 0.0  # monotonic; no restart before this
     problem: str | None = None
-    health: Health | None = None  # the last probe's answer, for nodemgr status
+    health: Health | None = None
     notes: set[str] = field(default_factory=set)  # said once until the situation changes
-    watched: tuple[DaemonIdentity, int] | None = None  # the verified daemon and its pidfd
+    watched: tuple[DaemonIdentity, int] | None = None  # with its pidfd
     defaults_checked_at: float = 0.0  # monotonic
-    shm_problem: str | None = None  # why its tmpfs could not be mounted (no shared work)
-    # While the card does not answer: the daemon's connections at the last hung check,
-    # whether to check again at once (a client it waits on, not yet seen twice), and
-    # the holds found. ``holds`` is read by the watchdog's thread: replaced whole.
+    shm_problem: str | None = None
+    # While the card does not answer: the last hung check's look, whether to look again
+    # at once, the holds found (read by the watchdog's thread: replaced whole).
     look: Look | None = None
     relook: bool = False
     holds: tuple[ControlHold, ...] = ()
@@ -176,8 +146,7 @@ class MpsSupervisor(ThreadWorker):
         memory_unit_mib: int,
         isolate_shm: bool | None = None,
     ):
-        """``isolate_shm``: a tmpfs and a control daemon namespace per card (needs root;
-        None: when running as root)."""
+        """``isolate_shm`` (needs root) None: when running as root."""
         super().__init__("mps-supervisor")
         self._settings = settings
         self._layout = layout
@@ -193,13 +162,10 @@ class MpsSupervisor(ThreadWorker):
             card.uuid: _CardState(card_daemon(settings, layout, card.uuid, self._isolate))
             for card in allocator.cards
         }
-        # Written by card changes (a listener) and stop(): ends the wait in run().
-        self._wake_pipe = WakePipe()  # lives as long as the supervisor: never closed
+        self._wake_pipe = WakePipe()  # card changes and stop(); never closed
 
     def mps_servers(self) -> frozenset[tuple[int, int]]:
-        """(PID, start ticks) of the MPS servers of the verified control daemons, read
-        now (a server started a moment ago is in). Called from the watchdog's thread;
-        a process that cannot be read is simply not in (fail closed)."""
+        """Read now, from the watchdog's thread; an unreadable process is not in."""
         servers: set[tuple[int, int]] = set()
         for state in list(self._states.values()):
             identity = state.identity
@@ -208,17 +174,14 @@ class MpsSupervisor(ThreadWorker):
         return frozenset(servers)
 
     def control_holds(self) -> tuple[ControlHold, ...]:
-        """The processes holding a card's control daemon (a client connected to its control
-        socket that sends nothing), as the last hung checks found them. Called from the
-        watchdog's thread."""
+        """As the last hung checks found them; from the watchdog's thread."""
         holds: list[ControlHold] = []
         for state in list(self._states.values()):
             holds.extend(state.holds)
         return tuple(holds)
 
     def prepare(self) -> None:
-        """Once at start, before serving: every card's /dev/shm and first tend, all cards
-        at once (each waits on its own control commands)."""
+        """Once at start, before serving: every card at once."""
         self._prepare_shm()
         whole, shared = self._allocator.whole_cards(), self._allocator.shared_cards()
         with ThreadPoolExecutor(max(1, len(self._states)), "mps-prepare") as pool:
@@ -249,16 +212,13 @@ class MpsSupervisor(ThreadWorker):
         self._poke()
 
     def _next_wake(self, next_check: float) -> float:
-        """The health check, or sooner a restart whose backoff ends first, or now for a
-        card whose daemon waits on a client that must be looked at again."""
         if any(s.relook for s in self._states.values()):
             return time.monotonic()
         retries = [s.retry_at for s in self._states.values() if s.failures and s.retry_at]
         return min([next_check, *retries])
 
     def _wait(self, timeout: float) -> set[str]:
-        """Sleep until poked, a watched daemon exits, or ``timeout``; the cards whose
-        daemon exited."""
+        """The cards whose daemon exited."""
         watched = {s.watched[1]: uuid for uuid, s in self._states.items() if s.watched}
         try:
             wake = self._wake_pipe.fileno()
@@ -270,8 +230,8 @@ class MpsSupervisor(ThreadWorker):
         return {watched[fd] for fd in ready if fd in watched}
 
     def tend_all(self, check: bool = True, died: set[str] | frozenset[str] = frozenset()) -> None:
-        """Bring every card to its mode. ``check``: ask every control daemon (the health
-        check); otherwise only the cards that changed state or whose daemon exited."""
+        """``check``: ask every control daemon; otherwise only the cards that changed state
+        or whose daemon exited."""
         whole, shared = self._allocator.whole_cards(), self._allocator.shared_cards()
         for uuid in self._states:
             if self.stopping:  # a stop waits for at most the one command in flight
@@ -291,11 +251,9 @@ class MpsSupervisor(ThreadWorker):
             log.exception("GPU%d: MPS supervision failed", card.index)
 
     def set_settings(self, settings: MpsSettings) -> None:
-        """A config reload (only health_check_interval_seconds may differ: see config)."""
         self._settings = settings
 
     def views(self) -> dict[str, MpsView]:
-        """Card UUID -> its control daemon as last seen (read by the status socket)."""
         views = {}
         for uuid, state in self._states.items():
             health = state.health
@@ -352,7 +310,6 @@ class MpsSupervisor(ThreadWorker):
         self._set_problem(card, state, None)
 
     def _probe(self, card: Card, state: _CardState) -> Health:
-        """The daemon's health now; while it hangs, also who holds it (``_find_holders``)."""
         health = state.health = state.daemon.probe()
         if health.state is HealthState.HUNG:
             health = state.health = self._find_holders(card, state, health)
@@ -362,8 +319,8 @@ class MpsSupervisor(ThreadWorker):
         return health
 
     def _without_shm(self, card: Card, state: _CardState) -> bool:
-        """The card's tmpfs could not be mounted (tried again now): no shared work, since
-        its containers' /dev/shm would be a directory of the host's run_dir."""
+        """Without its tmpfs (tried again now) no shared work: its containers' /dev/shm would
+        be a directory of the host's run_dir."""
         if state.shm_problem is None or self._mount_shm(card, state):
             return False
         reason = f"no /dev/shm for its containers: {state.shm_problem}"
@@ -371,8 +328,7 @@ class MpsSupervisor(ThreadWorker):
         return True
 
     def _set_up(self, card: Card, state: _CardState, identity: DaemonIdentity) -> bool:
-        """A daemon new to us gets EXCLUSIVE_PROCESS and the pinned memory ceiling. False
-        when that failed (the card's problem)."""
+        """False when that failed (the card's problem)."""
         if state.identity == identity and state.mode == "shared":
             return True
         try:
@@ -402,10 +358,8 @@ class MpsSupervisor(ThreadWorker):
         health: Health,
         replaced: bool,
     ) -> bool:
-        """Whether the daemon's /dev/shm is not the card's tmpfs and that was dealt with:
-        the daemon quit once idle and one started in the card's namespace in its place, or
-        (one we have just started there is not on it either) the card's problem. False:
-        it is on the card's tmpfs (or there is no namespace), or it serves clients on."""
+        """True when the daemon is off the card's tmpfs and that was dealt with (replaced,
+        or the card's problem); False when it is on it, or serves clients on."""
         if state.daemon.on_card_shm(identity) is not False:
             return False
         if replaced:
@@ -423,9 +377,7 @@ class MpsSupervisor(ThreadWorker):
     def _replace_outside(
         self, card: Card, state: _CardState, identity: DaemonIdentity, health: Health
     ) -> bool:
-        """A daemon whose /dev/shm is not the card's tmpfs (it runs in the host's namespace:
-        an earlier gpushare-node or an admin started it) is quit once it has no clients, so
-        that one in the card's namespace takes its place. True once quit."""
+        """Quit it once it has no clients, for one in the card's namespace. True once quit."""
         if health.clients:
             self._note(
                 state,
@@ -457,9 +409,7 @@ class MpsSupervisor(ThreadWorker):
         return True
 
     def _find_holders(self, card: Card, state: _CardState, hung: Health) -> Health:
-        """A hung check: who the daemon waits on. A client it waits on at two hung checks
-        in a row holds it (mps.holders): named in the card's problem, handed to the
-        watchdog. Returns the hung health, its reason naming what was found."""
+        """The hung health, its reason naming what holds the daemon (see the module)."""
         identity = state.daemon.identify(state.identity)
         if identity is None:
             state.look, state.holds = None, ()
@@ -514,9 +464,8 @@ class MpsSupervisor(ThreadWorker):
         return (card.memory_mib // self._unit_mib) * self._unit_mib
 
     def _check_defaults(self, card: Card, state: _CardState) -> None:
-        """Any MPS client, so any tenant, can change the daemon's defaults through the
-        unprivileged socket (a pinned limit of 1M or a 3 % share for every later server
-        on the card): read them back now and then, restore them and say so."""
+        """Any tenant can set a pinned limit of 1M or a 3 % share for every later server on
+        the card through the unprivileged socket: restore them and say so."""
         now = time.monotonic()
         period = max(DEFAULTS_CHECK_SECONDS, self._settings.health_check_interval_seconds)
         if now - state.defaults_checked_at < period:
@@ -547,7 +496,6 @@ class MpsSupervisor(ThreadWorker):
             )
 
     def _watch(self, state: _CardState, identity: DaemonIdentity) -> None:
-        """Hold a pidfd of the verified daemon: its exit wakes run() at once."""
         if state.watched is not None and state.watched[0] == identity:
             return
         self._unwatch(state)
@@ -568,8 +516,7 @@ class MpsSupervisor(ThreadWorker):
             state.watched = None
 
     def _unverified(self, card: Card, state: _CardState) -> None:
-        """A daemon answers at the card's pipe directory, but no single process passes
-        mps.identity: its servers would be killed as unallocated, so no shared work."""
+        """Its servers would be killed as unallocated, so no shared work."""
         user = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
         reason = (
             f"an MPS control daemon answers at {state.daemon.pipe_dir} but no single process "
@@ -686,8 +633,6 @@ class MpsSupervisor(ThreadWorker):
     # -- /dev/shm ------------------------------------------------------------------
 
     def _prepare_shm(self) -> None:
-        """At start: the node-wide tmpfs of earlier versions unmounted, the namespace
-        directory made private, every card's tmpfs mounted (or resized)."""
         layout = self._layout
         if not self._isolate:
             log.warning(
@@ -710,10 +655,8 @@ class MpsSupervisor(ThreadWorker):
             self._mount_shm(self._cards[uuid], state)
 
     def _retire_node_wide_shm(self) -> None:
-        """Earlier versions gave every shared container of every card one tmpfs at
-        ``<run_dir>/mps/shm``. Unmounted (lazily: containers started with it keep theirs,
-        the kernel frees it after the last) and never mounted again; the runtime hook
-        refuses a container that still names it."""
+        """``MpsLayout.retired_shm_dir``, unmounted lazily (containers started with it keep
+        it); the hook refuses a container that still names it."""
         path = self._layout.retired_shm_dir
         try:
             if shm.unmount(path):
@@ -744,9 +687,6 @@ class MpsSupervisor(ThreadWorker):
         return True
 
     def _empty_shm(self, card: Card, state: _CardState, whole: bool) -> None:
-        """The card holds no shared allocation: what its tenants left goes. An MPS server
-        that still runs (without clients) is stopped first, with its control daemon, and
-        the daemon started again after: the server's own files are there too."""
         identity, stopped = state.identity, False
         if identity is not None and state.daemon.servers(identity):
             health = state.daemon.probe()
@@ -804,7 +744,7 @@ class MpsSupervisor(ThreadWorker):
 
 
 def _has_entries(path: str) -> bool:
-    """Whether the directory holds anything (unreadable: no, nothing to empty there)."""
+    """Unreadable: no."""
     try:
         with os.scandir(path) as entries:
             return next(entries, None) is not None

@@ -1,32 +1,13 @@
 """``nodemgr doctor``: what this node lacks for gpushare-node, and the fix for each.
 
-One line per check, ``PASS|WARN|FAIL  <check>  <what was found>`` and, for WARN
-and FAIL, ``— fix: <exact action>``; ``--json`` gives the same as a list of
-``{check, status, detail, fix}``. Exit status: 0 when nothing FAILs, 1 when
-something does, 2 when the config file itself is unusable (as every nodemgr
-command and the daemon do; nothing else is checked then, since every other
-check reads its paths from the config).
+Exit status: 0 when nothing FAILs, 1 when something does, 2 when the config itself is
+unusable (nothing else is checked then: every check reads its paths from it). Each
+check is a thin probe followed by a pure verdict function (``*_result``), which the
+unit tests pin; one module per check family.
 
-This module owns the command line (``add_parser``, ``run``) and the order of
-the checks (``run_checks``). Each check is a thin probe (stat, connect, read a
-file) followed by a pure verdict function (``*_result``) that turns what was
-found into a ``report.Result``; the verdicts are what the unit tests pin. The
-checks live in one module per family: ``config_checks``, ``system``
-(privileges, cgroups), ``gpu`` (driver, NVML, cards, MPS binary), ``kubelet``
-(its two sockets), ``runtime_hook`` (CRI-O/podman hooks.d, containerd),
-``daemon`` (gpushare-node and its ledger), ``kubernetes_api`` and
-``placement`` (the scheduler extender's public key).
-
-What it must not do: change anything. It reads files, connects to sockets,
-initialises NVML to list the cards, opens the ledger read-only, asks the
-daemon's status socket for its status document (as ``nodemgr status`` does),
-sends its hook socket one ``poststop`` for a container ID no runtime can
-produce (the daemon answers it from memory without writing or logging), and,
-with ``kubernetes.enabled``, asks the API server with the daemon's credentials
-(found as the daemon finds them) for this node and, per verb of
-``nodemgr.kubernetes.adapter.API_PERMISSIONS``, a SelfSubjectAccessReview (what ``kubectl
-auth can-i`` sends: the server answers it and stores nothing). It never
-starts, stops, writes, creates or removes anything.
+What it must not do: change anything. Its only requests that reach a server are a
+no-op ``poststop`` on the hook socket (answered from memory) and, with
+``kubernetes.enabled``, GETs and SelfSubjectAccessReviews (stored nowhere).
 """
 
 from __future__ import annotations
@@ -80,7 +61,6 @@ def run(args, host: Host | None = None) -> int:
 
 
 def run_checks(settings: Settings, config_path: str | None, host: Host) -> list[Result]:
-    """Every check, in the order of the report."""
     installed = config_path is None and os.path.isfile(host.path(INSTALLED_CONFIG))
     results = [config_result(config_path, settings, installed), check_privileges(host)]
     results += check_gpus(settings, host)

@@ -1,9 +1,7 @@
 """Doctor's ``config`` line: the config file given, the defaults, or why it is unusable.
 
-``config_result`` passes a valid config (and warns when doctor checks the
-built-in defaults although ``nodemgr install`` put a config on this node);
-``config_error_result`` is the one FAIL line doctor prints when the config
-cannot be loaded, since every other check reads its paths from it.
+It warns when doctor checks the built-in defaults although ``nodemgr install`` put a
+config on this node: the daemon would use other paths.
 """
 
 from __future__ import annotations
@@ -13,8 +11,7 @@ from nodemgr.config.loading import config_error_line
 from nodemgr.config.schema import Settings
 from nodemgr.errors import ConfigError
 
-# Where `nodemgr install` puts the daemon's config (nodemgr.cli.install.render.CONFIG_PATH; a
-# sibling command package, so not imported: a test keeps the two equal).
+# nodemgr.cli.install.render.CONFIG_PATH (a sibling package: a test keeps them equal).
 INSTALLED_CONFIG = "/etc/gpushare/config.yaml"
 
 
@@ -24,8 +21,6 @@ def config_result(path: str | None, settings: Settings, installed_config: bool) 
     if path:
         return Result("config", PASS, f"{path}: {valid}")
     if installed_config:
-        # The installed unit runs the daemon with that file: checking the defaults
-        # instead would look at other paths than the daemon uses.
         return Result(
             "config",
             WARN,
@@ -42,7 +37,6 @@ def config_result(path: str | None, settings: Settings, installed_config: bool) 
 
 
 def config_error_result(path: str | None, err: ConfigError) -> Result:
-    """The FAIL line for a config that does not load: the offending key and how to recheck."""
     return Result(
         "config",
         FAIL,

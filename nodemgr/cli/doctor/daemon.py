@@ -1,12 +1,7 @@
 """Doctor's checks of gpushare-node itself: is it running and ready, and does its ledger open.
 
-``check_daemon`` asks the hook socket for a no-op ``poststop`` (for a
-container ID no runtime can produce, so the daemon finds nothing to
-unregister and writes nothing) and the status socket for the status document
-``nodemgr status`` shows; ``daemon_result`` says whether the daemon is down,
-hung, not healthy (a worker down, or the enforcement watchdog unable to judge: FAIL,
-naming why), not ready (and why: kubelet registration, a card's MPS health) or ready.
-``check_ledger`` opens the ledger read-only and counts what it holds.
+The daemon is asked on both sockets: a no-op ``poststop`` on the hook socket proves it
+answers, the status document says whether it is healthy and ready, and why not.
 """
 
 from __future__ import annotations
@@ -22,8 +17,7 @@ from nodemgr.config.schema import Settings
 from nodemgr.errors import LedgerError
 from nodemgr.status.server import query as query_status
 
-# The poststop probe: no runtime makes IDs like this (they are 64 hex digits),
-# so the daemon finds nothing to unregister and writes nothing.
+# No runtime makes IDs like this (they are 64 hex digits): nothing to unregister.
 PROBE_CONTAINER_ID = "gpushare-doctor-probe"
 
 
@@ -37,7 +31,6 @@ def check_daemon(settings: Settings, host: Host) -> Result:
 
 
 def probe_hook_socket(path: str, timeout: float) -> SocketProbe:
-    """Ask the daemon on its hook socket for a no-op ``poststop``: proves it answers."""
     found = stat_socket(path)
     if found is not None:
         return found
@@ -55,7 +48,6 @@ def probe_hook_socket(path: str, timeout: float) -> SocketProbe:
 
 
 def probe_status_socket(path: str, timeout: float) -> tuple[SocketProbe, dict | None]:
-    """Ask the daemon for its status document (what ``nodemgr status`` shows)."""
     found = stat_socket(path)
     if found is not None:
         return found, None

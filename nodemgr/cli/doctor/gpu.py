@@ -1,13 +1,8 @@
 """Doctor's GPU checks: the driver and NVML, each card's compute capability and MIG mode,
 and the MPS control binary.
 
-``check_gpus`` lists the cards as the daemon would (``open_inventory``) and
-reads the loaded kernel module's version from /proc/driver/nvidia/version, so
-a failure names the missing piece: the kernel module, or the user-space
-library of the same version. For real cards, ``card_result`` checks what the
-MPS quotas rest on: compute capability 7.0 (Volta) or newer, and MIG off.
-``check_mps_binary`` finds ``mps.control_binary`` and warns when a real GPU
-node would run a script (the test stand-in) in its place.
+A failure names the missing piece: the kernel module, or the user-space library of the
+same version.
 """
 
 from __future__ import annotations
@@ -49,7 +44,6 @@ def check_gpus(settings: Settings, host: Host) -> list[Result]:
 
 
 def read_driver_version(host: Host) -> str | None:
-    """The loaded kernel module's version from /proc/driver/nvidia/version, or None."""
     try:
         with open(host.path(NVIDIA_DRIVER_VERSION_FILE), encoding="utf-8") as f:
             return parse_driver_version(f.read())
@@ -106,13 +100,12 @@ def _card_list(cards: Iterable[Card]) -> str:
 
 
 def _without_nvml_hint(message: str) -> str:
-    """The NVML backend's problem without its generic driver hint (the fix says it better)."""
+    """Without the generic driver hint: the fix says it better."""
     cut = message.find(": is the NVIDIA driver installed")
     return message[:cut] if cut > 0 else message
 
 
 def card_result(card: Card, mps_enabled: bool) -> Result:
-    """Compute capability (MPS needs >= 7.0) and MIG mode of one real card."""
     name = f"GPU{card.index}"
     found = [card.name]
     problems: list[tuple[str, str, str]] = []  # (status, text, fix)

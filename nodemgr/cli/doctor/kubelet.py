@@ -1,9 +1,7 @@
 """Doctor's kubelet checks: the device-plugin registration socket and the pod-resources socket.
 
-Each is a connect-and-close probe (``host.probe_socket``); ``kubelet_socket_result``
-turns what it found into what it means for pods (resources never registered,
-allocations of deleted pods never released) and the fix, including the config
-key to set when kubelet runs with another ``--root-dir``.
+Each result says what it means for pods and the fix, with the config key to set when
+kubelet runs with another ``--root-dir``.
 """
 
 from __future__ import annotations
@@ -16,7 +14,6 @@ from nodemgr.config.schema import Settings
 
 
 def check_kubelet_sockets(settings: Settings, host: Host) -> list[Result]:
-    """The ``kubelet socket`` and ``pod-resources socket`` lines, in that order."""
     return [
         kubelet_socket_result(
             "kubelet socket",

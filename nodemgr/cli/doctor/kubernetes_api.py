@@ -1,13 +1,8 @@
 """Doctor's ``Kubernetes API`` check: credentials, the API server, this node, and RBAC.
 
-With ``kubernetes.enabled`` it finds the credentials as the daemon finds them,
-GETs this node, and asks the API server one SelfSubjectAccessReview per verb
-of ``nodemgr.kubernetes.adapter.API_PERMISSIONS`` (what ``kubectl auth
-can-i`` sends: the server answers it and stores nothing). ``probe_kubernetes``
-collects what the requests found into a ``KubeProbe``; ``kubernetes_result``
-turns it into PASS, WARN (unknown node) or FAIL (unreachable, rejected
-credentials, RBAC denials, another authorizer refusing), each with its fix.
-With ``kubernetes.enabled: false`` it warns what is lost and sends nothing.
+One SelfSubjectAccessReview per verb the daemon uses (what ``kubectl auth can-i`` sends:
+the server answers and stores nothing). With ``kubernetes.enabled: false`` it warns what
+is lost and sends nothing.
 """
 
 from __future__ import annotations
@@ -29,27 +24,23 @@ KUBERNETES_DISABLED = (
 
 @dataclass(frozen=True)
 class KubeProbe:
-    """What doctor's requests to the API server found (the input of ``kubernetes_result``)."""
-
-    credentials: str  # where they came from: Credentials.describe()
+    credentials: str  # Credentials.describe()
     server: str
     node_name: str
     node: str | None = None  # found, missing; None: not known (the GET failed)
-    node_error: str | None = None  # why the GET of the node was refused (HTTP 403)
-    error: str | None = None  # the request that failed and why, when one did
-    error_status: int | None = None  # its HTTP status; None when there was no answer
+    node_error: str | None = None  # why the GET of the node was refused (403)
+    error: str | None = None  # the request that failed and why
+    error_status: int | None = None  # None: no answer
     unavailable: bool = False  # no answer (refused, timeout, TLS), 5xx or 429
-    checked: tuple[tuple[str, str, str], ...] = ()  # (group, resource, verb) reviewed
-    denied: tuple[tuple[str, str, str], ...] = ()  # those RBAC does not allow
+    checked: tuple[tuple[str, str, str], ...] = ()  # (group, resource, verb)
+    denied: tuple[tuple[str, str, str], ...] = ()
 
 
 def check_kubernetes(settings: Settings, host: Host) -> Result:
-    """Credentials (as the daemon finds them), the API server, this node, the adapter's RBAC."""
     kubernetes = settings.kubernetes
     if not kubernetes.enabled:
         return kubernetes_disabled_result()
-    # Imported here: the kubernetes client takes half a second to load, which
-    # every other nodemgr command would pay.
+    # The kubernetes client takes half a second to load; other commands need not pay it.
     from nodemgr.kubernetes import adapter as kube
     from nodemgr.kubernetes import client as kube_client
 
@@ -74,12 +65,7 @@ def check_kubernetes(settings: Settings, host: Host) -> Result:
 
 
 def probe_kubernetes(client, node_name: str, permissions, driver: str | None = None) -> KubeProbe:
-    """GET this node, then one SelfSubjectAccessReview per verb of ``permissions``.
-
-    ``client``: a ``kube_client.CommandClient``; ``permissions``: (group,
-    resource, verbs) as ``nodemgr.kubernetes.adapter.API_PERMISSIONS``. Stops at the first
-    request that gets no usable answer.
-    """
+    """Stops at the first request that gets no usable answer."""
     found = KubeProbe(client.credentials.describe(), client.server, node_name)
     try:
         client.read_node(node_name)
@@ -128,7 +114,6 @@ def kubernetes_disabled_result() -> Result:
 
 
 def kubernetes_credentials_result(problem: str, fix: str) -> Result:
-    """``problem``: why there are no usable credentials (find_credentials, the loader)."""
     return Result(
         KUBERNETES_CHECK,
         FAIL,
@@ -208,7 +193,7 @@ def kubernetes_result(probe: KubeProbe) -> Result:
 
 
 def _verbs_on(permissions: Iterable[tuple[str, str, str]]) -> str:
-    """E.g. ``get, list on pods; patch on nodes/status``, in the order given."""
+    """``get, list on pods; patch on nodes/status``, in the order given."""
     verbs: dict[str, list[str]] = {}
     for group, resource, verb in permissions:
         verbs.setdefault(f"{resource}.{group}" if group else resource, []).append(verb)

@@ -1,14 +1,8 @@
 """Doctor's ``placement key`` check: whose card choice this node will honour.
 
-With ``kubernetes.placement_trust: signed`` (the default) the node honours only a
-placement gpushare-scheduler signed, checked with its public key
-(``kubernetes.placement_public_key``): PASS when that file is readable and an
-Ed25519 public key (read as the daemon reads it, without loading
-``cryptography``); FAIL when it is set but unusable (every placement would be
-ignored); WARN when none is set (the extender's choices are ignored and the
-node places every pod itself). ``annotations`` WARNs: pod owners can choose
-their card and their place in the queue. Nothing is checked with
-``kubernetes.enabled: false`` (no pod is read at all).
+Under ``signed``: FAIL when the public key is set but unusable (every placement would be
+ignored), WARN when none is set (the node places every pod itself). ``annotations``
+WARNs: pod owners can choose their card and their place in the queue.
 """
 
 from __future__ import annotations

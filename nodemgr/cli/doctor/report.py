@@ -1,10 +1,4 @@
-"""What every doctor check returns, and how the report is printed.
-
-A check's verdict is a ``Result``: the check's name, PASS, WARN or FAIL, what
-was found and, for WARN and FAIL, the exact fix. ``render`` prints one aligned
-line per result and a summary line; ``worst`` picks the most severe status
-when a check combines several findings.
-"""
+"""What every doctor check returns, and how the report is printed."""
 
 from __future__ import annotations
 
@@ -17,8 +11,6 @@ RANK = {PASS: 0, WARN: 1, FAIL: 2}  # severity: the higher, the worse
 
 @dataclass(frozen=True)
 class Result:
-    """One line of the report."""
-
     check: str
     status: str  # PASS, WARN or FAIL
     detail: str  # what was found
@@ -26,7 +18,6 @@ class Result:
 
 
 def worst(statuses: Iterable[str]) -> str:
-    """The most severe of ``statuses`` (FAIL over WARN over PASS)."""
     return max(statuses, key=RANK.__getitem__)
 
 

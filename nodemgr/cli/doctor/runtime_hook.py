@@ -1,25 +1,18 @@
 """Doctor's ``runtime hook`` check: will a container runtime run gpushare-hook at creation?
 
-Reads the two places a runtime can be told to run it: CRI-O's and podman's
-OCI hooks directories (``/usr/share`` and ``/etc``; a file in /etc replaces
-the same name in /usr/share) and containerd's ``base_runtime_spec`` of each
-CRI runtime in containerd's config (config version 2 and 3). Each
-gpushare-hook entry found becomes a ``HookEntry``; ``runtime_hook_result``
-fails when no runtime runs it at ``createRuntime``, or when an entry's binary
-is not executable, calls another socket than this config's daemon serves or
-names another runtime's ``--runtime`` (it would read pod identity keys a pod
-can write), and warns about a missing ``poststop``, conditional hooks, an
-entry without ``--runtime`` or without a ``--guard`` of the daemon's own paths
-(written by an older install: rerun it), and a configured runtime without the
-hook. Every path is resolved under ``Host.root``.
+Reads CRI-O's and podman's OCI hooks directories and the ``base_runtime_spec`` of each
+CRI runtime in containerd's config (versions 2 and 3). It fails when no runtime runs the
+hook at ``createRuntime``, or an entry is not executable, calls another socket, or names
+another runtime's ``--runtime`` (it would read identity keys a pod can write); it warns
+about a missing ``poststop``, conditional hooks, an entry without ``--runtime`` or
+``--guard`` (rerun install), and a configured runtime without the hook. Paths are
+resolved under ``Host.root``.
 
-Which containerd config: the one the running containerd was started with
-(``containerd_configs``): every process owned by root whose ``/proc/PID/exe``
-is a ``containerd`` binary, its ``--config``/``-c`` from ``/proc/PID/cmdline``
-(a relative path taken from its ``/proc/PID/cwd``), else containerd's default
-path; the default path when no containerd runs. A process of another user is
-ignored: anyone can start a binary named containerd pointing at a config of
-their own. The result names the file it checked and how it found it.
+The containerd config read is the one each running containerd owned by root was started
+with (``--config``/``-c`` from its cmdline, relative to its cwd; else the default path):
+anyone can start a binary named containerd pointing at a config of their own.
+
+Longer than 400 lines: two runtimes' configuration formats, each found, read and judged.
 """
 
 from __future__ import annotations
@@ -53,38 +46,31 @@ def _install_hook_fix(containerd_config: str = CONTAINERD_CONFIG) -> str:
 
 @dataclass(frozen=True)
 class HookEntry:
-    """One gpushare-hook entry a container runtime will run."""
-
     source: str  # the file it is configured in
     stage: str  # OCI stage: createRuntime, poststop, ...
     path: str  # the executable the runtime runs
     args: tuple[str, ...]
     executable: bool  # path is an executable file on this node
-    always: bool = True  # CRI-O's when.always; containerd's base spec applies to every container
+    always: bool = True  # CRI-O's when.always; a base spec applies to every container
 
     @property
     def socket(self) -> str:
-        """The daemon socket the hook will call (its --socket, else its default)."""
         return self.option("--socket") or HOOK_DEFAULT_SOCKET
 
     @property
     def runtime(self) -> str | None:
-        """The runtime the hook reads the pod identity for (its --runtime; None: not given)."""
         return self.option("--runtime")
 
     @property
     def guards(self) -> tuple[str, ...]:
-        """The daemon's own paths the hook is told of (its --guard values)."""
         return tuple(v for n, v in self._options() if n == "--guard")
 
     def option(self, name: str) -> str | None:
-        """The value of option ``name`` (``--name VALUE`` or ``--name=VALUE``), the last one
-        given; None without it."""
+        """The last one given; None without it."""
         values = [v for n, v in self._options() if n == name]
         return values[-1] if values else None
 
     def _options(self) -> list[tuple[str, str]]:
-        """(name, value) of each ``--name VALUE`` or ``--name=VALUE`` before the stage."""
         options = []
         args = list(self.args)[1:-1]  # argv[0] and the stage
         i = 0
@@ -105,20 +91,16 @@ HOOK_RUNTIME = {"CRI-O/podman": podidentity.CRIO, "containerd": podidentity.CONT
 
 @dataclass
 class RuntimeHooks:
-    """What one container runtime's configuration says about gpushare-hook."""
-
     runtime: str  # "CRI-O/podman" or "containerd (<its config>, <how it was found>)"
     configured: bool  # the runtime's config location exists on this node
     entries: list[HookEntry] = field(default_factory=list)
     problems: list[tuple[str, str]] = field(default_factory=list)  # (status, text)
-    place: str = ""  # where the hook would be configured, for the FAIL when none is
-    config: str = ""  # the config file read (containerd), for the fix
+    place: str = ""  # where the hook would be configured
+    config: str = ""  # containerd's, for the fix
 
 
 @dataclass(frozen=True)
 class ContainerdConfig:
-    """A containerd config file doctor reads, and how it knows that is the one in use."""
-
     path: str  # absolute, on the node
     found: str  # "--config of pid 123", "default path of pid 123", ...
 
@@ -130,11 +112,7 @@ def is_gpushare_hook(hook: dict) -> bool:
 
 
 def oci_hook_entries(source: str, document: object, executable) -> list[HookEntry]:
-    """The gpushare-hook entries of one CRI-O/podman hooks.d file (schema 1.0.0).
-
-    ``executable(path) -> bool`` says whether the hook's path can run here.
-    Raises ValueError when a file that names gpushare-hook is not a valid hook file.
-    """
+    """Schema 1.0.0; ValueError when a file naming gpushare-hook is not a valid hook file."""
     if not isinstance(document, dict) or not isinstance(document.get("hook"), dict):
         raise ValueError("not an OCI hook file: no hook object")
     hook = document["hook"]
@@ -155,7 +133,6 @@ def oci_hook_entries(source: str, document: object, executable) -> list[HookEntr
 
 
 def spec_hook_entries(source: str, spec: object, executable) -> list[HookEntry]:
-    """The gpushare-hook entries of an OCI runtime spec (containerd's base_runtime_spec)."""
     if not isinstance(spec, dict):
         raise ValueError("not a JSON object")
     hooks = spec.get("hooks") or {}
@@ -173,11 +150,8 @@ def spec_hook_entries(source: str, spec: object, executable) -> list[HookEntry]:
 
 
 def containerd_base_specs(config: dict) -> list[tuple[str, str | None, bool]]:
-    """(runtime name, base_runtime_spec or None, is the default runtime) of every CRI runtime.
-
-    Walks the whole document, so config version 2 (``io.containerd.grpc.v1.cri``)
-    and 3 (``io.containerd.cri.v1.runtime``) are both read.
-    """
+    """(runtime name, base_runtime_spec or None, is default) of every CRI runtime; walks
+    the whole document, so versions 2 and 3 are both read."""
     found = []
 
     def walk(table: dict) -> None:
@@ -211,8 +185,7 @@ SIMULATED_NOTE = (
 
 
 def containerd_configs(host: Host) -> list[ContainerdConfig]:
-    """The config file of every containerd running here (root's processes only; see the
-    module docstring), in PID order, each file once; the default path when none runs."""
+    """In PID order, each once; the default path when none runs."""
     proc = host.path("/proc")
     try:
         pids = sorted(int(name) for name in os.listdir(proc) if name.isdigit())
@@ -234,8 +207,6 @@ def containerd_configs(host: Host) -> list[ContainerdConfig]:
 
 
 def _containerd_config_of(host: Host, pid: int) -> tuple[str, str] | None:
-    """(config path, "--config" or "default path") of process ``pid`` if it is a containerd
-    run by root; None for every other process (or one gone meanwhile)."""
     base = host.path(f"/proc/{pid}")
     try:
         exe = os.readlink(os.path.join(base, "exe"))
@@ -255,9 +226,8 @@ def _containerd_config_of(host: Host, pid: int) -> tuple[str, str] | None:
 
 
 def config_flag(args: list[str]) -> str | None:
-    """The value of containerd's ``--config``/``-c`` in ``args`` (Go's flag package: one or
-    two dashes, the value after ``=`` or as the next argument); the last one wins; None
-    without one."""
+    """As Go's flag package reads it: one or two dashes, ``=`` or the next argument, the
+    last one wins."""
     value = None
     for i, arg in enumerate(args):
         dashes = len(arg) - len(arg.lstrip("-"))
@@ -272,7 +242,6 @@ def config_flag(args: list[str]) -> str | None:
 
 
 def _owned_by_root(status_path: str) -> bool:
-    """Whether /proc/PID/status says the process runs as root (real and effective UID 0)."""
     with open(status_path, encoding="utf-8", errors="replace") as f:
         for line in f:
             if line.startswith("Uid:"):
@@ -364,8 +333,7 @@ def hook_entry_problems(
     runtime: str | None = None,
     guards: tuple[str, ...] = (),
 ) -> list[tuple[str, str]]:
-    """What is wrong with one entry; ``runtime``: the --runtime it must name (None: any);
-    ``guards``: the daemon's own paths it must be told of with --guard."""
+    """``runtime`` None: any."""
     problems = []
     unguarded = [path for path in guards if path not in entry.guards]
     if unguarded:

@@ -1,10 +1,7 @@
 """Doctor's checks of the host system: privileges (root, CAP_NET_ADMIN) and cgroups.
 
-gpushare-node must run as root with CAP_NET_ADMIN (NVML compute modes, MPS
-mounts, netlink process events); ``check_privileges`` reads what this process
-has from /proc/self/status. The runtime hook and the watchdog tell one
-container's processes from another's by cgroup; ``check_cgroups`` finds which
-layout (v2, hybrid, v1 or none) is mounted at /sys/fs/cgroup.
+gpushare-node needs root with CAP_NET_ADMIN (NVML compute modes, MPS mounts, netlink
+process events); the hook and the watchdog tell containers apart by cgroup.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ def check_privileges(host: Host) -> Result:
 
 
 def parse_proc_status(text: str) -> tuple[int, int | None]:
-    """(effective UID, effective capability mask or None) from /proc/PID/status."""
     euid, cap_eff = -1, None
     for line in text.splitlines():
         name, _, value = line.partition(":")

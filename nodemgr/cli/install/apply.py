@@ -1,34 +1,14 @@
 """``nodemgr install`` / ``nodemgr uninstall`` applied to a root: plan, write, record, remove.
 
-``install(root, config_path, dry_run)`` renders the templates (``render``)
-and writes, under root (``--root``, default ``/``):
+``install`` writes the rendered files under root, and a manifest of them with each
+file's SHA-256 (``files.MANIFEST_PATH``), so ``uninstall`` removes exactly those still
+as written. An existing config is kept and read (the units and hooks then use its
+paths). Each file is planned first: create, replace (as install last wrote it),
+unchanged, or keep (the config, or a file install did not write or that was edited:
+exit 1, saying what to do); then written atomically and the next commands printed.
 
-- ``/etc/systemd/system/gpushare-node.service`` and ``gpushare-mps@.service``,
-  running the console scripts installed next to this Python;
-- ``/etc/tmpfiles.d/gpushare.conf`` (run_dir 0755, state_dir 0700);
-- ``/etc/gpushare/config.yaml``, the commented defaults, only when no config
-  is there (an existing one is kept and read: the units and hooks then use its
-  run_dir, state_dir, hook socket and control binary);
-- the hook launcher ``/etc/gpushare/gpushare-hook`` (this Python in isolated mode
-  without site, importing the hook from this environment) and the runtime hook
-  configs running it: ``/etc/containers/oci/hooks.d/50-gpushare-*.json`` (CRI-O,
-  podman) and ``/etc/gpushare/containerd/`` (the containerd snippet and
-  ``make-base-spec``), with the hook socket;
-- ``/etc/gpushare/installed-files.json`` (``files.MANIFEST_PATH``): what it
-  wrote, with each file's SHA-256, so that ``uninstall`` removes exactly those
-  files that are still as written (edits are kept).
-
-Each file is planned first: create (absent), replace (as install last wrote
-it), unchanged, or keep: the config (never overwritten), or a file that was
-neither written by install nor left as written (exit status 1, saying what to
-do). Files are written atomically, then the commands to run next are printed
-(systemctl, systemd-tmpfiles, containerd's base spec). ``--dry-run`` prints
-the plan and writes nothing.
-
-``uninstall(root, dry_run)`` removes the recorded files that are still as
-written, keeps edited ones, the config and the state directory, refuses
-(exit 1) while systemd still has our units enabled, and says how to quit the
-MPS control daemons that outlive gpushare-node.
+``uninstall`` refuses (exit 1) while systemd still has our units enabled, and says how
+to quit the MPS control daemons that outlive gpushare-node.
 
 What it must not do: run systemctl or change the running system (it prints the
 commands to run), overwrite a config, remove the config, the state directory or
@@ -80,16 +60,13 @@ START_TIMEOUT_SECONDS = 300  # TimeoutStartSec= of gpushare-node.service, for th
 
 @dataclass
 class _Action:
-    """What install does with one rendered file, and why (shown in the plan)."""
-
     spec: FileSpec
     verb: str  # create, replace, unchanged, keep
     why: str = ""
 
 
 def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
-    """Write (or with ``dry_run`` only list) every file under ``root``; the exit status:
-    0, or 1 when a file that is not ours was kept. Raises InstallError, ConfigError."""
+    """The exit status: 1 when a file that is not ours was kept."""
     out = sys.stdout if out is None else out  # looked up now: tests replace it
     node_command, hook_command = console_scripts()
     explicit_config = config_path is not None
@@ -165,7 +142,7 @@ def install(root: str, config_path: str | None, dry_run: bool, out=None) -> int:
 
 
 def _print_notes(root: str, target: Target, out) -> None:
-    """What this machine lacks for the installed units to run (checked only for --root /)."""
+    """Checked only for --root /."""
     if root != "/":
         return
     binary = target.control_binary
@@ -230,8 +207,7 @@ environment, run nodemgr install again. Settings: {target.config_path}
 
 
 def uninstall(root: str, dry_run: bool, out=None) -> int:
-    """Remove the recorded files that are still as install wrote them; the exit status:
-    0, or 1 while systemd still has our units enabled (nothing is removed then)."""
+    """The exit status: 1 while systemd still has our units enabled (nothing removed)."""
     out = sys.stdout if out is None else out  # looked up now: tests replace it
     manifest = read_manifest(root)
     manifest_path = under(root, MANIFEST_PATH)
@@ -286,7 +262,6 @@ def uninstall(root: str, dry_run: bool, out=None) -> int:
 
 
 def _remove_recorded_files(root: str, manifest: dict, dry_run: bool, out) -> None:
-    """Each recorded file: removed (or said to be, in a dry run) when install's own, else kept."""
     for path, digest in sorted(manifest["files"].items()):
         on_disk = under(root, path)
         verb, why = _removal(on_disk, digest)
@@ -298,7 +273,6 @@ def _remove_recorded_files(root: str, manifest: dict, dry_run: bool, out) -> Non
 
 
 def _print_kept(root: str, manifest: dict, out) -> None:
-    """What uninstall never removes: the configuration and the ledger."""
     config_path = manifest.get("config_path", CONFIG_PATH)
     if os.path.exists(under(root, config_path)):
         print(f"  {'keep':<13} {under(root, config_path)}  (your configuration)", file=out)
@@ -312,7 +286,6 @@ def _print_kept(root: str, manifest: dict, out) -> None:
 
 
 def _removal(path: str, digest: str) -> tuple[str, str]:
-    """What uninstall does with one recorded file: (verb, reason)."""
     if not os.path.lexists(path):
         return "gone", ""
     try:
@@ -326,7 +299,6 @@ def _removal(path: str, digest: str) -> tuple[str, str]:
 
 
 def _print_mps_leftovers(root: str, manifest: dict, out) -> None:
-    """MPS control daemons outlive gpushare-node by design: say how to stop them."""
     run_dir = manifest.get("run_dir")
     binary = manifest.get("control_binary", MpsSettings().control_binary)
     if not run_dir:
@@ -363,7 +335,6 @@ def _print_mps_leftovers(root: str, manifest: dict, out) -> None:
 
 
 def _enabled_links(root: str) -> list[str]:
-    """Symlinks `systemctl enable` made to our units (any .wants/.requires directory)."""
     links: list[str] = []
     units_dir = under(root, UNIT_DIR)
     if not os.path.isdir(units_dir):

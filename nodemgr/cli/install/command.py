@@ -1,12 +1,7 @@
 """``nodemgr install`` / ``nodemgr uninstall`` on the command line: flags and exit statuses.
 
-``install [--root DIR] [--config FILE] [--dry-run]`` and ``uninstall [--root
-DIR] [--dry-run]`` run ``apply.install`` and ``apply.uninstall`` under DIR
-(default ``/``; it must exist); ``install --scheduler [--scheduler-kubeconfig
-FILE]`` runs ``scheduler.install_scheduler`` instead (the extender's unit
-only). Exit status: what they return (0, or 1 when a file was kept or units
-are still enabled); 1 when install cannot go on (``InstallError``) or a file
-operation fails; 2 when the config is unusable.
+Exit status: 0; 1 when a file was kept, units are still enabled, install cannot go on
+or a file operation fails; 2 when the config is unusable.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Files under the install root: node paths, atomic writes, and install's manifest.
 
-Every path install and uninstall handle is a node path (``/etc/...``) taken
-``under`` the root given with ``--root``. ``write_atomic`` writes a file
-through a temporary file and a rename, then syncs the directory, so a crash
-leaves the old file or the new one, never half of one. The manifest
-(``/etc/gpushare/installed-files.json``) records what install wrote, with
-each file's SHA-256, the directories it created and the settings uninstall
-needs (config path, state_dir, run_dir, MPS control binary): uninstall then
-removes exactly the files that are still as written (JSON files cannot carry
-a marker comment).
+Node paths (``/etc/...``) are taken ``under`` ``--root``. A crash during
+``write_atomic`` leaves the old file or the new one, never half. The manifest records
+each written file's SHA-256 (JSON files cannot carry a marker comment), the directories
+created and the settings uninstall needs.
 """
 
 from __future__ import annotations
@@ -23,12 +18,10 @@ MANIFEST_PATH = "/etc/gpushare/installed-files.json"
 
 
 def under(root: str, path: str) -> str:
-    """Where the node path ``path`` is on this machine when installing under ``root``."""
     return os.path.join(root, path.lstrip("/"))
 
 
 def check_absolute(path: str, what: str) -> None:
-    """Refuse a relative node path given as ``what`` (an option's name)."""
     if not os.path.isabs(path):
         raise InstallError(
             f"{what} {path}: must be an absolute path (the path gpushare-node reads on the node)"
@@ -36,7 +29,7 @@ def check_absolute(path: str, what: str) -> None:
 
 
 def makedirs(root: str, directory: str) -> list[str]:
-    """Create ``directory`` (a node path) under root, 0755; the node paths created."""
+    """0755; the node paths created."""
     missing = []
     while not os.path.isdir(under(root, directory)):
         missing.append(directory)
@@ -47,7 +40,6 @@ def makedirs(root: str, directory: str) -> list[str]:
 
 
 def write_atomic(path: str, content: str, mode: int) -> None:
-    """Write ``path`` through a temporary file and a rename, then sync its directory."""
     directory = os.path.dirname(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=directory)
     try:
@@ -71,7 +63,7 @@ def write_atomic(path: str, content: str, mode: int) -> None:
 
 
 def read_manifest(root: str) -> dict:
-    """The manifest under ``root``; {} when there is none. Raises InstallError if unreadable."""
+    """{} when there is none."""
     path = under(root, MANIFEST_PATH)
     try:
         with open(path, encoding="utf-8") as f:
@@ -94,7 +86,6 @@ def read_manifest(root: str) -> dict:
 def write_manifest(
     root: str, old: dict, files: dict[str, str], created_dirs: list[str], target: Target
 ) -> None:
-    """Record ``files`` (node path -> SHA-256) and ``created_dirs`` on top of ``old``."""
     manifest = {
         "written_by": "nodemgr install; nodemgr uninstall removes these files unless edited",
         "files": {**old.get("files", {}), **files},

@@ -1,29 +1,13 @@
 """What ``nodemgr install`` writes: every file rendered from the Jinja2 templates.
 
-``render(target)`` renders ``nodemgr/cli/install/templates`` for a ``Target``
-(where the console scripts, config, run_dir, state_dir, hook socket and MPS
-control binary are on the node) into ``FileSpec``s: path on the node, content,
-mode. The files are the two systemd units, the tmpfiles.d entry, the
-commented default config (``config.yaml.j2`` filled from config.py's
-dataclasses), the hook launcher ``/etc/gpushare/gpushare-hook``, the CRI-O/podman
-hooks.d files and the containerd snippet and ``make-base-spec``.
-
-The runtimes run the hook through the launcher: a script whose ``#!`` line starts
-this Python in isolated mode without site (``-IS``: no PYTHON* variables, no
-site-packages, no .pth files), which imports the hook from its package directory.
-The hook needs only the standard library, and so starts in about a third of the
-console script's time (the console script imports site-packages and their .pth
-files at every container creation). The filters ``exec_arg``, ``env_value`` and
-``tmpfiles_path`` quote and escape a value for a unit's Exec*= or
-Environment= line and a tmpfiles.d line, so a path with a space, ``%`` or
-``$`` means what it says; a control character is refused.
-
-``console_scripts()`` finds the gpushare-node and gpushare-hook the units
-must run, ``hook_package_dir()`` the directory the hook's package is imported
-from; ``shipped_files()`` renders the copies kept in the source tree
-(``systemd/``, ``hooks/``) for the default install, so tests can check they
-never go stale. ``hook_launcher(python, package_dir)`` is the launcher's text for
-another Python (the tests' own).
+The runtimes run the hook through a launcher whose ``#!`` line starts this Python with
+``-IS`` (no PYTHON* variables, site-packages or .pth files) and imports the hook from
+its package directory: it starts in about a third of the console script's time, at
+every container creation. ``exec_arg``, ``env_value`` and ``tmpfiles_path`` escape a
+value for a unit's Exec*= or Environment= line and a tmpfiles.d line, so a path with a
+space, ``%`` or ``$`` means what it says; a control character is refused.
+``shipped_files()`` renders the copies kept in the source tree (``systemd/``,
+``hooks/``), so tests can check they never go stale.
 
 What it must not do: write anything, or read the files under the install root
 (``apply`` and ``files`` do that).
@@ -65,7 +49,6 @@ TMPFILES_PATH = "/etc/tmpfiles.d/gpushare.conf"
 OCI_HOOKS_DIR = "/etc/containers/oci/hooks.d"
 CONTAINERD_DIR = "/etc/gpushare/containerd"
 CONTAINERD_BASE_SPEC = "/etc/containerd/gpushare-base-spec.json"
-# What the runtimes run: the hook in an isolated Python (see the module).
 HOOK_LAUNCHER = "/etc/gpushare/gpushare-hook"
 HOOK_PYTHON_FLAGS = "-IS"  # -I -S: one #! argument, as the kernel passes one
 # The shipped copies' Python and hook package: `pip install .` as root on Debian 12.
@@ -73,7 +56,6 @@ SHIPPED_PYTHON = "/usr/bin/python3"
 SHIPPED_PACKAGE_DIR = "/usr/local/lib/python3.11/dist-packages"
 # Where `pip install` as root puts console scripts: the paths of the shipped copies.
 SHIPPED_SCRIPTS_DIR = "/usr/local/bin"
-# The stage of each CRI-O/podman hooks.d file.
 OCI_HOOK_FILES = {
     "50-gpushare-create.json": "createRuntime",
     "50-gpushare-poststop.json": "poststop",
@@ -84,12 +66,12 @@ _SAFE_UNIT_CHARS = frozenset(
 
 
 class InstallError(GpushareError):
-    """Install or uninstall cannot go on; the message says why and what to do."""
+    """The message says why and what to do."""
 
 
 @dataclass(frozen=True)
 class Target:
-    """What the rendered files name: where things are on the node (absolute paths)."""
+    """Where things are on the node (absolute paths)."""
 
     node_command: str  # the gpushare-node console script
     hook_command: str  # the gpushare-hook console script (for runs by hand)
@@ -99,12 +81,12 @@ class Target:
     hook_socket: str
     control_binary: str  # MPS control binary: a name in $PATH or an absolute path
     hook_python: str = SHIPPED_PYTHON  # the Python the hook launcher starts
-    hook_package_dir: str = SHIPPED_PACKAGE_DIR  # where it imports the hooks package from
-    hook_guards: tuple[str, ...] = ()  # the daemon's own paths the hook sends containers for
+    hook_package_dir: str = SHIPPED_PACKAGE_DIR
+    hook_guards: tuple[str, ...] = ()
 
     @property
     def nodemgr_command(self) -> str:
-        """The nodemgr console script: next to gpushare-node (one distribution installs both)."""
+        """Next to gpushare-node: one distribution installs both."""
         return os.path.join(os.path.dirname(self.node_command), "nodemgr")
 
     @classmethod
@@ -133,8 +115,6 @@ class Target:
 
 @dataclass(frozen=True)
 class FileSpec:
-    """One file install writes: its path on the node, content and mode."""
-
     path: str
     content: str
     mode: int
@@ -153,7 +133,6 @@ def sha256(data: bytes) -> str:
 
 
 def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
-    """Every file of an install for ``target``; the config only if ``with_config``."""
     for name, values in dataclasses.asdict(target).items():
         value = "".join(values) if isinstance(values, tuple) else values
         if any(ord(ch) < 32 or ord(ch) == 127 for ch in value):
@@ -197,9 +176,7 @@ def render(target: Target, *, with_config: bool = True) -> list[FileSpec]:
 
 
 def _hook_options(target: Target) -> list[str]:
-    """The hook's options before its runtime and stage: the socket, the run_dir where the
-    socket's directory is not it (the hook assumes it is), and the daemon's other own paths
-    (``--guard``: a container whose mounts show one is sent to the daemon)."""
+    """``--run-dir`` only where the socket's directory is not it (the hook assumes it is)."""
     options = ["--socket", target.hook_socket]
     if os.path.normpath(os.path.dirname(target.hook_socket)) != os.path.normpath(target.run_dir):
         options += ["--run-dir", target.run_dir]
@@ -209,8 +186,7 @@ def _hook_options(target: Target) -> list[str]:
 
 
 def hook_launcher(python: str, package_dir: str) -> str:
-    """The launcher's text: ``python`` in isolated mode without site, importing the hook
-    from ``package_dir``. InstallError when ``python`` cannot stand in a ``#!`` line."""
+    """InstallError when ``python`` cannot stand in a ``#!`` line."""
     if not os.path.isabs(python) or any(ch in python for ch in " \t\n") or len(python) > 200:
         raise InstallError(
             f"the Python at {python!r} cannot start the runtime hook from a #! line (it must "
@@ -225,7 +201,6 @@ def hook_launcher(python: str, package_dir: str) -> str:
 
 
 def _default_config(env: jinja2.Environment, target: Target) -> str:
-    """The config file with the built-in defaults (config.py's dataclasses), commented."""
     return env.get_template("config.yaml.j2").render(
         config_path=target.config_path,
         kubelet=KubeletSettings(),
@@ -243,8 +218,7 @@ def _default_config(env: jinja2.Environment, target: Target) -> str:
 
 
 def shipped_files() -> dict[str, str]:
-    """The source tree's copies (path relative to the repository -> content): the files of a
-    default install, with the console scripts in /usr/local/bin."""
+    """Path relative to the repository -> content."""
     target = Target.of(
         Settings(node_name="unused"),  # the node name is in no rendered file
         f"{SHIPPED_SCRIPTS_DIR}/gpushare-node",
@@ -289,12 +263,11 @@ def exec_arg(value: str, keep_specifiers: bool = False) -> str:
 
 
 def env_value(assignment: str, keep_specifiers: bool = False) -> str:
-    """A unit's ``Environment=`` assignment (``$`` is not special there)."""
+    """``$`` is not special in ``Environment=``."""
     return _quote_if_needed(assignment if keep_specifiers else assignment.replace("%", "%%"))
 
 
 def tmpfiles_path(value: str) -> str:
-    """A path in a tmpfiles.d line: quoted when needed, ``%`` escaped."""
     return _quote_if_needed(value.replace("%", "%%"))
 
 
@@ -305,7 +278,7 @@ def _quote_if_needed(text: str) -> str:
 
 
 def _yaml_scalar(value: object) -> str:
-    """One YAML scalar on one line (``""`` for the empty string, as the comments say)."""
+    """``""`` for the empty string, as the comments say."""
     if value == "":
         return '""'
     text = yaml.safe_dump(value, default_flow_style=True, width=1000)
@@ -316,7 +289,7 @@ def _yaml_scalar(value: object) -> str:
 
 
 def console_scripts() -> tuple[str, str]:
-    """gpushare-node and gpushare-hook as installed: next to this Python, else in $PATH."""
+    """Next to this Python, else in $PATH."""
     found = []
     here = os.path.dirname(sys.executable)
     for name in ("gpushare-node", "gpushare-hook"):
@@ -335,8 +308,6 @@ def console_scripts() -> tuple[str, str]:
 
 
 def hook_package_dir() -> str:
-    """The directory this environment imports the ``hooks`` package from (site-packages,
-    or the source tree of an editable install)."""
     import hooks
 
     return os.path.dirname(os.path.dirname(os.path.abspath(hooks.__file__)))

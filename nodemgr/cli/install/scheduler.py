@@ -1,17 +1,10 @@
 """``nodemgr install --scheduler``: the gpushare-scheduler unit for a control-plane node.
 
-Writes ``/etc/systemd/system/gpushare-scheduler.service`` (under ``--root``),
-running the ``gpushare-scheduler`` installed next to this Python on
-127.0.0.1:32766 over mutual TLS (where kube-scheduler on the same host expects
-it, the default urlPrefix of ``deploy/render.py gpushare-scheduler-config``;
-its probe port plain on 127.0.0.1:9446) with the kubeconfig
-``--scheduler-kubeconfig`` (default ``/etc/gpushare/scheduler-kubeconfig``),
-the TLS files of ``/etc/gpushare/scheduler-tls`` and the signing key
-``/etc/gpushare/placement.key`` as systemd credentials, and records the file in install's
-manifest, so ``nodemgr uninstall`` removes it unless edited. Nothing of the
-node daemon is written: a control-plane node without GPUs needs only this.
-Plans and writes as ``apply.install`` does (create, replace, unchanged, keep;
-``--dry-run``), then prints the next steps.
+The unit serves on 127.0.0.1:32766 over mutual TLS (where kube-scheduler on the same
+host expects it, ``deploy/render.py gpushare-scheduler-config``'s default) and passes
+the kubeconfig, TLS files and signing key as systemd credentials. It is recorded in
+install's manifest and planned as ``apply.install`` plans; nothing of the node daemon
+is written: a control-plane node without GPUs needs only this.
 
 What it must not do: run systemctl, write the kubeconfig (it holds a
 credential the admin makes), or touch the node daemon's files.
@@ -43,7 +36,7 @@ SCHEDULER_PLACEMENT_KEY = "/etc/gpushare/placement.key"  # render.py placement-k
 
 
 def scheduler_command() -> str:
-    """gpushare-scheduler as installed: next to this Python, else in $PATH."""
+    """Next to this Python, else in $PATH."""
     candidate = os.path.join(os.path.dirname(sys.executable), "gpushare-scheduler")
     if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
         return os.path.abspath(candidate)
@@ -76,7 +69,7 @@ def render_unit(command: str, kubeconfig: str, address: str = SCHEDULER_ADDRESS)
 
 
 def install_scheduler(root: str, kubeconfig: str | None, dry_run: bool, out=None) -> int:
-    """Write (or list) the unit under ``root``; 0, or 1 when a file not ours was kept."""
+    """1 when a file not ours was kept."""
     out = sys.stdout if out is None else out
     kubeconfig = kubeconfig or SCHEDULER_KUBECONFIG
     check_absolute(kubeconfig, "--scheduler-kubeconfig")
@@ -128,7 +121,6 @@ def install_scheduler(root: str, kubeconfig: str | None, dry_run: bool, out=None
 
 
 def _record(root: str, manifest: dict, spec: FileSpec, created: list[str]) -> None:
-    """Add the unit to install's manifest, keeping what an install of the node recorded."""
     updated = dict(manifest)
     updated.setdefault(
         "written_by", "nodemgr install; nodemgr uninstall removes these files unless edited"
