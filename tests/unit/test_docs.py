@@ -257,7 +257,7 @@ def module_problem(dotted: str) -> str | None:
             break
         else:
             break
-    if not rest:
+    if not rest or re.fullmatch(r"__\w+__", rest[0]):  # every module has __file__, ...
         return None
     name = re.escape(rest[0])
     defined = re.compile(
