@@ -99,11 +99,11 @@ class MpsNode(runc_env.EnforcementNode):
         return {d.health for d in self.kubelet.devices(MEMORY) if d.id.startswith(GPU0)}
 
     def pose_as_daemon(self) -> tuple[str, int]:
-        """Two impostors in a shared container with the host's network (issue 14, item 1):
-        a script whose argv and env are the card's daemon's, and NVIDIA's own binary run
-        with -d on the card's host pipe path (a listening socket bound there).
-        (the attacker container, the script impostor's PID); both sockets are checked
-        to listen in one namespace."""
+        """Two impostors in a shared container with the host's network: a script whose
+        argv and env are the card's daemon's, and NVIDIA's own binary run with -d on the
+        card's host pipe path (a listening socket bound there). Returns the attacker
+        container and the script impostor's PID; both sockets are checked to listen in
+        one namespace."""
         pipe = self.pipe_dir()
         script = write_impostor(self.runtime.rootfs)
         self.wait_mps_ready()

@@ -437,7 +437,8 @@ def test_module_list_parsers_read_names_and_catch_drift(tmp_path):
 # --------------------------------------------------- (e) what a user reads first
 
 README_MAX_LINES = 300  # about 300 lines: what an admin needs; every deeper topic in docs/
-# Where a user reads (pages, command help, messages) and what ships with the product.
+# Where a user reads (pages, command help, messages) and what ships with the product (the
+# stand-ins included).
 USER_FACING = (
     "README.md",
     "docs/",
@@ -445,6 +446,7 @@ USER_FACING = (
     "nodemgr/",
     "mps/",
     "hooks/",
+    "standins/",
     "scripts/",
     "systemd/",
     "bench/",
