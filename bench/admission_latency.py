@@ -20,8 +20,8 @@ import statistics
 import time
 
 from bench.stats import percentile
-from tests.harness.daemon_proc import CORE, MEMORY, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins.daemon_proc import CORE, MEMORY, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 CARDS = [
     {

@@ -41,8 +41,8 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import Allocation
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
-from tests.harness.daemon_proc import CORE, MEMORY
-from tests.harness.kubelet_sim import TestKubelet
+from standins.daemon_proc import CORE, MEMORY
+from standins.kubelet_sim import TestKubelet
 
 RATIO_TARGET = 2.0  # Allocate p50 and p99 within 2x the floor's
 POD = {MEMORY: 2, CORE: 1}  # 2 GiB and 1 % of one card: memory fills a card first (70 < 100)

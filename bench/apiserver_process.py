@@ -21,7 +21,7 @@ import tempfile
 import threading
 from multiprocessing.managers import BaseManager
 
-from tests.harness.apiserver_sim import TestApiServer
+from standins.apiserver_sim import TestApiServer
 
 _REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

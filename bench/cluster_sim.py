@@ -58,9 +58,9 @@ from nodemgr.extender.wire import ExtenderBindingArgs, parse_extender_args
 from nodemgr.kubernetes import scheduling
 from nodemgr.kubernetes.podwatch import pod_info
 from nodemgr.kubernetes.publish import node_annotation
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.extender_proc import ExtenderProc
-from tests.harness.placementkeys import new_private_key_pem
+from standins.apiserver_sim import TestApiServer
+from standins.extender_proc import ExtenderProc
+from standins.placementkeys import new_private_key_pem
 
 MEMORY = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"

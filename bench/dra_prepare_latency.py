@@ -1,7 +1,7 @@
 """NodePrepareResources latency over the real unix-socket gRPC path, next to its floor.
 
 The real gpushare-node with dra.enabled on two simulated T4s, the test API server
-(resource.k8s.io/v1) and kubelet's DRA side (tests/harness/dra_node.py). Claims of
+(resource.k8s.io/v1) and kubelet's DRA side (standins/dra_node.py). Claims of
 1 GiB each are made and allocated once, as kube-scheduler would, from the slice the
 daemon published. Then, round after round, the bench calls the daemon's DRA service
 as kubelet does: NodePrepareResources of a batch (1 claim, then 16), timed, then
@@ -39,7 +39,7 @@ from bench.kubelet_client import FloorServer
 from bench.report import Figure, machine_lines, table
 from bench.stats import Summary
 from nodemgr.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc
-from tests.harness.dra_node import DraCluster
+from standins.dra_node import DraCluster
 
 RATIO_TARGET = 2.0
 BATCHES = (1, 16)

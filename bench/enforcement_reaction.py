@@ -21,8 +21,8 @@ import time
 
 from bench.report import Figure, machine_lines
 from bench.stats import Summary, percentile
-from tests.harness.daemon_proc import GPU0
-from tests.harness.runc_env import EnforcementNode, running
+from standins.daemon_proc import GPU0
+from standins.runc_env import EnforcementNode, running
 
 WARMUP_RUNS = 1
 

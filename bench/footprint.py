@@ -47,9 +47,9 @@ from bench.nodes import CARD_COUNT, h200_node, node_name
 from bench.report import Figure, table
 from nodemgr.domain.deviceids import ResourceKind, card_of
 from nodemgr.enforcement.procevents import ProcEvents, ProcEventsUnavailable
-from tests.harness import real_parts
-from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins import real_parts
+from standins.daemon_proc import CORE, MEMORY, MPS_STANDIN, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 MPS_CLIENTS_PER_CARD = 48
 FULL_POD = {MEMORY: 2, CORE: 2}  # 48 per card: 96 GiB of 141 and 96 % of the card

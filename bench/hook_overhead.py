@@ -17,7 +17,7 @@ Creation is ``runc run -d`` (create + start, where createRuntime runs);
 deletion is ``runc delete -f`` (where poststop runs). Reported: p50/p90 per
 variant and the p50 difference to the baseline.
 
-Every runc call is timed to the moment runc exits (``tests.harness.exitwait``
+Every runc call is timed to the moment runc exits (``standins.exitwait``
 waits on a pidfd): ``subprocess.run(..., timeout=60)`` would poll at 1, 3, 7, 15,
 31, 63 ms..., reading every creation as 31 or 63 ms, so that an 8 ms hook would push it
 from one step to the next. containerd's and CRI-O's shims run ``runc create`` then
@@ -39,8 +39,8 @@ import time
 
 from bench.report import Figure, machine_lines
 from bench.stats import percentile
-from tests.harness import exitwait
-from tests.harness.runc_env import EnforcementNode, cri_annotations
+from standins import exitwait
+from standins.runc_env import EnforcementNode, cri_annotations
 
 OVERHEAD_TARGET_MS = 15.0  # target: the hook adds at most 15 ms to runc run -d, p50
 

@@ -7,7 +7,7 @@ allocator only looks at pending pods that ask for a shared GPU resource, a
 list rebuilt once per cache change, not once per call.
 
 Two real gpushare-node daemons on 8 simulated H200 cards each, side by side
-on one test API server (tests/harness/apiserver_sim.py, the real REST and
+on one test API server (standins/apiserver_sim.py, the real REST and
 watch protocol): node "empty" and node "full", to which 5,000 running pods
 are bound (and so in its daemon's cache). Pods of 2 GiB + 1 % are created
 pending on both nodes (as the scheduler binds them), then admitted the way
@@ -34,9 +34,9 @@ from bench.nodes import h200_node, node_name, plugin_socket
 from bench.report import Figure, table
 from bench.stats import Summary
 from nodemgr.domain.deviceids import ResourceKind
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, MEMORY
-from tests.harness.kubelet_sim import TestKubelet
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, MEMORY
+from standins.kubelet_sim import TestKubelet
 
 POD = {MEMORY: 2, CORE: 1}
 NAMESPACE = "bench"

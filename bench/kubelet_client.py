@@ -1,6 +1,6 @@
 """The bench's side of kubelet's device manager: admission RPCs, each timed.
 
-The test kubelet (tests/harness/kubelet_sim.py) registers the daemon's resources and
+The test kubelet (standins/kubelet_sim.py) registers the daemon's resources and
 serves PodResources; it times whole admissions, not single calls. To compare
 one Allocate call with one floor call, the bench makes those calls itself, as
 kubelet does: per container and resource, GetPreferredAllocation with every

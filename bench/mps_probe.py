@@ -2,7 +2,7 @@
 
 The supervisor asks each card's control daemon for its servers by running the
 control binary in client mode (``get_server_list``). Two measurements, each with
-the stand-in (tests/harness/fakes, a Python script) and with NVIDIA's
+the stand-in (standins/fakes, a Python script) and with NVIDIA's
 ``nvidia-cuda-mps-control`` (535, installed by scripts/setup-real-parts; its
 control daemon runs without a GPU):
 
@@ -29,9 +29,9 @@ from bench.footprint import CpuWindow
 from bench.nodes import h200_node
 from bench.report import Figure, machine_lines, skipped, table
 from mps import CardDaemon
-from tests.harness import real_parts
-from tests.harness.daemon_proc import CORE, MEMORY, MPS_STANDIN
-from tests.harness.kubelet_sim import TestKubelet
+from standins import real_parts
+from standins.daemon_proc import CORE, MEMORY, MPS_STANDIN
+from standins.kubelet_sim import TestKubelet
 
 IDLE_TARGET_PERCENT = 0.5
 

@@ -3,7 +3,7 @@
 An H200 node is the largest common case for the device list (141 GiB of
 memory units per card) and for MPS (48 clients per card); ``h200_cards(n)``
 and ``h200_node(cards=n)`` give other card counts (bench/scale.py). The daemon
-is the real ``gpushare-node`` process (tests/harness/daemon_proc.py); cards are
+is the real ``gpushare-node`` process (standins/daemon_proc.py); cards are
 simulated and MPS runs through the stand-in control binary, as in the
 end-to-end tests.
 ``H200_CARDS`` carry the NUMA node a real board reports (the ListAndWatch
@@ -20,8 +20,8 @@ from bench.apiserver_process import ApiServerProcess
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.inventory import Card
 from nodemgr.runtime.loop import SOCKET_NAMES
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import MPS_STANDIN, Node
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import MPS_STANDIN, Node
 
 H200_MEMORY_MIB = 141 * 1024  # 144384 MiB
 CARD_COUNT = 8

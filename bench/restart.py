@@ -32,8 +32,8 @@ import time
 from bench.footprint import MPS_CLIENTS_PER_CARD, FullNode, full_node, mps_control_binary
 from bench.nodes import CARD_COUNT
 from bench.report import Figure, table
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE
-from tests.harness.notify_listener import Listener
+from standins.daemon_proc import CORE, MEMORY, WHOLE
+from standins.notify_listener import Listener
 
 READY_TIMEOUT_S = 120.0
 READY_TARGET_S = 1.5  # target: SIGTERM to READY=1 again, 384 allocations, 8 cards

@@ -95,8 +95,8 @@ from bench.scale_figures import (  # noqa: F401 (re-exported: the bench tests us
 )
 from nodemgr.config.schema import KubeletSettings
 from nodemgr.domain.deviceids import ResourceKind
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins.daemon_proc import CORE, MEMORY, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 CARDS = (1, 8, 16)
 ALLOCATIONS = (0, 384, 1000)

@@ -24,8 +24,8 @@ import time
 
 from bench.report import Figure, table
 from bench.stats import percentile
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import TestKubelet
+from standins.daemon_proc import CORE, MEMORY, WHOLE, Node
+from standins.kubelet_sim import TestKubelet
 
 TARGET_MS = 1000.0
 

@@ -66,7 +66,7 @@ from bench import (
     shutdown,
 )
 from bench.report import Figure, machine_lines, skipped, table
-from tests.harness import runc_env
+from standins import runc_env
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_PLOT = os.path.join(REPO, "docs", "allocate_latency.png")

@@ -8,7 +8,7 @@ import pytest
 from nodemgr.allocation import ledger as ledger_module
 from nodemgr.allocation.audit import audit_ledger
 from nodemgr.errors import LedgerError
-from tests.harness.cards import simulated_settings
+from standins.cards import simulated_settings
 
 
 @pytest.fixture

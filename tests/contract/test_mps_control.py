@@ -1,5 +1,5 @@
 """Contract of the MPS control binary: every test runs on the stand-in
-(tests/harness/fakes/nvidia-cuda-mps-control) and on NVIDIA's real binary (Debian
+(standins/fakes/nvidia-cuda-mps-control) and on NVIDIA's real binary (Debian
 12 driver 535, fetched by scripts/setup-real-parts; its control daemon runs
 without a GPU). They pin the commands gpushare-node sends (mps/), the answers it
 parses (mps/control.py), the pipe and log directories, and the mps library
@@ -30,8 +30,8 @@ import psutil
 import pytest
 
 from mps import CardDaemon, DaemonIdentity, HealthState, MpsProtocolError, MpsUnsupported
-from tests.harness import real_parts
-from tests.harness.paths import MPS_STANDIN
+from standins import real_parts
+from standins.paths import MPS_STANDIN
 
 GPU = "GPU-5ad00000-0000-4000-8000-000000000000"
 NO_DAEMON = "Cannot find MPS control daemon process"

@@ -21,8 +21,8 @@ import sys
 
 import pytest
 
-from tests.harness import real_parts
-from tests.harness.daemon_proc import Node
+from standins import real_parts
+from standins.daemon_proc import Node
 
 NVIDIACTL = "/dev/nvidiactl"
 NOT_LOADED = (

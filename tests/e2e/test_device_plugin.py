@@ -15,12 +15,12 @@ import pytest
 
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node, _console_script
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node, _console_script
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 
-GRACE_SECONDS = 3  # kubelet.allocation_grace_seconds of the Node in tests/harness/daemon_proc.py
+GRACE_SECONDS = 3  # kubelet.allocation_grace_seconds of the Node in standins/daemon_proc.py
 
 
 @pytest.fixture

@@ -1,6 +1,6 @@
 """End to end: the real gpushare-node as a DRA kubelet plugin, driven by the test kubelet's
-DRA side (tests/harness/kubelet_dra.py) over real unix sockets, claims allocated in the
-test API server as kube-scheduler would (tests/harness/dra_allocator.py) from the slice
+DRA side (standins/kubelet_dra.py) over real unix sockets, claims allocated in the
+test API server as kube-scheduler would (standins/dra_allocator.py) from the slice
 the daemon published.
 
 Pins registration (v1 first), prepare as admission into the one ledger (the CDI spec,
@@ -16,9 +16,9 @@ import os
 
 import pytest
 
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE
-from tests.harness.dra_node import DRIVER, NODE, DraCluster
-from tests.harness.kubelet_dra import V1, ApiAccess
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE
+from standins.dra_node import DRIVER, NODE, DraCluster
+from standins.kubelet_dra import V1, ApiAccess
 
 pytestmark = pytest.mark.e2e
 
@@ -208,7 +208,7 @@ def test_both_doors_fill_the_same_cards_through_one_ledger_across_restarts(clust
     pod2 = cluster.claimed_pod("p2", "c2", {"memory": "8Gi"})
     assert cluster.claim("c2")["status"]["allocation"]["devices"]["results"][0]["device"] != gpu0
     assert cluster.dra.prepare_pod(pod2).ok
-    from tests.harness.dra_allocator import AllocationError
+    from standins.dra_allocator import AllocationError
 
     with pytest.raises(AllocationError):
         cluster.claimed_pod("p3", "c3")

@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from tests.harness import runc_env
-from tests.harness.dra_enforcement import DraEnforcementNode
+from standins import runc_env
+from standins.dra_enforcement import DraEnforcementNode
 
 pytestmark = pytest.mark.e2e
 

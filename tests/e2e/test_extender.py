@@ -27,11 +27,11 @@ import tempfile
 
 import pytest
 
-from tests.harness import placementkeys
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
-from tests.harness.extender_proc import ExtenderProc, Scheduler
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins import placementkeys
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
+from standins.extender_proc import ExtenderProc, Scheduler
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 

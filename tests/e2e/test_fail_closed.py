@@ -19,8 +19,8 @@ import urllib.request
 
 import pytest
 
-from tests.harness.notify_listener import Listener
-from tests.harness.runc_env import EnforcementNode
+from standins.notify_listener import Listener
+from standins.runc_env import EnforcementNode
 
 pytestmark = pytest.mark.e2e
 

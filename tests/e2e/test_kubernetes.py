@@ -27,10 +27,10 @@ import pytest
 
 from nodemgr.common.placementkey import read_private_key
 from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
-from tests.harness import placementkeys
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins import placementkeys
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 

@@ -11,9 +11,9 @@ import uuid
 
 import pytest
 
-from tests.harness import runc_env
-from tests.harness.daemon_proc import CORE, GPU0, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins import runc_env
+from standins.daemon_proc import CORE, GPU0, MEMORY, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 

@@ -1,6 +1,6 @@
 """End to end with MPS: the real gpushare-node, the test kubelet and a control
 binary: the stand-in, and NVIDIA's real one (driver 535 from
-tests.harness.real_parts; without a GPU its control daemon runs and answers, no
+standins.real_parts; without a GPU its control daemon runs and answers, no
 MPS server ever starts, and nothing here needs one). Pins one control daemon per
 shared card, the pipe env and mounts in Allocate, whole cards leaving MPS and
 coming back, health and restart of a killed control daemon, survival of control
@@ -17,9 +17,9 @@ import time
 import pytest
 
 from mps import mounts
-from tests.harness import real_parts
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, MPS_STANDIN, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins import real_parts
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, MPS_STANDIN, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 pytestmark = pytest.mark.e2e
 

@@ -20,9 +20,9 @@ import time
 
 import pytest
 
-from tests.harness import real_parts, runc_env
-from tests.harness.daemon_proc import GPU0, MPS_STANDIN
-from tests.harness.mps_tenant import (
+from standins import real_parts, runc_env
+from standins.daemon_proc import GPU0, MPS_STANDIN
+from standins.mps_tenant import (
     NO_PRIVILEGE,
     MpsNode,
     children,

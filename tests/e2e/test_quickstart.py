@@ -4,7 +4,7 @@ fresh clone.
 The checkout is cloned into a temporary directory (``git clone``; changes not committed
 yet are copied over, so that what is tested is what the checkout holds), and the
 commands of the README's quick start are run there as the README writes them, terminal
-by terminal (tests.harness.transcript says how a transcript is read): the first start
+by terminal (standins.transcript says how a transcript is read): the first start
 installs gpushare-node into the clone's own ``.venv`` (pip's wheel cache makes that
 quick), the daemon runs on its simulated cards, the test kubelet admits a pod, ``nodemgr
 status``, ``doctor`` and ``allocations`` answer, Ctrl-C stops the kubelet and then the
@@ -31,8 +31,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.harness import transcript
-from tests.harness.paths import REPO
+from standins import transcript
+from standins.paths import REPO
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 

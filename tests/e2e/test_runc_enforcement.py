@@ -22,8 +22,8 @@ import time
 
 import pytest
 
-from tests.harness import runc_env
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY
+from standins import runc_env
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ import tempfile
 import pytest
 
 from mps.layout import MpsLayout
-from tests.harness import runc_env
-from tests.harness.daemon_proc import GPU0, GPU1
+from standins import runc_env
+from standins.daemon_proc import GPU0, GPU1
 
 pytestmark = pytest.mark.e2e
 

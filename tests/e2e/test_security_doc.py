@@ -4,7 +4,7 @@ The real gpushare-node with every listener on (metrics, status, hook, the three 
 plugin sockets, and DRA with the test API server and kubelet's DRA side), the MPS
 control daemons it starts (NVIDIA's real binary where this machine has it, else the
 stand-in) and the real gpushare-scheduler with its TLS material and health port. Each
-process's sockets are read from the kernel (tests.harness.listeners: its /proc/PID/fd
+process's sockets are read from the kernel (standins.listeners: its /proc/PID/fd
 socket inodes against its network namespace's unix, TCP, UDP and netlink tables, unix
 sockets known by their file through sock_diag) and named by what the config and the
 extender's flags say is there.
@@ -32,11 +32,11 @@ from nodemgr.config.loading import load_settings
 from nodemgr.enforcement.procevents import CN_IDX_PROC, NETLINK_CONNECTOR
 from nodemgr.runtime.loop import SOCKET_NAMES
 from nodemgr.runtime.wiring import listener_caps
-from tests.harness import listeners, real_parts
-from tests.harness.daemon_proc import MPS_STANDIN
-from tests.harness.dra_node import DraCluster
-from tests.harness.extender_proc import ExtenderProc
-from tests.harness.paths import REPO
+from standins import listeners, real_parts
+from standins.daemon_proc import MPS_STANDIN
+from standins.dra_node import DraCluster
+from standins.extender_proc import ExtenderProc
+from standins.paths import REPO
 
 pytestmark = pytest.mark.e2e
 

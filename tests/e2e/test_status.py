@@ -20,9 +20,9 @@ import time
 import pytest
 import yaml
 
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
-from tests.harness.notify_listener import Listener
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
+from standins.notify_listener import Listener
 
 pytestmark = pytest.mark.e2e
 

@@ -26,10 +26,10 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.harness import runc_env
-from tests.harness.cri.containerd import Containerd
-from tests.harness.paths import REPO
-from tests.harness.setup_script import run_setup
+from standins import runc_env
+from standins.cri.containerd import Containerd
+from standins.paths import REPO
+from standins.setup_script import run_setup
 
 SETUP = os.path.join(REPO, "scripts", "setup-engines")
 SETUP_TIMEOUT_SECONDS = 600

@@ -26,13 +26,13 @@ import pytest
 from nodemgr.cli.doctor import runtime_hook
 from nodemgr.cli.doctor.host import Host
 from nodemgr.config.loading import load_settings
+from standins import runc_env
+from standins.cri import configs
+from standins.cri import containerd as containerd_harness
+from standins.cri.api import runtime_v1_pb2 as cri
+from standins.daemon_proc import CORE, GPU0, MEMORY
+from standins.kubelet_sim import ContainerSpec
 from tests.engines.conftest import leftover_cgroups, new_uid
-from tests.harness import runc_env
-from tests.harness.cri import configs
-from tests.harness.cri import containerd as containerd_harness
-from tests.harness.cri.api import runtime_v1_pb2 as cri
-from tests.harness.daemon_proc import CORE, GPU0, MEMORY
-from tests.harness.kubelet_sim import ContainerSpec
 
 pytestmark = pytest.mark.e2e
 

@@ -11,7 +11,8 @@ ImageStatus for runAsNonRoot), and the Deployment needs no shell (there is none)
 holds the extender and the libraries it imports (cryptography and cffi's backend
 included: it signs placements), not the node daemon's (gRPC, NVML, psutil,
 jinja2) nor the kubernetes client's parts it never imports (its asyncio client with
-aiohttp, its generated API classes) nor cffi's C parser; every shared object in it finds
+aiohttp, its generated API classes) nor cffi's C parser nor the project's stand-ins
+(``standins``, in its wheel for the quick start and the tests); every shared object in it finds
 its libraries in it (its own loader says so); the archive is reproducible (the same inputs give the
 same digest). ``podman load`` and ``ctr -n k8s.io images import`` (a private
 containerd) both take the archive under its name; in each engine ``gpushare-scheduler
@@ -62,20 +63,20 @@ import yaml
 
 from nodemgr.config.schema import KubernetesSettings
 from nodemgr.kubernetes.podwatch import placement_trust, pod_info
-from tests.engines.conftest import PODMAN_RLIMITS, Podman, new_uid
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.cri import configs
-from tests.harness.cri.api import runtime_v1_pb2 as cri
-from tests.harness.cri.containerd import Containerd
-from tests.harness.extender_tls import (
+from standins.apiserver_sim import TestApiServer
+from standins.cri import configs
+from standins.cri.api import runtime_v1_pb2 as cri
+from standins.cri.containerd import Containerd
+from standins.extender_tls import (
     ClientTls,
     client_from_config,
     https_request,
     post_json,
     secret_volume,
 )
-from tests.harness.paths import REPO
-from tests.harness.setup_script import run_setup
+from standins.paths import REPO
+from standins.setup_script import run_setup
+from tests.engines.conftest import PODMAN_RLIMITS, Podman, new_uid
 
 pytestmark = pytest.mark.e2e
 
@@ -96,6 +97,7 @@ LEFT_OUT = (
     "aiohttp",  # the kubernetes client's asyncio client
     "pip",  # installs the wheels at build time only
     "pycparser",  # cffi's C parser: cryptography's bindings are compiled already
+    "standins",  # the project's stand-ins (test kubelet, ...): in its wheel, not for the extender
 )
 # Parts of the kubernetes client the extender never imports.
 UNUSABLE = ("kubernetes/aio", "kubernetes/client/api")

@@ -14,9 +14,9 @@ import time
 
 import pytest
 
+from standins import runc_env
+from standins.daemon_proc import GPU0
 from tests.engines.conftest import CRIO_CONTAINER, CRIO_NAMESPACE, CRIO_POD
-from tests.harness import runc_env
-from tests.harness.daemon_proc import GPU0
 
 pytestmark = pytest.mark.e2e
 

@@ -178,7 +178,7 @@ def test_podman_runs_a_container_from_the_spec_the_daemon_wrote_for_a_claim(podm
     the claim's env (quota, allocation id, MPS pipe directory) and its MPS mounts: the
     card's client directory read-only and the shared /dev/shm; the spec is removed at
     unprepare."""
-    from tests.harness.dra_node import DraCluster
+    from standins.dra_node import DraCluster
 
     cluster = DraCluster(driver=driver(), cdi_dir=CDI_DIR)
     try:

@@ -10,13 +10,13 @@ import subprocess
 
 import pytest
 
+from standins import real_parts, runc_env
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import GPU0, GPU1
 from tests.faults import survival
 from tests.faults.injectors import Ext4Image, mount_tmpfs
 from tests.faults.observe import Site, api_pod, wait_annotated
 from tests.faults.survival import admit, start_daemon
-from tests.harness import real_parts, runc_env
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import GPU0, GPU1
 
 
 @pytest.fixture(scope="class")

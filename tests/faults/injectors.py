@@ -29,9 +29,9 @@ import threading
 import time
 from urllib.parse import urlsplit
 
+from standins.daemon_proc import CORE, MEMORY
+from standins.kubelet_sim import ContainerSpec
 from tests.faults.survival import CONTAINER, MEMORY_FIRST, NAMESPACE, Pod, pod_from
-from tests.harness.daemon_proc import CORE, MEMORY
-from tests.harness.kubelet_sim import ContainerSpec
 
 GARBAGE = b"@@@ \xfe\xff garbage 12abc @@@\n"
 

@@ -15,13 +15,13 @@ import grpc
 
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
+from standins import runc_env
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, MEMORY
+from standins.kubelet_sim import ContainerSpec
 from tests.faults import survival
 from tests.faults.injectors import Ext4Image
 from tests.faults.survival import CONTAINER, MEMORY_FIRST, NAMESPACE, Pod
-from tests.harness import runc_env
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, MEMORY
-from tests.harness.kubelet_sim import ContainerSpec
 
 
 @dataclass

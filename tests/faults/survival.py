@@ -33,9 +33,9 @@ from nodemgr.config.loading import load_settings
 from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.invariants import check_invariants
 from nodemgr.domain.model import Allocation, ContainerRef, Registration
-from tests.harness import runc_env
-from tests.harness.daemon_proc import CORE, MEMORY, WHOLE
-from tests.harness.kubelet_sim import AdmitResult, ContainerSpec
+from standins import runc_env
+from standins.daemon_proc import CORE, MEMORY, WHOLE
+from standins.kubelet_sim import AdmitResult, ContainerSpec
 
 KINDS = {MEMORY: ResourceKind.MEMORY, CORE: ResourceKind.CORE, WHOLE: ResourceKind.WHOLE}
 NAMESPACE = "default"

@@ -34,6 +34,9 @@ import time
 
 import pytest
 
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, unmount_under
+from standins.kubelet_sim import _Allocation
+from standins.outcome_table import OutcomeTable
 from tests.faults import survival
 from tests.faults.injectors import AllocateBurst, ApiDown, GarbageControl, HungApiServer, fill
 from tests.faults.observe import (
@@ -54,9 +57,6 @@ from tests.faults.observe import (
     wait_card,
 )
 from tests.faults.survival import CONTAINER, NAMESPACE, admit, start_daemon
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, unmount_under
-from tests.harness.kubelet_sim import _Allocation
-from tests.harness.outcome_table import OutcomeTable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.outcome_table]
 

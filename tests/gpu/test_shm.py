@@ -35,8 +35,8 @@ from dataclasses import dataclass
 import pytest
 
 from mps import CardDaemon, HealthState, MpsLayout, namespace, shm
+from standins.daemon_proc import unmount_under
 from tests.gpu.clients import finish
-from tests.harness.daemon_proc import unmount_under
 
 pytestmark = pytest.mark.gpu
 

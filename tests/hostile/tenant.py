@@ -18,8 +18,8 @@ import subprocess
 import time
 
 from nodemgr.config.loading import load_settings
-from tests.harness import mps_tenant, runc_env
-from tests.harness.mps_tenant import MpsNode
+from standins import mps_tenant, runc_env
+from standins.mps_tenant import MpsNode
 from tests.hostile import attacks
 
 # The watchdog's promise with action: kill (docs/configuration.md: "keeps every violation

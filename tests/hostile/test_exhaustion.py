@@ -46,12 +46,12 @@ from nodemgr.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from nodemgr.runtime.loop import SOCKET_NAMES
 from nodemgr.status import http
 from nodemgr.status import server as status_server
-from tests.harness import real_parts
-from tests.harness.daemon_proc import GPU0, MEMORY, WHOLE
-from tests.harness.dra_enforcement import DraEnforcementNode
-from tests.harness.kubelet_sim import ContainerSpec
-from tests.harness.mps_tenant import MpsNode
-from tests.harness.outcome_table import OutcomeTable
+from standins import real_parts
+from standins.daemon_proc import GPU0, MEMORY, WHOLE
+from standins.dra_enforcement import DraEnforcementNode
+from standins.kubelet_sim import ContainerSpec
+from standins.mps_tenant import MpsNode
+from standins.outcome_table import OutcomeTable
 from tests.hostile import floods, tenant
 from tests.hostile.tenant import killed_within
 

@@ -34,18 +34,18 @@ import pytest
 from nodemgr.common.placementkey import read_private_key
 from nodemgr.domain.extenderchoice import signed_message, signed_text, with_signature
 from nodemgr.kubernetes.publish import node_annotation
-from tests.harness import placementkeys
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, Node
-from tests.harness.extender_proc import ExtenderProc
-from tests.harness.extender_tls import (
+from standins import placementkeys
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, Node
+from standins.extender_proc import ExtenderProc
+from standins.extender_tls import (
     TlsMaterial,
     client_with,
     https_request,
     other_certificate,
 )
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
-from tests.harness.outcome_table import OutcomeTable
+from standins.kubelet_sim import ContainerSpec, TestKubelet
+from standins.outcome_table import OutcomeTable
 
 pytestmark = [pytest.mark.e2e, pytest.mark.outcome_table]
 

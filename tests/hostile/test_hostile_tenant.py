@@ -28,15 +28,15 @@ import pytest
 
 from mps.layout import MpsLayout
 from nodemgr.enforcement import hookserver
-from tests.harness import real_parts, runc_env
-from tests.harness.daemon_proc import GPU0, GPU1
-from tests.harness.mps_tenant import (
+from standins import real_parts, runc_env
+from standins.daemon_proc import GPU0, GPU1
+from standins.mps_tenant import (
     NO_PRIVILEGE,
     MpsNode,
     children,
     host_network,
 )
-from tests.harness.outcome_table import OutcomeTable
+from standins.outcome_table import OutcomeTable
 from tests.hostile import attacks, tenant
 from tests.hostile.tenant import KILL_DEADLINE_SECONDS, SCANS_SECONDS, killed_within, refusal
 

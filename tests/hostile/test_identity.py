@@ -3,7 +3,7 @@ identity and spec checks", each recorded from what it observed.
 
 The node is the real gpushare-node with NVIDIA's real MPS control binary, the test kubelet and
 real runc containers whose specs are written as the runtimes write them: CRI-O's annotations
-(tests/harness/crio.py) and the hooks of the shipped oci-hooks.d files, or containerd's
+(standins/crio.py) and the hooks of the shipped oci-hooks.d files, or containerd's
 annotations and hooks. The CRI-O identity attack runs once more under the real podman 4.3
 (its hooks dir as ``nodemgr install`` writes it, the annotations given with ``--annotation``).
 Each test records one row (tests/hostile/tenant.py turns refusals and kills into the row's
@@ -19,12 +19,12 @@ import pytest
 
 from nodemgr.config.loading import load_settings
 from nodemgr.config.schema import PLUGIN_SOCKETS
+from standins import crio, real_parts, runc_env
+from standins.daemon_proc import GPU0, GPU1, WHOLE
+from standins.kubelet_sim import ContainerSpec
+from standins.mps_tenant import MpsNode
+from standins.outcome_table import OutcomeTable
 from tests.engines import conftest as engines
-from tests.harness import crio, real_parts, runc_env
-from tests.harness.daemon_proc import GPU0, GPU1, WHOLE
-from tests.harness.kubelet_sim import ContainerSpec
-from tests.harness.mps_tenant import MpsNode
-from tests.harness.outcome_table import OutcomeTable
 from tests.hostile import tenant
 from tests.hostile.tenant import refusal
 

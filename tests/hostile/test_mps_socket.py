@@ -12,9 +12,9 @@ Healthy once it answers again. Clients that connect briefly, as every legitimate
 does, are left alone. On a card given out whole, a GPU process that belongs to no
 container registered on that card's allocation is unallocated, as on a shared card.
 
-The node is the real gpushare-node with NVIDIA's real MPS control binary (tests.harness
-real_parts), the test kubelet and real runc containers made from real Allocate responses
-(per-process GPU memory is simulated: no GPU here). The silent client is the host's own
+The node is the real gpushare-node with NVIDIA's real MPS control binary
+(standins.real_parts), the test kubelet and real runc containers made from real Allocate
+responses (per-process GPU memory is simulated: no GPU here). The silent client is the host's own
 Python, bind-mounted read-only into the container (busybox has no unix-socket client).
 Each test records its row from what it observed; the last test compares the table with
 docs/attacks.md (``scripts/update-tables`` rewrites it).
@@ -31,11 +31,11 @@ from urllib.request import urlopen
 
 import pytest
 
-from tests.harness import real_parts, runc_env
-from tests.harness.daemon_proc import GPU0, GPU1, WHOLE
-from tests.harness.kubelet_sim import ContainerSpec
-from tests.harness.mps_tenant import MpsNode, bind
-from tests.harness.outcome_table import OutcomeTable
+from standins import real_parts, runc_env
+from standins.daemon_proc import GPU0, GPU1, WHOLE
+from standins.kubelet_sim import ContainerSpec
+from standins.mps_tenant import MpsNode, bind
+from standins.outcome_table import OutcomeTable
 from tests.hostile import tenant
 from tests.hostile.tenant import SCANS_SECONDS, killed_within, wait_gone
 

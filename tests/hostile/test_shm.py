@@ -21,10 +21,10 @@ import pytest
 
 from mps.layout import MpsLayout
 from nodemgr.config.loading import load_settings
-from tests.harness import real_parts
-from tests.harness.daemon_proc import GPU0, GPU1
-from tests.harness.mps_tenant import MpsNode
-from tests.harness.outcome_table import OutcomeTable
+from standins import real_parts
+from standins.daemon_proc import GPU0, GPU1
+from standins.mps_tenant import MpsNode
+from standins.outcome_table import OutcomeTable
 from tests.hostile import tenant
 from tests.hostile.tenant import refusal
 

@@ -31,11 +31,11 @@ import time
 
 import pytest
 
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
-from tests.harness.paths import REPO
-from tests.harness.setup_script import run_setup
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import CORE, GPU0, GPU1, MEMORY, WHOLE, Node
+from standins.kubelet_sim import ContainerSpec, TestKubelet
+from standins.paths import REPO
+from standins.setup_script import run_setup
 
 pytestmark = pytest.mark.e2e
 

@@ -1,7 +1,7 @@
 """A node under a real systemd 252: a booted systemd-nspawn container with gpushare installed.
 
 The ``node`` fixture (one per module) boots the cached root file system
-(``tests/harness/nspawn.py``), writes a config for two simulated GPUs with the
+(``standins/nspawn.py``), writes a config for two simulated GPUs with the
 MPS stand-in, and runs ``nodemgr install`` inside, with the console scripts of
 the bind-mounted venv, then ``systemctl daemon-reload`` and
 ``systemd-tmpfiles --create``. The test kubelet runs inside as the transient
@@ -19,8 +19,8 @@ import time
 import pytest
 import yaml
 
-from tests.harness.nspawn import Container, require
-from tests.harness.paths import MPS_STANDIN, REPO
+from standins.nspawn import Container, require
+from standins.paths import MPS_STANDIN, REPO
 
 GPU0 = "GPU-5a000000-0000-4000-8000-000000000000"
 GPU1 = "GPU-5a000001-0000-4000-8000-000000000001"
@@ -97,7 +97,7 @@ class SystemdNode:
             "--property=Environment=PYTHONDONTWRITEBYTECODE=1",
             sys.executable,
             "-m",
-            "tests.harness.nspawn",
+            "standins.nspawn",
             "kubelet",
             DEVICE_PLUGIN_DIR,
             POD_RESOURCES_SOCKET,

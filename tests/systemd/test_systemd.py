@@ -24,7 +24,7 @@ import time
 import pytest
 import yaml
 
-from tests.harness.nspawn import SETUP_TIMEOUT_SECONDS
+from standins.nspawn import SETUP_TIMEOUT_SECONDS
 from tests.systemd.conftest import (
     CONFIG_PATH,
     DEVICE_PLUGIN_DIR,

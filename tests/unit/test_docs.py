@@ -5,16 +5,17 @@ Pins:
   resolves to a file or directory inside the checkout, and its ``#anchor``, if any,
   to a heading (or an ``<a id>``) of the Markdown file it names;
 - the module lists stay true: every module of a product package (nodemgr, mps,
-  hooks) is named in its package's ``__init__`` docstring list and under its
-  package in docs/layout.md, and every name listed there is a module of that package;
+  hooks) and of the stand-ins' package (standins) is named in its package's
+  ``__init__`` docstring list and under its package in docs/layout.md, and every
+  name listed there is a module of that package;
 - README.md stays a page an admin reads in minutes (the depth is in docs/), and no
   page a user reads, nor the product's code, scripts or benchmarks, cites an issue
   by number;
 - every repository path named in a tracked text file (code, comments,
   docstrings, docs, scripts, configs) exists, and every ``nodemgr.<module>``
-  named there is a module of the package (with the name after it, if any,
-  defined in that module), so a moved or renamed file cannot leave stale
-  mentions behind;
+  or ``standins.<module>`` named there is a module of the package (with the
+  name after it, if any, defined in that module), so a moved or renamed file
+  cannot leave stale mentions behind;
 - nothing points at notes kept outside the repository: the facts the code
   relies on are in docs/ (kubelet-api.md, mps.md, gpushare-compat.md).
 
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.harness.paths import REPO
+from standins.paths import REPO
 
 ROOT = Path(REPO)
 THIS_FILE = Path(__file__).resolve().relative_to(ROOT).as_posix()
@@ -236,11 +237,12 @@ def test_repository_paths_named_in_files_exist():
     assert not missing, "paths named but not in the repository:\n" + "\n".join(missing)
 
 
-_MODULE_MENTION = re.compile(r"(?<![\w.])nodemgr(?:\.[A-Za-z_]\w*)+")
+_MODULE_MENTION = re.compile(r"(?<![\w.])(?:nodemgr|standins)(?:\.[A-Za-z_]\w*)+")
 
 
 def module_problem(dotted: str) -> str | None:
-    """Why a dotted ``nodemgr`` name names no module of the package (or no name in it)."""
+    """Why a dotted ``nodemgr`` or ``standins`` name names no module of the package (or
+    no name in it)."""
     first, *rest = dotted.split(".")
     package = ROOT / first
     module_file = package / "__init__.py"
@@ -255,7 +257,7 @@ def module_problem(dotted: str) -> str | None:
             break
         else:
             break
-    if not rest:
+    if not rest or re.fullmatch(r"__\w+__", rest[0]):  # every module has __file__, ...
         return None
     name = re.escape(rest[0])
     defined = re.compile(
@@ -272,20 +274,23 @@ def module_problem(dotted: str) -> str | None:
 
 
 def test_nodemgr_modules_named_in_files_exist():
-    """Every ``nodemgr.<package>.<module>`` named in a tracked text file is a module of the
-    package, and a name after it (``nodemgr.kubernetes.publish.node_labels``) is defined
-    there; so a renamed module cannot leave stale mentions behind."""
-    problems, checked = [], 0
+    """Every ``nodemgr.<package>.<module>`` (or ``standins.<module>``) named in a tracked
+    text file is a module of the package, and a name after it
+    (``nodemgr.kubernetes.publish.node_labels``) is defined there; so a renamed module
+    cannot leave stale mentions behind."""
+    problems, checked, stand_ins = [], 0, 0
     for name, text in text_files():
         for match in _MODULE_MENTION.finditer(text):
             checked += 1
+            stand_ins += match.group(0).startswith("standins.")
             problem = module_problem(match.group(0))
             if problem:
                 problems.append(
                     f"{name}:{line_of(text, match.start())}: {match.group(0)}: {problem}"
                 )
     assert checked > 0, "no nodemgr module named anywhere: the pattern is broken"
-    assert not problems, "nodemgr modules named but not there:\n" + "\n".join(problems)
+    assert stand_ins > 0, "no standins module named anywhere: the pattern is broken"
+    assert not problems, "modules named but not there:\n" + "\n".join(problems)
 
 
 # ------------------------------------------- (c) no pointers outside the repository
@@ -319,6 +324,8 @@ def test_no_pointer_to_notes_outside_the_repository():
 # ------------------------------------------------------------ (d) module lists
 
 PRODUCT_PACKAGES = ("nodemgr", "mps", "hooks")
+# The packages whose module lists are kept: the product's and the stand-ins' (shipped too).
+LISTED_PACKAGES = (*PRODUCT_PACKAGES, "standins")
 LAYOUT = "docs/layout.md"
 # A list item naming modules: "- ``a``: ...", "- ``a``, ``b`` and ``c``: ..." (docstrings,
 # reStructuredText literals) or the same with single backticks (docs/layout.md).
@@ -329,11 +336,12 @@ _ITEM_NAME = re.compile(r"`+(\w+)`+")
 _LAYOUT_PACKAGE = re.compile(r"^#{2,3} `([\w/]+)/`$", re.M)
 
 
-def product_packages() -> dict[str, set[str]]:
-    """Each product package (repo-relative path) and its modules: its .py files but
-    ``__init__`` and generated gRPC code (``*_pb2*``), and its sub-packages."""
+def listed_packages() -> dict[str, set[str]]:
+    """Each package whose modules are listed (the product's and ``standins``; repo-relative
+    path) and its modules: its .py files but ``__init__`` and generated gRPC code
+    (``*_pb2*``), and its sub-packages."""
     packages = {}
-    for top in PRODUCT_PACKAGES:
+    for top in LISTED_PACKAGES:
         for init in sorted((ROOT / top).rglob("__init__.py")):
             package = init.parent
             modules = {
@@ -377,10 +385,13 @@ def list_problems(where: str, modules: set[str], listed: set[str]) -> list[str]:
 
 
 def test_package_docstrings_list_every_module_and_only_modules():
-    """Each product package's ``__init__`` docstring names every one of its modules and
-    sub-packages in a list item (``- ``name``: what``), and names nothing else there."""
-    packages = product_packages()
-    assert {"nodemgr", "nodemgr/allocation", "mps", "hooks"} <= set(packages)
+    """Each product package's and each stand-ins package's ``__init__`` docstring names
+    every one of its modules and sub-packages in a list item (``- ``name``: what``), and
+    names nothing else there."""
+    packages = listed_packages()
+    assert {"nodemgr", "nodemgr/allocation", "mps", "hooks", "standins", "standins/cri"} <= set(
+        packages
+    )
     problems = []
     for package, modules in packages.items():
         where = f"{package}/__init__.py"
@@ -389,9 +400,10 @@ def test_package_docstrings_list_every_module_and_only_modules():
 
 
 def test_layout_page_lists_every_module_of_every_package():
-    """docs/layout.md has a heading per product package with modules (``### `nodemgr/<x>/```)
-    whose list items name every module of that package, and only those."""
-    packages = {p: m for p, m in product_packages().items() if m}
+    """docs/layout.md has a heading per product or stand-ins package with modules
+    (``### `nodemgr/<x>/```, ``## `standins/```) whose list items name every module of
+    that package, and only those."""
+    packages = {p: m for p, m in listed_packages().items() if m}
     layout = listed_in_layout()
     problems = [f"{LAYOUT} has no section for {p}/" for p in sorted(set(packages) - set(layout))]
     problems += [
@@ -425,7 +437,8 @@ def test_module_list_parsers_read_names_and_catch_drift(tmp_path):
 # --------------------------------------------------- (e) what a user reads first
 
 README_MAX_LINES = 300  # about 300 lines: what an admin needs; every deeper topic in docs/
-# Where a user reads (pages, command help, messages) and what ships with the product.
+# Where a user reads (pages, command help, messages) and what ships with the product (the
+# stand-ins included).
 USER_FACING = (
     "README.md",
     "docs/",
@@ -433,6 +446,7 @@ USER_FACING = (
     "nodemgr/",
     "mps/",
     "hooks/",
+    "standins/",
     "scripts/",
     "systemd/",
     "bench/",

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from tests.harness.paths import REPO
+from standins.paths import REPO
 
 GPU_DIR = os.path.join(REPO, "tests", "gpu")
 

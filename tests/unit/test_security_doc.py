@@ -28,8 +28,8 @@ from nodemgr.extender.wire import Limits
 from nodemgr.kubelet import servicer
 from nodemgr.status import http
 from nodemgr.status import server as status_server
-from tests.harness.listeners import listener_table, resolved
-from tests.harness.paths import REPO
+from standins.listeners import listener_table, resolved
+from standins.paths import REPO
 
 ROOT = Path(REPO)
 DOC = ROOT / "docs" / "security.md"

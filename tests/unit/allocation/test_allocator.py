@@ -18,8 +18,8 @@ from nodemgr.domain.deviceids import ResourceKind, card_device_ids, card_of
 from nodemgr.domain.model import ContainerRef
 from nodemgr.errors import ConflictError, LedgerError, NoFitError, UnknownDeviceError
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1, simulated_settings
-from tests.harness.clock import Clock
+from standins.cards import GPU0, GPU1, simulated_settings
+from standins.clock import Clock
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 

@@ -16,8 +16,8 @@ from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.domain.model import Mount
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1, simulated_settings
-from tests.harness.clock import Clock
+from standins.cards import GPU0, GPU1, simulated_settings
+from standins.clock import Clock
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 

@@ -26,8 +26,8 @@ from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.reconcile import ReconcilePlan, plan_reconcile
 from nodemgr.errors import ConflictError, NoFitError
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1, simulated_settings
-from tests.harness.clock import Clock
+from standins.cards import GPU0, GPU1, simulated_settings
+from standins.clock import Clock
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 UNIT_MIB = 1024

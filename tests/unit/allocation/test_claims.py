@@ -15,8 +15,8 @@ from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.model import ClaimRef, ClaimResult, ContainerRef
 from nodemgr.errors import ConflictError, NoFitError
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1
-from tests.harness.clock import Clock
+from standins.cards import GPU0, GPU1
+from standins.clock import Clock
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 

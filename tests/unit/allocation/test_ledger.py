@@ -38,7 +38,7 @@ from nodemgr.domain.model import (
 from nodemgr.domain.violations import MEMORY, UNALLOCATED, Violation
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
-from tests.harness.ledger_rows import allocation
+from standins.ledger_rows import allocation
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 
@@ -156,7 +156,7 @@ def test_kill_9_in_the_middle_of_a_write_leaves_no_partial_allocation(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         from nodemgr.allocation.ledger import Ledger
-        from tests.harness.ledger_rows import allocation
+        from standins.ledger_rows import allocation
         ledger = Ledger({str(tmp_path)!r})
         def stall(self, allocation):
             print("row written", flush=True)

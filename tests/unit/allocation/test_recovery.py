@@ -13,7 +13,7 @@ from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.domain.model import CgroupKey, ContainerRef, Registration
 from nodemgr.errors import GpushareError
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, simulated_settings
+from standins.cards import GPU0, simulated_settings
 
 POD_A = ContainerRef("default", "a", "main")
 POD_B = ContainerRef("default", "b", "main")

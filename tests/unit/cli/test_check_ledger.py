@@ -14,7 +14,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS
 from nodemgr.config.loading import load_settings
 from nodemgr.domain.deviceids import ResourceKind, memory_device_id
 from nodemgr.domain.model import Allocation
-from tests.harness.cards import GPU0
+from standins.cards import GPU0
 
 MEM = ResourceKind.MEMORY
 

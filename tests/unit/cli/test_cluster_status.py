@@ -1,7 +1,7 @@
 """``nodemgr status --cluster`` (nodemgr/cli/cluster_status.py, reached through
 ``status.run``): the cluster-wide view from the nodes' gpushare annotation.
 
-Against the test API server (tests/harness/apiserver_sim.py: the real REST protocol, the
+Against the test API server (standins/apiserver_sim.py: the real REST protocol, the
 official client end to end), with node annotations made by what the daemon publishes
 (nodemgr.kubernetes.publish.node_annotation of a status document from
 nodemgr.domain.statusdoc.build_status,
@@ -33,8 +33,8 @@ from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.statusdoc import build_status
 from nodemgr.inventory import Card
 from nodemgr.kubernetes.publish import node_annotation
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import _console_script
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import _console_script
 
 KEY = "gpushare.aliyun.com/gpus"
 T4 = [Card(0, "GPU-a0", "Tesla T4", 15360), Card(1, "GPU-a1", "Tesla T4", 15360)]

@@ -18,8 +18,8 @@ from mps import MpsLayout, proc, shm
 from nodemgr.cli.main import main
 from nodemgr.config.loading import load_settings
 from nodemgr.supervision.supervisor import card_daemon
-from tests.harness.cards import GPU0
-from tests.harness.daemon_proc import MPS_STANDIN, unmount_under
+from standins.cards import GPU0
+from standins.daemon_proc import MPS_STANDIN, unmount_under
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from nodemgr.common.connbudget import REASONS, ConnectionBudget
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ from nodemgr.common.placementkey import (
     read_private_key,
     read_public_key,
 )
-from tests.harness import placementkeys
-from tests.harness.extender_tls import render
+from standins import placementkeys
+from standins.extender_tls import render
 
 
 def test_a_pair_reads_back_signs_and_verifies(tmp_path):

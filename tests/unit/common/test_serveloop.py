@@ -12,7 +12,7 @@ import threading
 import pytest
 
 from nodemgr.common.serveloop import ServeLoop
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 
 
 class Echo(socketserver.BaseRequestHandler):

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from nodemgr.common.unixserver import SOCKET_MODE, UnixServer
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 
 
 def umask_now() -> int:

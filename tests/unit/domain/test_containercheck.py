@@ -19,7 +19,7 @@ from nodemgr.domain.containercheck import (
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids, core_device_id, memory_device_id
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
 from nodemgr.domain.violations import index_registrations, registration_of
-from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of
+from standins.cards import GPU0, GPU1, MPS_PIPE, env_of
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 PIPE = MPS_PIPE

@@ -28,7 +28,7 @@ from nodemgr.domain.extenderchoice import (
     signed_text,
     with_signature,
 )
-from tests.harness.placementkeys import new_private_key_pem
+from standins.placementkeys import new_private_key_pem
 
 KEY = private_key_from_pem(new_private_key_pem())
 OTHER_KEY = private_key_from_pem(new_private_key_pem())

@@ -4,7 +4,7 @@ allocations gives no problem."""
 from nodemgr.domain.deviceids import ResourceKind, core_device_id, memory_device_id
 from nodemgr.domain.invariants import CardCapacity, check_invariants
 from nodemgr.domain.model import Allocation, CgroupKey, ContainerRef, Registration
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 CARDS = [CardCapacity(GPU0, 0, 4), CardCapacity(GPU1, 1, 2)]

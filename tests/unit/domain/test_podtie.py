@@ -20,7 +20,7 @@ from nodemgr.domain.podtie import (
     pods_allocation,
     runtime_identity,
 )
-from tests.harness.cards import GPU0
+from standins.cards import GPU0
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 NAMES = {MEM: "aliyun.com/gpu-mem", CORE: "aliyun.com/gpu-core.percentage"}

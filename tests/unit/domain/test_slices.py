@@ -1,7 +1,7 @@
 """Pins nodemgr.domain.slices: the node's ResourceSlice passes the API server's validation
-(tests/harness/resource_v1.py, field by field as kube-apiserver), shows device plugin use
+(standins/resource_v1.py, field by field as kube-apiserver), shows device plugin use
 as lower capacities, leaves out cards that take no shares, and gives kube-scheduler's
-arithmetic (tests/harness/dra_allocator.py) the amounts the node expects."""
+arithmetic (standins/dra_allocator.py) the amounts the node expects."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from nodemgr.domain.claims import DeviceCard, claim_demand, device_cards
 from nodemgr.domain.slices import SliceCard, device_of, plugin_use, slice_spec
-from tests.harness import dra_allocator, resource_v1
-from tests.harness.ledger_rows import allocation
+from standins import dra_allocator, resource_v1
+from standins.ledger_rows import allocation
 
 DRIVER = "gpushare.aliyun.com"
 GPU0 = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
@@ -96,7 +96,7 @@ def test_plugin_use_counts_device_plugin_allocations_not_claims():
 
     from nodemgr.domain.model import ClaimRef
 
-    plugin = allocation("ga-1")  # 2 units + 3 % on its card (tests.harness.ledger_rows)
+    plugin = allocation("ga-1")  # 2 units + 3 % on its card (standins.ledger_rows)
     claim = replace(allocation("ga-2", units=0, percent=0), claim=ClaimRef("u", "n", "c", ()))
     use = plugin_use([plugin, claim])
     assert [(u.memory_units, u.core_percent, u.whole) for u in use.values()] == [

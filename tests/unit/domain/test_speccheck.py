@@ -24,7 +24,7 @@ from nodemgr.domain.speccheck import (
     SpecFacts,
     spec_problem,
 )
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 RUN = "/run/gpushare"
 MPS = f"{RUN}/mps"

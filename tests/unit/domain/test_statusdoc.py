@@ -19,7 +19,7 @@ from nodemgr.domain.deviceids import ResourceKind
 from nodemgr.domain.isolation import NodeIsolationFacts, WatchdogFacts
 from nodemgr.domain.model import Allocation, ContainerRef
 from nodemgr.domain.statusdoc import MpsView, UsageView, build_status, render_table
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 CARDS = [
     SimpleNamespace(index=0, uuid=GPU0, name="Tesla T4", memory_mib=15360),

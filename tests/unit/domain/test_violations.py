@@ -29,7 +29,7 @@ from nodemgr.domain.violations import (
     find_violations,
     index_registrations,
 )
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 MEM, CORE, WHOLE = ResourceKind.MEMORY, ResourceKind.CORE, ResourceKind.WHOLE
 POD_A = ContainerRef("default", "a", "main")

@@ -18,8 +18,8 @@ from nodemgr.dra.cdifiles import CdiDirectory
 from nodemgr.dra.driver import ClaimKey, DraDriver
 from nodemgr.errors import KubeNotFound, KubeUnavailable
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1
-from tests.harness.clock import Clock
+from standins.cards import GPU0, GPU1
+from standins.clock import Clock
 
 DRIVER = "gpushare.aliyun.com"
 

@@ -33,7 +33,7 @@ from nodemgr.enforcement import hookserver, hostdevices
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
+from standins.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 PIPE = MPS_PIPE

@@ -16,7 +16,7 @@ import time
 import pytest
 
 from nodemgr.enforcement import procfs
-from tests.harness.fdexhaust import no_descriptors_left
+from standins.fdexhaust import no_descriptors_left
 
 SLEEP = [sys.executable, "-c", "import time; time.sleep(60)"]
 

@@ -29,7 +29,7 @@ from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
 from nodemgr.kubelet.registration import KubeletUnavailable
-from tests.harness.cards import MPS_PIPE, env_of, simulated_settings
+from standins.cards import MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 CGROUP = "0::/kubepods/pod-a/c1\n"

@@ -31,8 +31,8 @@ from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import ProcessUsage, open_inventory
-from tests.harness.cards import GPU0, GPU1
-from tests.harness.fdexhaust import no_descriptors_left
+from standins.cards import GPU0, GPU1
+from standins.fdexhaust import no_descriptors_left
 
 
 class Usage:

@@ -24,7 +24,7 @@ from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.enforcement.watchdog import Watchdog
 from nodemgr.errors import InventoryError
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import GPU0
+from standins.cards import GPU0
 
 
 class Usage:

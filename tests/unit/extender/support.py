@@ -14,7 +14,7 @@ from nodemgr.domain.extenderchoice import (
 )
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.logic import Resources
-from tests.harness.placementkeys import new_private_key_pem
+from standins.placementkeys import new_private_key_pem
 
 MEMORY = "aliyun.com/gpu-mem"
 CORE = "aliyun.com/gpu-core.percentage"

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from nodemgr.cli import inspect
-from tests.harness.apiserver_sim import TestApiServer
+from standins.apiserver_sim import TestApiServer
 from tests.unit.cli.test_cluster_status import DETAILS, KEY, NODE_A, NODE_B, SUMMARY
 
 _HEADER = (

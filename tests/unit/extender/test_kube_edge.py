@@ -22,7 +22,7 @@ from nodemgr.errors import KubeConflict, KubeNotFound
 from nodemgr.kubernetes import scheduling
 from nodemgr.kubernetes.listwatch import ListWatch
 from nodemgr.kubernetes.writes import Backoff
-from tests.harness.apiserver_sim import TestApiServer
+from standins.apiserver_sim import TestApiServer
 
 
 @pytest.fixture

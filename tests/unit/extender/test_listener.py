@@ -30,7 +30,7 @@ from nodemgr.extender.listener import (
     parse_head,
 )
 from nodemgr.extender.tls import ServerTls, TlsFiles
-from tests.harness.extender_tls import TlsMaterial, https_request
+from standins.extender_tls import TlsMaterial, https_request
 
 SMALL = Budget(
     max_connections=4,

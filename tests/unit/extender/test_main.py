@@ -21,10 +21,10 @@ import time
 import pytest
 
 from nodemgr.kubernetes.publish import node_annotation
-from tests.harness import placementkeys
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.extender_proc import ExtenderProc
-from tests.harness.extender_tls import TlsMaterial, https_request, secret_volume
+from standins import placementkeys
+from standins.apiserver_sim import TestApiServer
+from standins.extender_proc import ExtenderProc
+from standins.extender_tls import TlsMaterial, https_request, secret_volume
 
 MEMORY = "aliyun.com/gpu-mem"
 

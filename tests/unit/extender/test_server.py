@@ -26,8 +26,8 @@ from nodemgr.errors import KubeConflict, KubeUnavailable
 from nodemgr.extender.cache import ClusterCache
 from nodemgr.extender.server import Extender, ExtenderServer
 from nodemgr.extender.tls import ServerTls, TlsFiles
-from tests.harness.extender_tls import TlsMaterial, https_request
-from tests.harness.gofmt import sprintf_no_args
+from standins.extender_tls import TlsMaterial, https_request
+from standins.gofmt import sprintf_no_args
 from tests.unit.extender.support import (
     CORE,
     MEMORY,

@@ -22,7 +22,7 @@ import ssl
 import pytest
 
 from nodemgr.extender.tls import TlsError, TlsFiles, peer_names, server_context
-from tests.harness.extender_tls import (
+from standins.extender_tls import (
     TlsMaterial,
     client_with,
     https_request,
@@ -111,7 +111,7 @@ def test_an_insecure_client_still_needs_a_certificate(served):
     del config["extenders"][0]["tlsConfig"]["certFile"]
     del config["extenders"][0]["tlsConfig"]["keyFile"]
     config["extenders"][0]["tlsConfig"]["insecure"] = True
-    from tests.harness.extender_tls import client_from_config
+    from standins.extender_tls import client_from_config
 
     assert refused(client_from_config(config, served.tls.dir))
 

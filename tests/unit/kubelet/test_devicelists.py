@@ -21,7 +21,7 @@ from nodemgr.kubelet.devicelists import (
     smallest_safe_memory_unit_mib,
 )
 from nodemgr.kubelet.servicer import HEALTHY, UNHEALTHY, DevicePluginServicer
-from tests.harness.cards import simulated_settings
+from standins.cards import simulated_settings
 
 A100 = [Card(i, f"GPU-{i:08d}-0000-4000-8000-000000000000", "A100 80GB", 81920) for i in range(8)]
 

@@ -18,7 +18,7 @@ from nodemgr.domain.model import ContainerRef
 from nodemgr.kubelet.podresources import PodResourcesClient
 from nodemgr.kubelet.registration import KubeletUnavailable, register
 from nodemgr.kubelet.servicer import OPTIONS, PluginServer
-from tests.harness.kubelet_sim import ContainerSpec, TestKubelet
+from standins.kubelet_sim import ContainerSpec, TestKubelet
 
 MEM = ResourceKind.MEMORY
 MEM_NAME = "aliyun.com/gpu-mem"

@@ -1,4 +1,4 @@
-"""Pins nodemgr.kubelet.registration against the test kubelet (tests/harness/kubelet_sim.py)
+"""Pins nodemgr.kubelet.registration against the test kubelet (standins/kubelet_sim.py)
 and a hung stand-in: a resource registers with version v1beta1, its endpoint and options,
 and kubelet then reads its device list; a refusal or a missing kubelet socket raises
 KubeletUnavailable naming the resource, the socket and gRPC's reason; a kubelet that
@@ -21,7 +21,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.registration import API_VERSION, KubeletUnavailable, register
 from nodemgr.kubelet.servicer import OPTIONS, PluginServer
-from tests.harness.kubelet_sim import TestKubelet
+from standins.kubelet_sim import TestKubelet
 
 MEM = ResourceKind.MEMORY
 MEM_NAME = "aliyun.com/gpu-mem"

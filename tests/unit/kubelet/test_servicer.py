@@ -37,7 +37,7 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
 from nodemgr.kubelet.servicer import PluginServer
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 MEM_NAME = "aliyun.com/gpu-mem"

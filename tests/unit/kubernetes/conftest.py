@@ -2,7 +2,7 @@
 
 import pytest
 
-from tests.harness.apiserver_sim import TestApiServer
+from standins.apiserver_sim import TestApiServer
 from tests.unit.kubernetes.support import NODE, PREFIX
 
 

@@ -1,5 +1,5 @@
 """What the Kubernetes adapter's tests share: names, a hand-moved clock, and waits on the
-test API server (tests/harness/apiserver_sim.py) that poll for a positive signal."""
+test API server (standins/apiserver_sim.py) that poll for a positive signal."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Pins nodemgr.kubernetes.adapter, the facade the daemon uses, against the test API
-server (tests/harness/apiserver_sim.py: the real REST and watch protocol, so the kubernetes
+server (standins/apiserver_sim.py: the real REST and watch protocol, so the kubernetes
 client runs end to end): after the server stops and restarts the watch reconnects and the
 writes made meanwhile arrive in their latest coalesced form, in one request; 5xx/429 and a
 timed-out request are retried; 404 drops a write, 403 drops it with one log line naming

@@ -21,8 +21,8 @@ from nodemgr.kubernetes.dra import (
     claim_device_status,
     slice_name,
 )
-from tests.harness.kubelet_dra import ApiAccess
-from tests.harness.ledger_rows import allocation
+from standins.kubelet_dra import ApiAccess
+from standins.ledger_rows import allocation
 from tests.unit.kubernetes.support import NODE
 
 DRIVER = "gpushare.aliyun.com"

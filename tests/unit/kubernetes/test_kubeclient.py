@@ -28,7 +28,7 @@ from nodemgr.kubernetes.kubeclient import (
     api_exception,
     new_configuration,
 )
-from tests.harness.paths import REPO
+from standins.paths import REPO
 from tests.unit.kubernetes.support import NODE
 
 # The generated API classes and models: a module named so, or under it, must not be loaded
@@ -43,7 +43,7 @@ from nodemgr.config.schema import KubernetesSettings
 from nodemgr.kubernetes import client, scheduling
 from nodemgr.kubernetes.adapter import KubeAdapter
 from nodemgr.kubernetes.listwatch import ListWatch
-from tests.harness.apiserver_sim import TestApiServer
+from standins.apiserver_sim import TestApiServer
 
 def wait(predicate, what):
     deadline = time.monotonic() + 10

@@ -1,6 +1,6 @@
 """Pins nodemgr.kubernetes.podwatch: a pod from the API as PodInfo (raw JSON and V1Pod;
 extended resources only, a limit standing in for a missing request, whole-number
-quantities); and, against the test API server (tests/harness/apiserver_sim.py), the
+quantities); and, against the test API server (standins/apiserver_sim.py), the
 cache of this node's pods: filled from one LIST (field selector spec.nodeName) and kept by
 a WATCH of ADDED/MODIFIED/DELETED; the candidate index per event, and the index of
 candidates by what they ask ((resource, size) -> pods), always the candidates filtered by
@@ -44,8 +44,8 @@ from nodemgr.kubernetes.podwatch import (
     pod_info,
 )
 from nodemgr.kubernetes.writes import Backoff
-from tests.harness import placementkeys
-from tests.harness.apiserver_sim import TestApiServer
+from standins import placementkeys
+from standins.apiserver_sim import TestApiServer
 from tests.unit.kubernetes.support import (
     CORE,
     MEM,

@@ -30,7 +30,7 @@ from nodemgr.kubernetes.publish import (
     node_labels,
     pod_annotations,
 )
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 CARDS = [
     SimpleNamespace(

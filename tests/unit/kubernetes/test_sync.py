@@ -31,7 +31,7 @@ from nodemgr.kubernetes.sync import (
     post_refusal,
     post_violation,
 )
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 from tests.unit.kubernetes.support import CORE, MEM, NODE, PREFIX, TIMEOUT_SECONDS, wait_until
 
 CARDS = (Card(0, "GPU-a", "Tesla T4", 15360), Card(1, "GPU-b", "Tesla T4", 15360))

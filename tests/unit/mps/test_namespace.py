@@ -15,7 +15,7 @@ import tempfile
 import pytest
 
 from mps import CardDaemon, MpsLayout, MpsUnavailable, mounts, namespace, proc, shm
-from tests.harness.daemon_proc import MPS_STANDIN, unmount_under
+from standins.daemon_proc import MPS_STANDIN, unmount_under
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="mount namespaces need root")
 CARD = "GPU-ns000000-0000-4000-8000-000000000000"

@@ -13,7 +13,7 @@ import tempfile
 import pytest
 
 from mps import mounts, shm
-from tests.harness.daemon_proc import unmount_under
+from standins.daemon_proc import unmount_under
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mounting a tmpfs needs root")
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from tests.harness.paths import REPO
+from standins.paths import REPO
 
 SCRIPT = textwrap.dedent(
     """\

@@ -1,4 +1,4 @@
-"""Pins nodemgr.runtime.loop.RunLoop with a real notify socket (tests/harness/notify_listener.py)
+"""Pins nodemgr.runtime.loop.RunLoop with a real notify socket (standins/notify_listener.py)
 and ServiceNotifier, a real Allocator and stand-ins for the rest: a healthy iteration says
 READY=1 once and then only STATUS when it changed; a card problem holds READY back and
 shows in STATUS; no WATCHDOG=1 while the allocation state is unresponsive; a SIGHUP reload
@@ -31,9 +31,9 @@ from nodemgr.kubelet.registration import KubeletUnavailable
 from nodemgr.runtime.loop import RunLoop
 from nodemgr.runtime.notify import ServiceNotifier
 from nodemgr.status.server import DaemonFacts
-from tests.harness.cards import GPU0, GPU1
-from tests.harness.kubelet_sim import TestKubelet
-from tests.harness.notify_listener import Listener
+from standins.cards import GPU0, GPU1
+from standins.kubelet_sim import TestKubelet
+from standins.notify_listener import Listener
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 MARKER = "--- marker ---"
@@ -360,7 +360,7 @@ def test_a_reload_outcome_stays_in_status_until_the_summary_changes_or_time_pass
     tests/systemd). The summary comes back once RELOAD_STATUS_SECONDS have passed, or at
     once when it changes."""
     from nodemgr.runtime.loop import RELOAD_STATUS_SECONDS
-    from tests.harness.clock import Clock
+    from standins.clock import Clock
 
     clock = Clock()
     daemon.loop.clock = clock

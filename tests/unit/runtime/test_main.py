@@ -15,8 +15,8 @@ import pytest
 
 from nodemgr.allocation.ledger import LEDGER_FILE
 from nodemgr.runtime.main import main
-from tests.harness.cards import GPU0
-from tests.harness.paths import REPO
+from standins.cards import GPU0
+from standins.paths import REPO
 
 
 def config(tmp_path, memory_mib=15360, unit_mib=1024) -> str:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from nodemgr.runtime.notify import ServiceNotifier
-from tests.harness.notify_listener import Listener
+from standins.notify_listener import Listener
 
 
 @pytest.fixture(params=[False, True], ids=["path", "abstract"])

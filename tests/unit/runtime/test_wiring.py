@@ -11,9 +11,9 @@ from nodemgr.config.loading import settings_from_mapping
 from nodemgr.runtime import loop
 from nodemgr.runtime import wiring as daemon
 from nodemgr.runtime.notify import ServiceNotifier
-from tests.harness.cards import GPU0
-from tests.harness.kubelet_sim import TestKubelet
-from tests.harness.notify_listener import Listener
+from standins.cards import GPU0
+from standins.kubelet_sim import TestKubelet
+from standins.notify_listener import Listener
 
 
 def test_watchdog_pings_stop_while_the_run_loop_hangs_and_resume_after(monkeypatch):

@@ -14,7 +14,7 @@ import pytest
 
 from nodemgr.status import http
 from nodemgr.status.metrics import Metrics
-from tests.harness.threadstats import wakeups_while_idle
+from standins.threadstats import wakeups_while_idle
 
 
 def document():

@@ -45,8 +45,8 @@ from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2 as dp
 from nodemgr.kubelet.api import deviceplugin_v1beta1_pb2_grpc as dp_grpc
 from nodemgr.kubelet.servicer import PluginServer
 from nodemgr.status.metrics import Metrics
-from tests.harness.cards import GPU0, GPU1
-from tests.harness.threadstats import wakeups_while_idle
+from standins.cards import GPU0, GPU1
+from standins.threadstats import wakeups_while_idle
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "deploy" / "grafana" / "gpushare-node.json"
 MIB = 1024 * 1024

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from nodemgr.status.nodefacts import dmem_regions
-from tests.harness.cards import GPU0, GPU1
+from standins.cards import GPU0, GPU1
 
 INFORMATION = """Model: \t\t Tesla T4
 IRQ:   \t\t 64

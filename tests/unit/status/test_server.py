@@ -31,7 +31,7 @@ from nodemgr.errors import LedgerError
 from nodemgr.inventory import open_inventory
 from nodemgr.status import server as server_module
 from nodemgr.status.server import CARDS_META_KEY, DaemonFacts, LiveStatus, StatusServer, query
-from tests.harness.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
+from standins.cards import GPU0, GPU1, MPS_PIPE, env_of, simulated_settings
 
 MEM, CORE = ResourceKind.MEMORY, ResourceKind.CORE
 

@@ -29,9 +29,9 @@ from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.domain.violations import ControlHold
 from nodemgr.inventory import open_inventory
 from nodemgr.supervision.supervisor import MpsSupervisor
-from tests.harness.cards import GPU0, GPU1, simulated_settings
-from tests.harness.clock import Clock
-from tests.harness.daemon_proc import MPS_STANDIN, unmount_under
+from standins.cards import GPU0, GPU1, simulated_settings
+from standins.clock import Clock
+from standins.daemon_proc import MPS_STANDIN, unmount_under
 
 SERVER_FILE = os.path.join(os.path.dirname(MPS_STANDIN), "nvidia-cuda-mps-server")
 

@@ -23,9 +23,9 @@ from nodemgr.config.schema import MpsSettings
 from nodemgr.domain.deviceids import ResourceKind, card_device_ids
 from nodemgr.inventory import open_inventory
 from nodemgr.supervision.supervisor import MIN_SHM_MIB, MpsSupervisor, card_shm_mib
-from tests.harness.cards import GPU0, GPU1, simulated_settings
-from tests.harness.clock import Clock
-from tests.harness.daemon_proc import MPS_STANDIN, unmount_under
+from standins.cards import GPU0, GPU1, simulated_settings
+from standins.clock import Clock
+from standins.daemon_proc import MPS_STANDIN, unmount_under
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="tmpfs mounts and namespaces need root")
 SIZE_MIB = 16

@@ -27,8 +27,8 @@ from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
 from nodemgr.status.server import DaemonFacts, LiveStatus, StatusServer
-from tests.harness.apiserver_sim import TestApiServer
-from tests.harness.daemon_proc import MPS_STANDIN, _console_script
+from standins.apiserver_sim import TestApiServer
+from standins.daemon_proc import MPS_STANDIN, _console_script
 from tests.unit.cli.doctor.support import fake_node, listening, short_dir
 
 

@@ -21,7 +21,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.enforcement.hookserver import HookServer
 from nodemgr.enforcement.registry import ContainerRegistry
 from nodemgr.inventory import open_inventory
-from tests.harness.cards import simulated_settings
+from standins.cards import simulated_settings
 from tests.unit.cli.doctor.support import listening, short_dir, write
 
 # --- verdicts ------------------------------------------------------------------------------
@@ -106,7 +106,7 @@ def test_ledger_verdicts():
 def test_hook_probe_is_answered_by_the_real_daemon_and_changes_nothing(tmp_path, caplog):
     """The real hook server answers the no-op poststop probe without registering or logging
     anything."""
-    from tests.harness.cards import simulated_settings
+    from standins.cards import simulated_settings
 
     settings = simulated_settings(str(tmp_path))
     ledger = Ledger(settings.state_dir)

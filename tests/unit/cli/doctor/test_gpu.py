@@ -12,7 +12,7 @@ from nodemgr.cli.doctor import gpu
 from nodemgr.cli.doctor.host import Host
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.inventory import Card
-from tests.harness.daemon_proc import MPS_STANDIN
+from standins.daemon_proc import MPS_STANDIN
 from tests.unit.cli.doctor.support import write
 
 T4 = Card(0, "GPU-0", "Tesla T4", 15360, compute_capability="7.5", mig_enabled=False)

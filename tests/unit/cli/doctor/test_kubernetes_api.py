@@ -1,5 +1,5 @@
 """Pins doctor's Kubernetes API check: the verdicts as pure functions, and the check against
-the test API server (tests/harness/apiserver_sim.py, the real client end to end): all of
+the test API server (standins/apiserver_sim.py, the real client end to end): all of
 nodemgr.kubernetes.adapter.API_PERMISSIONS allowed passes, a missing verb FAILs naming it and
 the RBAC fix, a rejected token, a stopped server and missing credentials FAIL, an unknown node
 WARNs, ``kubernetes.enabled: false`` WARNs without a request."""
@@ -16,7 +16,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.config.loading import load_settings
 from nodemgr.kubernetes import adapter as kube
 from nodemgr.kubernetes import client as kube_client
-from tests.harness.apiserver_sim import ACCESS_REVIEWS, TestApiServer
+from standins.apiserver_sim import ACCESS_REVIEWS, TestApiServer
 
 ALL_VERBS = tuple(
     (group, resource, verb) for group, resource, verbs in kube.API_PERMISSIONS for verb in verbs

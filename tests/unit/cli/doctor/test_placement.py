@@ -12,7 +12,7 @@ from nodemgr.cli.doctor.host import Host
 from nodemgr.cli.doctor.placement import check_placement_key
 from nodemgr.cli.doctor.report import FAIL, PASS, WARN
 from nodemgr.config.schema import KubernetesSettings, Settings
-from tests.harness import placementkeys
+from standins import placementkeys
 
 
 def settings(**kubernetes):

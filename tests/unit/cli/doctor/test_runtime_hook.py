@@ -18,7 +18,7 @@ from nodemgr.cli.doctor.report import FAIL, PASS, WARN, Result
 from nodemgr.cli.doctor.runtime_hook import HookEntry, RuntimeHooks
 from nodemgr.config.loading import load_settings
 from nodemgr.config.schema import Settings
-from tests.harness.daemon_proc import _console_script
+from standins.daemon_proc import _console_script
 from tests.unit.cli.doctor.support import (
     HOOK_BIN,
     SHIPPED_CONTAINERD_HOOKS,

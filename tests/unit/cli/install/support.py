@@ -13,12 +13,13 @@ import pytest
 import yaml
 
 from nodemgr.cli import main as cli
+from standins.paths import MPS_STANDIN
 
 REPO = os.path.dirname(
     os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 )
 BIN = os.path.dirname(sys.executable)
-STAND_IN = os.path.join(REPO, "tests", "harness", "fakes", "nvidia-cuda-mps-control")
+STAND_IN = MPS_STANDIN
 CARD = "GPU-6a7c0d1e-2f30-4152-6374-8596a7b8c9d0"
 
 UNITS = "etc/systemd/system"
