@@ -161,20 +161,24 @@ def test_both_sockets_are_root_only_whatever_the_umask_and_never_wider():
     directories = (settings.plugins_registry_dir, os.path.dirname(settings.service_socket))
     for directory in directories:
         os.makedirs(directory)
-    seen: set[int] = set()
+    seen: set[int] = set()  # modes of sockets anyone can reach in the directories
+    staging: set[int] = set()  # modes of the directories sockets are bound in first
     done = threading.Event()
 
     def watch() -> None:
+        # Only what another user could reach: entries of the directories themselves. A
+        # socket inside a staging directory is reachable only if that directory is.
         while not done.is_set():
             for directory in directories:
-                for path, _, names in os.walk(directory):
-                    for name in names:
-                        try:
-                            mode = os.lstat(os.path.join(path, name)).st_mode
-                        except FileNotFoundError:
-                            continue
-                        if stat.S_ISSOCK(mode):
-                            seen.add(stat.S_IMODE(mode))
+                for name in os.listdir(directory):
+                    try:
+                        mode = os.lstat(os.path.join(directory, name)).st_mode
+                    except FileNotFoundError:
+                        continue
+                    if stat.S_ISSOCK(mode):
+                        seen.add(stat.S_IMODE(mode))
+                    elif stat.S_ISDIR(mode):
+                        staging.add(stat.S_IMODE(mode))
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
@@ -191,6 +195,7 @@ def test_both_sockets_are_root_only_whatever_the_umask_and_never_wider():
         sockets = (settings.registration_socket, settings.service_socket)
         assert {stat.S_IMODE(os.stat(p).st_mode) for p in sockets} == {0o600}
         assert seen <= {0o600}, {oct(m) for m in seen}
+        assert staging <= {0o700}, {oct(m) for m in staging}
         assert os.listdir(directories[0]) == [os.path.basename(settings.registration_socket)]
         assert os.listdir(directories[1]) == ["dra.sock"]
         info = reg_grpc.RegistrationStub(channel(settings.registration_socket)).GetInfo(
