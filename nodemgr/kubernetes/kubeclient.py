@@ -3,8 +3,9 @@
 The one module that imports the ``kubernetes`` package (an import contract
 says so). It keeps what the official client is trusted for: ``Configuration``
 (address, TLS, bearer token, and the ``refresh_api_key_hook`` through which
-exec plugins, OIDC and the in-cluster loader renew credentials before a
-request), the kubeconfig and in-cluster loaders, and ``rest.RESTClientObject``
+exec plugins, OIDC and the in-cluster loader renew credentials: asked at most
+once a second and after a 401, ``KubeClient.credentials``), the kubeconfig
+and in-cluster loaders, and ``rest.RESTClientObject``
 (the urllib3 pool with that TLS and proxy setup). It leaves out what the
 daemon never uses and pays for in memory:
 
@@ -16,7 +17,7 @@ daemon never uses and pays for in memory:
 - the generated ``ApiClient``: it imports pydantic, python-dateutil and
   multiprocessing for model (de)serialisation and async requests (~9 MiB);
   ``KubeClient.request`` does the part we use (headers, credentials from the
-  Configuration at each request, the URL, errors as ``ApiException``);
+  Configuration, the URL, errors as ``ApiException``);
 - the package ``kubernetes/__init__.py``, which imports every subpackage
   (dynamic, watch, stream with websocket-client, leaderelection, informer).
 
@@ -50,7 +51,8 @@ import importlib
 import importlib.util
 import re
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -132,6 +134,10 @@ __all__ = [
     "parse_quantity",
 ]
 
+# How long the credentials the Configuration gave are sent before it is asked again
+# (KubeClient.credentials).
+CREDENTIALS_SECONDS = 1.0
+
 JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
@@ -156,10 +162,13 @@ class KubeClient:
     ``rest_client``: the official urllib3 pool built from it.
     """
 
-    def __init__(self, configuration: Configuration):
+    def __init__(self, configuration: Configuration, clock: Callable[[], float] = time.monotonic):
         self.configuration = configuration
         self.rest_client = RESTClientObject(configuration)
         self.user_agent = "gpushare-node"
+        self._clock = clock
+        # (until when, the credentials header or None): what the Configuration said last.
+        self._credentials: tuple[float, tuple[str, str] | None] | None = None
 
     def request(
         self,
@@ -172,18 +181,18 @@ class KubeClient:
     ) -> Any:
         """``method`` on ``path`` (already quoted); the urllib3 response, its body unread.
 
-        The credentials come from the Configuration at each request, so a
-        token an exec plugin or the in-cluster loader renewed is used at once.
+        The credentials come from the Configuration (``credentials``), so a
+        token an exec plugin or the in-cluster loader renewed is used within
+        ``CREDENTIALS_SECONDS``, and at the next request after a 401.
         An answer other than 2xx raises ``ApiException`` (with the body read),
         as the generated client does; so does a TLS failure (status 0).
         """
         headers = {"Accept": JSON, "User-Agent": self.user_agent}
         if body is not None:
             headers["Content-Type"] = content_type or JSON
-        # The generated methods all name the one scheme "BearerToken" (a header).
-        bearer = self.configuration.auth_settings().get("BearerToken")
-        if bearer is not None and bearer["value"]:
-            headers[bearer["key"]] = bearer["value"]
+        credentials = self.credentials()
+        if credentials is not None:
+            headers[credentials[0]] = credentials[1]
         url = self.configuration.host + path
         if query:
             url += "?" + urlencode([(k, _query_text(v)) for k, v in query.items()], quote_via=quote)
@@ -191,9 +200,32 @@ class KubeClient:
             method, url, headers=headers, body=body, _request_timeout=timeout
         )
         if not 200 <= response.status <= 299:
+            if response.status == 401:  # the credentials were refused: ask again next time
+                self._credentials = None
             response.read()
             raise ApiException.from_response(http_resp=response, body=None, data=None)
         return response.response
+
+    def credentials(self) -> tuple[str, str] | None:
+        """The credentials header (name, value), or None: what the Configuration's
+        ``auth_settings`` says, asked at most once per ``CREDENTIALS_SECONDS``.
+
+        Asking runs the loader's ``refresh_api_key_hook``, which renews a token that
+        is due and, for a kubeconfig, sets the whole configuration again (host, TLS
+        files, the proxy from the environment): tens of microseconds, more than the
+        rest of a request's own work. Both loaders renew well before a token expires
+        (exec plugins and OIDC five minutes before, the in-cluster token file is read
+        again every minute), so a header a second old is one they would still send.
+        """
+        now = self._clock()
+        known = self._credentials
+        if known is not None and now < known[0]:
+            return known[1]
+        # The generated methods all name the one scheme "BearerToken" (a header).
+        bearer = self.configuration.auth_settings().get("BearerToken")
+        header = (bearer["key"], bearer["value"]) if bearer and bearer["value"] else None
+        self._credentials = (now + CREDENTIALS_SECONDS, header)
+        return header
 
     def close(self) -> None:
         self.rest_client.pool_manager.clear()

@@ -3,10 +3,10 @@ process running the adapter, the one-shot commands' client and the extender's re
 loads no generated API class, no model and no pydantic, and another importer in that
 process still gets the whole client; the installed client still has every name and
 signature kubeclient relies on (this fails loudly after an upgrade that changes them);
-credentials are read from the Configuration at each request (so exec plugins and rotated
-tokens work, an exec plugin end to end); and the generated methods' convention is kept
-where it is safe, refused where it is not (no models to deserialize into, no argument
-silently dropped)."""
+credentials are read from the Configuration at most a second apart and at once after a
+401 (so exec plugins and rotated tokens work, an exec plugin end to end); and the
+generated methods' convention is kept where it is safe, refused where it is not (no
+models to deserialize into, no argument silently dropped)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import pytest
 
 from nodemgr.kubernetes.client import CommandClient, find_credentials, new_api_client
 from nodemgr.kubernetes.kubeclient import (
+    CREDENTIALS_SECONDS,
     SUBPACKAGES,
     ApiException,
     Configuration,
@@ -31,6 +32,7 @@ from nodemgr.kubernetes.kubeclient import (
     RESTClientObject,
     load_kube_config,
 )
+from tests.harness.clock import Clock
 from tests.harness.paths import REPO
 from tests.unit.kubernetes.support import NODE
 
@@ -221,10 +223,11 @@ def test_the_installed_client_has_what_kubeclient_relies_on():
     }
 
 
-def test_each_request_asks_the_configuration_for_the_token(api):
+def test_a_refused_token_is_asked_for_again_at_the_next_request(api):
     """A token renewed between two requests (what exec plugins and the in-cluster loader do
-    through refresh_api_key_hook) is the one the next request sends: the first request with
-    a wrong one is refused (401), the next one, after the renewal, is answered."""
+    through refresh_api_key_hook) is the one the next request sends once the API server
+    refused the old one: the first request with a wrong one is refused (401), the next
+    one, within the same second, asks the hook again and is answered."""
     configuration = Configuration(host=api.url)
     configuration.api_key = {"BearerToken": "wrong"}
     configuration.api_key_prefix = {"BearerToken": "Bearer"}
@@ -236,6 +239,36 @@ def test_each_request_asks_the_configuration_for_the_token(api):
     configuration.refresh_api_key_hook = lambda c: c.api_key.update(BearerToken=api.token)
     response = core.read_node(NODE)
     assert json.loads(response.data)["metadata"]["name"] == NODE
+    client.close()
+
+
+def test_the_credentials_hook_is_asked_at_most_once_a_second(api):
+    """The refresh hook (the kubeconfig loader's sets the whole configuration again at
+    each call, host and proxy included: tens of microseconds a request) is asked at the
+    first request and then once per CREDENTIALS_SECONDS, not at every request: ten
+    requests in one second ask it once, the first one after it asks again and sends what
+    it renewed."""
+    clock = Clock()
+    calls = []
+
+    def hook(c):
+        calls.append(clock())
+        c.api_key["BearerToken"] = api.token if len(calls) == 1 else "renewed"
+
+    configuration = Configuration(host=api.url)
+    configuration.api_key = {"BearerToken": "unset"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    configuration.refresh_api_key_hook = hook
+    client = KubeClient(configuration, clock=clock)
+    core = CoreV1(client)
+    for _ in range(10):
+        core.read_node(NODE).release_conn()
+        clock.now += CREDENTIALS_SECONDS / 20
+    assert calls == [1000.0]
+    clock.now = 1000.0 + CREDENTIALS_SECONDS
+    with pytest.raises(ApiException) as refused:  # the renewed token is sent at once
+        core.read_node(NODE)
+    assert refused.value.status == 401 and len(calls) == 2
     client.close()
 
 
