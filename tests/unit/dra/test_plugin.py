@@ -1,7 +1,8 @@
 """Pins nodemgr.dra.plugin over real gRPC on unix sockets: GetInfo (type, name, endpoint,
 v1 before v1beta1), kubelet's verdict kept, the servicers' translation of both API
 versions (share ID only in v1; an empty entry present), kubelet's deadline handed to the
-driver, the claim budget, sockets bound again after removal, and removed on stop. Both
+driver, the claim budget, sockets bound again after removal, and removed on stop; the
+changes a driver call makes wake other threads once its answer is handed over. Both
 sockets are root-only and never wider while they are made, whatever the umask; both
 servers keep to a budget (connection cap, handshake deadline, calls at once, a message
 limit that still takes the largest request kubelet sends)."""
@@ -19,6 +20,7 @@ import time
 import grpc
 import pytest
 
+from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import DraSettings
 from nodemgr.dra import plugin as plugin_module
 from nodemgr.dra.driver import Prepared, PreparedDevice
@@ -379,3 +381,32 @@ def test_calls_over_the_server_cap_are_refused_at_once():
         plugin.stop()
         plugin.join(5)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_what_a_driver_call_changed_wakes_others_once_its_answer_is_handed_over():
+    """The driver's thread delivers the change notifications a call made (ListAndWatch
+    streams, the MPS supervisor, the publishers) after its answer is handed to the loop,
+    so the threads they wake do not run against the rest of the call and its answer;
+    a call that fails hands its error over first as well."""
+    counter = ChangeCounter()
+    worker = plugin_module._DriverThread("test-dra-driver")
+    seen: list[bool] = []
+    calls: list = []
+    counter.add_listener(lambda: seen.append(calls[-1].done()))
+
+    def change(fail: bool) -> str:
+        counter.bump()
+        if fail:
+            raise RuntimeError("refused")
+        return "answer"
+
+    try:
+        for fail in (False, True):
+            calls.append(worker.submit(change, fail))
+            try:
+                calls[-1].result(timeout=5)
+            except RuntimeError:
+                pass
+    finally:
+        worker.shutdown()
+    assert seen == [True, True]
