@@ -15,13 +15,7 @@ completion queue five times a second per server, which was most of an idle
 node's CPU. The allocation calls run on that loop as they are (they are short and
 take the allocator's lock, which serialises them anyway; kubelet admits one
 container at a time); ListAndWatch waits for device changes on an asyncio event
-that the change counter sets, then ``SETTLE_SECONDS`` more before it reads the
-list: the change comes from an admission (an Allocate, a NodePrepareResources
-taking a claim's IDs) whose answer still has to travel through this loop, and
-rebuilding the list then (thousands of devices on a big node, per stream) held
-the GIL against that answer; changes that come meanwhile are read once.
-kubelet seeing the new list that much later is safe: the allocator already
-steers GetPreferredAllocation away from IDs kubelet may still show healthy.
+that the change counter sets.
 
 Only kubelet may talk to these sockets, and only root can: each is served by
 :func:`~nodemgr.kubelet.rootsocket.serve_root_only` (bound in a private directory, made
@@ -75,9 +69,6 @@ log = logging.getLogger(__name__)
 ObserveAllocate = Callable[[str, float, bool], None]
 
 HEALTHY, UNHEALTHY = "Healthy", "Unhealthy"
-# After a change, a ListAndWatch stream waits this long before it reads the device list
-# (the module docstring says why).
-SETTLE_SECONDS = 0.02
 OPTIONS = dp.DevicePluginOptions(pre_start_required=True, get_preferred_allocation_available=True)
 
 # kubelet fails the pod for good on an error of these (UnexpectedAdmissionError).
@@ -136,9 +127,8 @@ class DevicePluginServicer(dp_grpc.DevicePluginServicer):
                     yield message
                     continue  # look again: something may have moved while sending
                 # Until a change, a stop (wake_all) or the stream's end (the call is
-                # cancelled here): no timer wakes it. Then the change settles.
+                # cancelled here): no timer wakes it.
                 await moved.wait()
-                await asyncio.sleep(SETTLE_SECONDS)
         finally:
             changes.remove_listener(wake)
 

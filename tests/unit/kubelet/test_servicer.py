@@ -1,13 +1,12 @@
 """Pins nodemgr.kubelet.servicer over real gRPC on a unix socket, against a fake
 ResourceManager: the options kubelet reads; ListAndWatch sends the device list (health,
-NUMA) at once, again only when it changed, and a change once it settled;
-GetPreferredAllocation, Allocate and PreStartContainer pass kubelet's IDs through and
-answer per container (envs, mounts); our errors reach kubelet as gRPC codes with the
-allocator's message (NoFitError -> RESOURCE_EXHAUSTED, ...), a bug as INTERNAL; each
-Allocate is observed, refused or not; stop ends the watch streams and removes the
-socket, unless kubelet replaced it. The socket is root-only and never wider while it is
-made; the server keeps to its budget (connection cap, handshake deadline, message
-limit)."""
+NUMA) at once and again only when it changed; GetPreferredAllocation, Allocate and
+PreStartContainer pass kubelet's IDs through and answer per container (envs, mounts);
+our errors reach kubelet as gRPC codes with the allocator's message (NoFitError ->
+RESOURCE_EXHAUSTED, ...), a bug as INTERNAL; each Allocate is observed, refused or not;
+stop ends the watch streams and removes the socket, unless kubelet replaced it. The
+socket is root-only and never wider while it is made; the server keeps to its budget
+(connection cap, handshake deadline, message limit)."""
 
 import os
 import queue
@@ -362,30 +361,6 @@ def test_a_stale_socket_is_replaced_at_start(resources, socket_dir):
     finally:
         channel.close()
         server.stop()
-
-
-def test_a_change_settles_before_it_is_sent_and_one_undone_meanwhile_sends_nothing(
-    stub, resources, monkeypatch
-):
-    """After a change the stream waits SETTLE_SECONDS before it reads the devices, so the
-    call that made the change (an Allocate, a NodePrepareResources on the same loop)
-    answers before the list is rebuilt, and everything that changed meanwhile is read
-    once: a claim prepared and unprepared within it sends nothing; the next message is
-    the list as it is at its end."""
-    monkeypatch.setattr(servicer, "SETTLE_SECONDS", 1.0)
-    stream = stub.ListAndWatch(dp.Empty(), timeout=30)
-    next(stream)
-    before = resources.device_list
-    resources.device_list = [DeviceInfo("GPU-a-_-0", False, 0)]
-    resources.device_changes.bump()  # a claim takes GPU-a-_-0 ...
-    time.sleep(0.1)
-    resources.device_list = before
-    resources.device_changes.bump()  # ... and gives it back, within the settle
-    time.sleep(0.1)
-    resources.device_list = [DeviceInfo("GPU-a-_-1", True, None)]
-    resources.device_changes.bump()
-    assert [(d.ID, d.health) for d in next(stream).devices] == [("GPU-a-_-1", "Healthy")]
-    stream.cancel()
 
 
 def test_list_and_watch_reads_the_devices_only_when_the_card_state_moved(stub, resources):
