@@ -45,8 +45,14 @@ def wakes_deferred() -> Iterator[None]:
         yield
     finally:
         _deferred.counters = None
-        for counter in counters:
-            counter._wake()
+        failed: BaseException | None = None
+        for counter in counters:  # every counter, even after a listener broke its contract
+            try:
+                counter._wake()
+            except BaseException as e:
+                failed = failed or e
+        if failed is not None:
+            raise failed
 
 
 class ChangeCounter:

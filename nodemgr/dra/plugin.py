@@ -130,11 +130,14 @@ class _DriverThread(Executor):
             future, call, _ = item
             if not future.set_running_or_notify_cancel():
                 continue
-            with wakes_deferred():
-                try:
-                    future.set_result(call())
-                except BaseException as e:  # handed to the awaiting servicer
-                    future.set_exception(e)
+            try:
+                with wakes_deferred():
+                    try:
+                        future.set_result(call())
+                    except BaseException as e:  # handed to the awaiting servicer
+                        future.set_exception(e)
+            except Exception:  # a listener that raised: the answer is out, the thread lives
+                log.exception("waking the threads a DRA call's changes concern failed")
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._calls.put(None)

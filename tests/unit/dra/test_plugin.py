@@ -410,3 +410,27 @@ def test_what_a_driver_call_changed_wakes_others_once_its_answer_is_handed_over(
     finally:
         worker.shutdown()
     assert seen == [True, True]
+
+
+def test_a_listener_that_raises_does_not_end_the_driver_thread():
+    """A change listener breaking its contract (it must not raise) is logged: the call's
+    answer was handed over, other counters were woken, and the next call is served."""
+    broken, counted = ChangeCounter(), ChangeCounter()
+    heard: list[int] = []
+
+    def raising() -> None:
+        raise RuntimeError("a listener bug")
+
+    broken.add_listener(raising)
+    counted.add_listener(lambda: heard.append(counted.generation))
+    worker = plugin_module._DriverThread("test-dra-driver")
+    try:
+        first = worker.submit(lambda: (broken.bump(), counted.bump())[1])
+        assert first.result(timeout=5) == 1
+        assert worker.submit(counted.bump).result(timeout=5) == 2
+    finally:
+        worker.shutdown()
+    deadline = time.monotonic() + 5
+    while len(heard) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert heard == [1, 2]
