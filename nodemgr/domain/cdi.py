@@ -170,8 +170,9 @@ def _edits(name: str, device: ClaimDevice) -> dict[str, Any]:
 
 
 def render(spec: Mapping[str, Any]) -> str:
-    """JSON, which every CDI reader takes."""
-    return json.dumps(spec, indent=2) + "\n"
+    """JSON, which every CDI reader takes, on one line: indented, it would take Python's
+    pure-Python encoder (four times the C one's time, on the NodePrepareResources path)."""
+    return json.dumps(spec, separators=(",", ":")) + "\n"
 
 
 # --------------------------------------------------------------------- versions

@@ -43,14 +43,24 @@ class CdiDirectory:
 
     def write(self, claim_uid: str, spec: dict[str, Any]) -> str:
         """Write (or replace) the claim's spec atomically; its path. OSError on failure,
-        with nothing left behind."""
-        os.makedirs(self.path, mode=0o755, exist_ok=True)
+        with nothing left behind. The directory is made when it is missing (at the
+        first spec, or after someone removed it)."""
         target = self.file(claim_uid)
         temporary = os.path.join(self.path, f".{os.path.basename(target)}.{os.getpid()}.tmp")
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, FILE_MODE)
+        data = cdi.render(spec).encode("utf-8")
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(cdi.render(spec))
+            fd = os.open(temporary, flags, FILE_MODE)
+        except FileNotFoundError:
+            os.makedirs(self.path, mode=0o755, exist_ok=True)
+            fd = os.open(temporary, flags, FILE_MODE)
+        try:
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+            finally:
+                os.close(fd)
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):

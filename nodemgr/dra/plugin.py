@@ -49,6 +49,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from nodemgr.common.changes import wakes_deferred
 from nodemgr.common.connbudget import ListenerStats
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import DraSettings
@@ -101,7 +102,13 @@ STOP_GRACE_SECONDS = 0.2
 class _DriverThread(Executor):
     """One daemon thread running the driver's calls in order. Not a ThreadPoolExecutor:
     its threads are joined at interpreter exit, and a prepare waiting on a hung API
-    server must not hold up the daemon's exit."""
+    server must not hold up the daemon's exit.
+
+    The changes a call makes (a claim admitted or released moves the allocation
+    state) wake the threads that follow them (ListAndWatch streams on the plugin
+    loop, the MPS supervisor, the publishers) once the call's answer is handed to the
+    loop (``wakes_deferred``), not in the middle of the call: each of them takes the
+    GIL, and the answer still has to travel through that loop."""
 
     def __init__(self, name: str):
         self._calls: queue.SimpleQueue[tuple[Future, Callable[..., Any], tuple] | None] = (
@@ -124,9 +131,13 @@ class _DriverThread(Executor):
             if not future.set_running_or_notify_cancel():
                 continue
             try:
-                future.set_result(call())
-            except BaseException as e:  # handed to the awaiting servicer
-                future.set_exception(e)
+                with wakes_deferred():
+                    try:
+                        future.set_result(call())
+                    except BaseException as e:  # handed to the awaiting servicer
+                        future.set_exception(e)
+            except Exception:  # a listener that raised: the answer is out, the thread lives
+                log.exception("waking the threads a DRA call's changes concern failed")
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self._calls.put(None)

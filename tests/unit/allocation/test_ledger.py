@@ -1,9 +1,10 @@
 """Pins the ledger: allocations survive reopening, changes are all-or-nothing even
 when the writing process is killed -9 in the middle, corruption found at start is refused
 loudly; registered containers round-trip, and the violation history lists newest first and
-keeps only its newest VIOLATION_HISTORY_ROWS rows. A file deleted or replaced under the
-running daemon is rewritten from its open copy; one damaged under it (truncated,
-overwritten) is kept aside and rebuilt from what the daemon holds.
+keeps only its newest VIOLATION_HISTORY_ROWS rows; commits leave checkpoints to
+check_file. A file deleted or replaced under the running daemon is rewritten from its
+open copy; one damaged under it (truncated, overwritten) is kept aside and rebuilt from
+what the daemon holds.
 
 Why this module is longer than 400 lines: every way the ledger file can be lost or damaged
 under the running daemon is pinned next to the others, on one fixture of a busy ledger."""
@@ -345,6 +346,37 @@ def _reg(container_id: str, allocation_id: str) -> Registration:
         identity=ContainerRef("default", "pod-a", "main"),
         registered_at=5.0,
     )
+
+
+def test_commits_leave_the_checkpoint_to_check_file(tmp_path):
+    """A commit never checkpoints the WAL into the main file (SQLite's automatic
+    checkpoint fsyncs twice: ~5 ms on the commit that crossed 1000 pages, an Allocate
+    or NodePrepareResources waiting on it); check_file, which the run loop calls every
+    tick, does it from a connection of its own once CHECKPOINT_COMMITS commits piled
+    up, not before; what was committed reads back all along and after a reopen."""
+    state_dir = tmp_path / "state"
+    ledger = Ledger(str(state_dir))
+    main = state_dir / LEDGER_FILE
+
+    def main_file():
+        return main.stat().st_mtime_ns, main.stat().st_size
+
+    before = main_file()
+    for n in range(400):  # well over 1000 WAL pages
+        ledger.commit(put=[allocation(f"ga-{n}", units=1, percent=0)])
+        ledger.commit(delete=[f"ga-{n}"])
+    ledger.commit(put=[allocation("ga-kept", units=1, percent=0)])
+    assert main_file() == before
+    assert ledger.check_file() is None
+    checkpointed = main_file()
+    assert checkpointed != before
+    for n in range(ledger_module.CHECKPOINT_COMMITS - 1):
+        ledger.commit(put=[allocation("ga-kept", units=1, percent=n % 2)])
+    assert ledger.check_file() is None  # one commit short of a checkpoint
+    assert main_file() == checkpointed
+    assert [a.id for a in ledger.load()] == ["ga-kept"]
+    ledger.close()
+    assert [a.id for a in Ledger(str(state_dir)).load()] == ["ga-kept"]
 
 
 def test_a_ledger_file_deleted_while_running_is_rewritten_at_the_next_write(tmp_path, caplog):

@@ -1,12 +1,14 @@
 """Pins nodemgr.common.changes.ChangeCounter: ``bump`` moves the generation and wakes
 every waiter at once; a waiter whose generation is already stale returns without
 waiting; a wait without a change ends at its timeout with the same generation; and
-``wake_all`` lets waiters return without a change (how a stop interrupts a wait)."""
+``wake_all`` lets waiters return without a change (how a stop interrupts a wait). Inside
+``wakes_deferred`` a thread's bumps move the generation at once and wake waiters and
+listeners once, when the block ends; other threads' bumps are not held."""
 
 import threading
 import time
 
-from nodemgr.common.changes import ChangeCounter
+from nodemgr.common.changes import ChangeCounter, wakes_deferred
 
 LONG = 10.0  # a wait this long never ends by its timeout within a passing test
 
@@ -99,3 +101,53 @@ def test_listeners_hear_every_bump_and_wake_until_removed():
     changes.remove_listener(listener)
     changes.bump()
     assert heard == [1, 1]
+
+
+def test_bumps_in_a_deferring_block_wake_once_at_its_end():
+    """Two counters bumped (one twice) inside the block: the generations move at once, no
+    waiter returns and no listener runs until the block ends; then each counter wakes its
+    waiters and calls its listeners once."""
+    first, second = ChangeCounter(), ChangeCounter()
+    heard: list[str] = []
+    first.add_listener(lambda: heard.append("first"))
+    second.add_listener(lambda: heard.append("second"))
+    thread, result = waiter(first, 0)
+    with wakes_deferred():
+        assert (first.bump(), first.bump(), second.bump()) == (1, 2, 1)
+        assert first.generation == 2
+        thread.join(0.2)
+        assert thread.is_alive() and heard == []
+    assert heard == ["first", "second"]
+    thread.join(5)
+    assert result == [2]
+
+
+def test_a_deferring_block_that_raises_still_wakes():
+    """The block ends with an error: what it bumped wakes all the same."""
+    counter = ChangeCounter()
+    heard: list[int] = []
+    counter.add_listener(lambda: heard.append(counter.generation))
+    try:
+        with wakes_deferred():
+            counter.bump()
+            raise RuntimeError("the call failed")
+    except RuntimeError:
+        pass
+    assert heard == [1]
+
+
+def test_a_nested_block_wakes_at_the_outer_end_and_other_threads_are_not_held():
+    """An inner block hands its bumps to the outer one; a bump by another thread while
+    this one defers wakes at once."""
+    counter = ChangeCounter()
+    heard: list[str] = []
+    counter.add_listener(lambda: heard.append(threading.current_thread().name))
+    with wakes_deferred():
+        with wakes_deferred():
+            counter.bump()
+        assert heard == []
+        other = threading.Thread(target=counter.bump, name="other")
+        other.start()
+        other.join(5)
+        assert heard == ["other"]
+    assert heard == ["other", threading.current_thread().name]

@@ -1,7 +1,8 @@
 """Pins nodemgr.dra.plugin over real gRPC on unix sockets: GetInfo (type, name, endpoint,
 v1 before v1beta1), kubelet's verdict kept, the servicers' translation of both API
 versions (share ID only in v1; an empty entry present), kubelet's deadline handed to the
-driver, the claim budget, sockets bound again after removal, and removed on stop. Both
+driver, the claim budget, sockets bound again after removal, and removed on stop; the
+changes a driver call makes wake other threads once its answer is handed over. Both
 sockets are root-only and never wider while they are made, whatever the umask; both
 servers keep to a budget (connection cap, handshake deadline, calls at once, a message
 limit that still takes the largest request kubelet sends)."""
@@ -19,6 +20,7 @@ import time
 import grpc
 import pytest
 
+from nodemgr.common.changes import ChangeCounter
 from nodemgr.config.schema import DraSettings
 from nodemgr.dra import plugin as plugin_module
 from nodemgr.dra.driver import Prepared, PreparedDevice
@@ -384,3 +386,56 @@ def test_calls_over_the_server_cap_are_refused_at_once():
         plugin.stop()
         plugin.join(5)
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_what_a_driver_call_changed_wakes_others_once_its_answer_is_handed_over():
+    """The driver's thread delivers the change notifications a call made (ListAndWatch
+    streams, the MPS supervisor, the publishers) after its answer is handed to the loop,
+    so the threads they wake do not run against the rest of the call and its answer;
+    a call that fails hands its error over first as well."""
+    counter = ChangeCounter()
+    worker = plugin_module._DriverThread("test-dra-driver")
+    seen: list[bool] = []
+    calls: list = []
+    counter.add_listener(lambda: seen.append(calls[-1].done()))
+
+    def change(fail: bool) -> str:
+        counter.bump()
+        if fail:
+            raise RuntimeError("refused")
+        return "answer"
+
+    try:
+        for fail in (False, True):
+            calls.append(worker.submit(change, fail))
+            try:
+                calls[-1].result(timeout=5)
+            except RuntimeError:
+                pass
+    finally:
+        worker.shutdown()
+    assert seen == [True, True]
+
+
+def test_a_listener_that_raises_does_not_end_the_driver_thread():
+    """A change listener breaking its contract (it must not raise) is logged: the call's
+    answer was handed over, other counters were woken, and the next call is served."""
+    broken, counted = ChangeCounter(), ChangeCounter()
+    heard: list[int] = []
+
+    def raising() -> None:
+        raise RuntimeError("a listener bug")
+
+    broken.add_listener(raising)
+    counted.add_listener(lambda: heard.append(counted.generation))
+    worker = plugin_module._DriverThread("test-dra-driver")
+    try:
+        first = worker.submit(lambda: (broken.bump(), counted.bump())[1])
+        assert first.result(timeout=5) == 1
+        assert worker.submit(counted.bump).result(timeout=5) == 2
+    finally:
+        worker.shutdown()
+    deadline = time.monotonic() + 5
+    while len(heard) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert heard == [1, 2]
