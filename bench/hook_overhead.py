@@ -6,9 +6,9 @@ machine noise hits every variant alike:
 - ``hook, no GPU``: the shipped hooks, a container that asks for no GPU (the
   hook's fast path: no connection to the daemon);
 - ``no hook, GPU``: the shared-GPU container below without hooks: its env and
-  the mounts of its allocation (the MPS pipe directory, /dev/shm), the
-  baseline of ``hook, GPU``. runc's work for those mounts is the allocation's,
-  not the hook's (2 to 5 ms here);
+  the mount of its allocation (the MPS client directory), the baseline of
+  ``hook, GPU``. runc's work for that mount is the allocation's, not the
+  hook's;
 - ``hook, GPU``: the shipped hooks, a shared-GPU container whose env the real
   daemon checks against its allocation and registers (and unregisters at
   poststop).

@@ -7,8 +7,8 @@ daemon is reported as an error, never waited on.
 
 It tells which process is a card's control daemon and which are its MPS servers from
 facts in /proc no container can forge (mps.identity); gives containers only a client
-directory (mps.layout); gives each card a /dev/shm tmpfs (mps.shm) that its daemon
-and MPS servers see too (mps.namespace); and names a client that holds the
+directory (mps.layout); gives each card's daemon and MPS servers a /dev/shm tmpfs of
+their own (mps.shm, mps.namespace), which no container gets; and names a client that holds the
 one-client-at-a-time control daemon by sending nothing (mps.connections,
 mps.holders), for the node daemon to act on.
 

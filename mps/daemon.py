@@ -6,7 +6,7 @@ facts a container cannot forge (mps.identity), never from a command line, an
 environment or a PID file.
 
 With a card namespace (mps.namespace) the daemon starts in it, so it and its MPS servers
-share the card's tmpfs as /dev/shm with the card's containers; a daemon found in the
+have the card's tmpfs as /dev/shm, which no container gets; a daemon found in the
 host's namespace is still the card's, and ``on_card_shm`` says it is not on that tmpfs.
 
 Containers never see the pipe directory: it holds ``control_privileged``, through which

@@ -8,8 +8,6 @@ from dataclasses import dataclass
 # Where a shared container finds its card's MPS daemon: the card's client directory
 # is mounted there (read-only), and CUDA_MPS_PIPE_DIRECTORY names it.
 CONTAINER_PIPE_DIRECTORY = "/tmp/nvidia-mps"
-# Where a shared container gets its card's tmpfs.
-CONTAINER_SHM_DIRECTORY = "/dev/shm"
 
 
 @dataclass(frozen=True)
@@ -18,7 +16,8 @@ class MpsLayout:
 
     ``pipe`` is the daemon's own pipe directory, used only by the node daemon;
     ``client``, what containers mount (mps.daemon), on the same file system (hard links
-    need it); ``shm``, the card's tmpfs (mps.shm); ``ns/<card UUID>``, the mount
+    need it); ``shm``, the card's tmpfs (mps.shm), the /dev/shm of its control daemon and
+    MPS server and no container's; ``ns/<card UUID>``, the mount
     namespace the daemon runs in (mps.namespace), in a private-mount directory.
     """
 

@@ -2,10 +2,11 @@
 tmpfs at /dev/shm.
 
 MPS servers inherit their control daemon's mount namespace, so a daemon in the host's
-gives them the host's /dev/shm, which no container shares. NVIDIA's Kubernetes device
-plugin gives each MPS daemon the host tmpfs its clients get; here the daemon runs on the
-host, in a namespace that differs from the host's in one mount: the card's tmpfs
-(mps.shm) over /dev/shm.
+gives them the host's /dev/shm, shared with every process of the host. NVIDIA's
+Kubernetes device plugin gives each MPS daemon a host tmpfs that its clients get too; here
+no client gets it (an MPS client passes nothing to its server through /dev/shm, measured
+on driver 580, docs/gpu-tests.md), and the daemon runs on the host, in a namespace that
+differs from the host's in one mount: the card's tmpfs (mps.shm) over /dev/shm.
 
 ``CardNamespace.create``: a helper, ``unshare --mount --propagation slave``, binds the
 tmpfs over /dev/shm and waits; its /proc/PID/ns/mnt is bind-mounted at

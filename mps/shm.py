@@ -1,14 +1,17 @@
 """A card's /dev/shm: one tmpfs per card, its size, and emptying it.
 
-MPS clients and servers, and PyTorch's data loaders, pass data through files in
-/dev/shm, so whoever shares one reads, overwrites, deletes and crowds out the others'
-files. Each card gets a tmpfs at ``<run_dir>/mps/<card UUID>/shm``: the /dev/shm of its
-shared containers, its control daemon and MPS servers (mps.namespace), and no one else.
+Whoever shares a /dev/shm reads, overwrites, deletes and crowds out the others' files
+(PyTorch's data loaders pass tensors through them). Each card gets a tmpfs at
+``<run_dir>/mps/<card UUID>/shm``: the /dev/shm of its control daemon and MPS servers
+(mps.namespace), and no one else's. No container gets it: an MPS client passes nothing
+to its server through /dev/shm (measured on driver 580, docs/gpu-tests.md), so each
+keeps the /dev/shm its runtime gives it, and the spec check refuses one that mounts a
+card's tmpfs. Whatever a driver may put there stays off the host's /dev/shm.
 
 It is mounted ``nosuid,nodev,mode=1777`` (as the host's /dev/shm) with at most one inode
 per 4 KiB (``nr_inodes``): an inode costs kernel memory the size does not count, so
 empty files would otherwise take it without bound. A later start remounts it to resize,
-so running containers and the daemon keep the same file system.
+so a running daemon and its servers keep the same file system.
 
 Emptying (once the card holds no shared allocation) follows nothing (directories opened
 O_NOFOLLOW relative to their parent, links removed as links) and takes a tree of any

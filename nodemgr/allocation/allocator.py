@@ -2,8 +2,8 @@
 
 Every decision happens under one lock and touches nothing slower than the local SQLite
 ledger, so Allocate's latency does not depend on the cluster. The one exception is
-``while_idle``: the MPS supervisor empties an idle card's /dev/shm under the lock, so no
-container of a new allocation meets the emptying.
+``while_idle``: the MPS supervisor empties an idle card's /dev/shm tmpfs (its MPS control
+daemon's and server's) under the lock, so no client of a new allocation meets the emptying.
 
 The allocations are held once, in the ledger's committed image: every change is a
 ledger commit under this lock (``_apply``), then the indexes follow (per-card totals,
@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from mps.layout import CONTAINER_PIPE_DIRECTORY, CONTAINER_SHM_DIRECTORY, MpsLayout
+from mps.layout import CONTAINER_PIPE_DIRECTORY, MpsLayout
 from nodemgr.allocation.admission import (
     DemandFinder,
     OpenAdmission,
@@ -76,14 +76,13 @@ T = TypeVar("T")
 
 def shared_mounts(layout: MpsLayout | None, card_uuid: str) -> tuple[Mount, ...]:
     """The card's MPS client directory, read-only (a container must not replace
-    ``control`` for the card's other tenants, docs/mps.md), and the card's own tmpfs as
-    /dev/shm (it holds tenants' data: PyTorch passes tensors through it)."""
+    ``control`` for the card's other tenants, docs/mps.md). No /dev/shm: an MPS client
+    passes nothing to its server through it (measured on driver 580, docs/gpu-tests.md),
+    so each container keeps its runtime's own, and no tenant reaches another's files
+    (PyTorch passes tensors through them)."""
     if layout is None:
         return ()
-    return (
-        Mount(CONTAINER_PIPE_DIRECTORY, layout.client_dir(card_uuid), read_only=True),
-        Mount(CONTAINER_SHM_DIRECTORY, layout.shm_dir(card_uuid)),
-    )
+    return (Mount(CONTAINER_PIPE_DIRECTORY, layout.client_dir(card_uuid), read_only=True),)
 
 
 def new_allocation_id() -> str:

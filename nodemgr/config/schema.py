@@ -110,7 +110,8 @@ class MpsSettings:
     # "process": started detached by gpushare-node, adopted after its restart. "systemd"
     # is not built.
     supervisor: str = "process"
-    # Each card's /dev/shm tmpfs; 0 = half of RAM shared out among the cards, >= 64 MiB.
+    # Each card's /dev/shm tmpfs, its MPS control daemon's and servers' (no container's);
+    # 0 = half of RAM shared out among the cards, >= 64 MiB.
     shm_size_mib: int = 0
     # Finds a hung daemon or a server in FAULT; an exit is seen at once through its pidfd.
     health_check_interval_seconds: float = 30.0

@@ -5,16 +5,17 @@ From the spec facts the hook sends (:mod:`hooks.specfacts`), a container may see
 - its own cards' ``/dev/nvidia<minor>`` (c 195:<minor>) and the control nodes
   (/dev/nvidiactl 195:255, /dev/nvidia-modeset 195:254, and nvidia-uvm's and
   nvidia-caps' dynamic majors, ``NodeGpus.control_majors``);
-- with a shared allocation and MPS on: its card's MPS client directory and /dev/shm
-  tmpfs (what Allocate mounts), never another card's;
+- with a shared allocation and MPS on: its card's MPS client directory (what Allocate
+  mounts), never another card's;
 - entries of the NVIDIA toolkit's device list naming its own cards.
 
-Anything else of a GPU is refused, and anything of a GPU at all without an allocation:
-other cards' nodes and MPS directories, its own card's pipe directory (it holds
-``control_privileged``), the MPS root or a directory above it (a parent shows all below
-it), ``/dev`` or ``/``, rules allowing other minors, ``c 195:*`` or every char device,
-and numbers outside Linux's range (runc would truncate them, maybe to 195). The devices
-cgroup is what really stops a process opening a node; this check keeps the spec from
+Anything else of a GPU is refused, and anything of a GPU at all without an allocation: other
+cards' nodes and MPS directories, its own card's pipe directory (it holds
+``control_privileged``) and /dev/shm tmpfs (its MPS control daemon's and server's alone: a
+container's /dev/shm is its runtime's own), the MPS root or a directory above it (a parent
+shows all below it), ``/dev`` or ``/``, rules allowing other minors, ``c 195:*`` or every
+char device, and numbers outside Linux's range (runc would truncate them, maybe to 195). The
+devices cgroup is what really stops a process opening a node; this check keeps the spec from
 asking for more than the allocation, so a node is judged by type and numbers, never its
 name: one named as NVIDIA's with other numbers (``/dev/nvidia-uvm`` as ``c 1:1``,
 /dev/mem) must be the host's node of that name (``NodeGpus.host_nodes``), else refused.
@@ -185,8 +186,8 @@ def spec_problem(
     held = ", ".join(str(node.by_name(uuid) or uuid) for uuid in grant.cards)
     return (
         f"{what} shows {thing}, beyond allocation {grant.allocation_id} ({held}): a "
-        "container may see only its own cards' device nodes, MPS pipe directory and "
-        "/dev/shm; remove it (gpushare-node and the NVIDIA runtime give the container what "
+        "container may see only its own cards' device nodes and MPS client directory; "
+        "remove it (gpushare-node and the NVIDIA runtime give the container what "
         "it holds)"
     )
 
@@ -293,12 +294,7 @@ def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Sho
     root = node.mps_root
     assert root is not None
     if grant is not None and grant.shared:
-        allowed = [
-            directories[c]
-            for directories in (node.client_dirs, node.shm_dirs)
-            for c in grant.cards
-            if c in directories
-        ]
+        allowed = [node.client_dirs[c] for c in grant.cards if c in node.client_dirs]
         if any(under(path, normpath(d)) for d in allowed):
             return None
     if under(root, path):
@@ -307,7 +303,11 @@ def _mps_shown(what: str, path: str, grant: Grant | None, node: NodeGpus) -> Sho
     card = node.by_name(name)
     card_shm = None if card is None else node.shm_dirs.get(card.uuid)
     if card_shm is not None and under(path, normpath(card_shm)):
-        return what, f"{card}'s /dev/shm tmpfs (only for shared allocations on that card)"
+        return what, (
+            f"{card}'s /dev/shm tmpfs, its MPS control daemon's and server's alone (earlier "
+            "versions gave it to the card's shared containers: recreate the pod; its /dev/shm "
+            "is then its runtime's own)"
+        )
     if card is not None:
         return what, f"{card}'s MPS directory {quote(path[len(root) :].strip('/'))}"
     if node.retired_shm_dir is not None and under(path, normpath(node.retired_shm_dir)):

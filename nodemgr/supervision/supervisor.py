@@ -15,11 +15,11 @@ or a health check is due. A check re-verifies the known daemon alone and, at mos
 every ``DEFAULTS_CHECK_SECONDS``, reads the daemon's defaults back: any tenant may set
 them through the unprivileged socket, so a change is restored and logged.
 
-Each card has its own /dev/shm tmpfs (mps.shm), shared by its shared containers and its
-control daemon, started in a namespace where /dev/shm is that tmpfs (mps.namespace). A
-daemon found on the host's /dev/shm is replaced once it has no clients. A card holding
-no shared allocation has its tmpfs emptied under the allocator's lock, after an idle
-MPS server is stopped with its daemon (its own files are there too). Without root the
+Each card has its own /dev/shm tmpfs (mps.shm), its control daemon's and MPS servers'
+alone (no container gets it): the daemon starts in a namespace where /dev/shm is that
+tmpfs (mps.namespace). A daemon found on the host's /dev/shm is replaced once it has no
+clients. A card holding no shared allocation has its tmpfs emptied under the allocator's
+lock, after an idle MPS server is stopped with its daemon (what it left is there). Without root the
 daemons keep our /dev/shm and the cards' directories are plain ones (said once).
 
 A control daemon serves one client at a time and waits on it with no time-out, so a
@@ -319,11 +319,11 @@ class MpsSupervisor(ThreadWorker):
         return health
 
     def _without_shm(self, card: Card, state: _CardState) -> bool:
-        """Without its tmpfs (tried again now) no shared work: its containers' /dev/shm would
-        be a directory of the host's run_dir."""
+        """Without its tmpfs (tried again now) no shared work: its control daemon and MPS
+        server would have a directory of the host's run_dir as /dev/shm."""
         if state.shm_problem is None or self._mount_shm(card, state):
             return False
-        reason = f"no /dev/shm for its containers: {state.shm_problem}"
+        reason = f"no /dev/shm tmpfs for its MPS control daemon: {state.shm_problem}"
         self._problem(card, state, Health(HealthState.BROKEN, reason), "no /dev/shm tmpfs")
         return True
 
@@ -664,7 +664,7 @@ class MpsSupervisor(ThreadWorker):
                     "unmounted the /dev/shm tmpfs that earlier versions shared between "
                     "every card's containers (%s): containers started with it keep it until "
                     "they exit; one of theirs started again is refused (recreate its pod); "
-                    "new containers get their card's own tmpfs",
+                    "new containers get no /dev/shm from gpushare-node (their runtime's own)",
                     path,
                 )
         except MountError as e:

@@ -75,8 +75,8 @@ def test_each_shared_card_has_its_own_control_daemon(node):
 @pytest.mark.skipif(os.geteuid() != 0, reason="a tmpfs and a mount namespace per card need root")
 def test_each_cards_daemon_has_the_cards_own_tmpfs_as_dev_shm(node):
     """Each card's control daemon runs in a mount namespace of its own whose /dev/shm is
-    the card's tmpfs (its /proc/PID/mountinfo shows that tmpfs on top at /dev/shm), the
-    one its shared containers get, sized by mps.shm_size_mib; the two cards' differ."""
+    the card's tmpfs (its /proc/PID/mountinfo shows that tmpfs on top at /dev/shm), which
+    no container gets, sized by mps.shm_size_mib; the two cards' differ."""
     daemons = node.wait_for(lambda: len(node.mps_daemons()) == 2 and node.mps_daemons())
     devices = set()
     for card, pid in daemons.items():
@@ -92,21 +92,18 @@ def test_each_cards_daemon_has_the_cards_own_tmpfs_as_dev_shm(node):
 
 
 @pytest.mark.parametrize("order", [[MEMORY, CORE], [CORE, MEMORY]])
-def test_shared_container_gets_pipe_env_and_both_mounts(node, order):
+def test_shared_container_gets_pipe_env_and_the_client_directory(node, order):
     """Both resources give the card's client directory read-only at /tmp/nvidia-mps (not
-    the daemon's pipe directory, whose control_privileged lets root quit it) and the card's
-    own /dev/shm tmpfs read-write; the client directory holds only the daemon's control
-    socket."""
+    the daemon's pipe directory, whose control_privileged lets root quit it) and nothing
+    else: no /dev/shm (the container keeps its runtime's own); the client directory holds
+    only the daemon's control socket."""
     result = node.kubelet.admit_pod(
         "default", "job", [ContainerSpec("main", {MEMORY: 4, CORE: 30})], order=order
     )
     assert result.ok, result.error
     container = result.containers[0]
     assert container.envs["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
-    expected = {
-        ("/tmp/nvidia-mps", client_dir(node, GPU0), True),
-        ("/dev/shm", os.path.join(node.root, "run", "mps", GPU0, "shm"), False),
-    }
+    expected = {("/tmp/nvidia-mps", client_dir(node, GPU0), True)}
     for resource in order:  # both resources give the same mounts
         mounts = {
             (m.container_path, m.host_path, m.read_only)

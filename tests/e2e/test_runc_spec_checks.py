@@ -1,16 +1,16 @@
 """The OCI spec's mounts, device nodes and device-cgroup rules, with real runc (issue 14, item 7).
 
-A container may see only its own card: its /dev/nvidia<minor> (plus the control nodes), its
-own card's MPS client directory and its own card's /dev/shm tmpfs. Pins, against the real daemon and
-the runtime hook: another card's MPS directory mounted at /tmp/nvidia-mps by a container
-holding card 0's allocation is refused (written plainly, with ``..``, through a symlink), so
-are its own card's control daemon pipe directory and the whole MPS root; a container without
-GPU env that has /dev/nvidia1 in linux.devices, a bind-mounted device node of major 195, or a
-mount under /var/run/nvidia-container-devices is refused; linux.resources.devices allowing
-another card's minor or every char device is refused. And the devices cgroup, not the missing
-driver, is what stops an allowed container from opening another card's node: it makes c 195:1
-itself with mknod and opening it fails with EPERM, while its own c 195:0 gives ENXIO (no
-NVIDIA driver on this machine)."""
+A container may see only its own card: its /dev/nvidia<minor> (plus the control nodes) and its
+own card's MPS client directory (never a card's /dev/shm tmpfs, its MPS server's). Pins,
+against the real daemon and the runtime hook: another card's MPS directory mounted at
+/tmp/nvidia-mps by a container holding card 0's allocation is refused (written plainly, with
+``..``, through a symlink), so are its own card's control daemon pipe directory and the whole
+MPS root; a container without GPU env that has /dev/nvidia1 in linux.devices, a bind-mounted
+device node of major 195, or a mount under /var/run/nvidia-container-devices is refused;
+linux.resources.devices allowing another card's minor or every char device is refused. And the
+devices cgroup, not the missing driver, is what stops an allowed container from opening another
+card's node: it makes c 195:1 itself with mknod and opening it fails with EPERM, while its own
+c 195:0 gives ENXIO (no NVIDIA driver on this machine)."""
 
 from __future__ import annotations
 

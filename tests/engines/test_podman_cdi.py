@@ -22,6 +22,7 @@ import uuid
 
 import pytest
 
+from mps.layout import MpsLayout
 from nodemgr.domain import cdi
 from nodemgr.domain.model import Mount
 from tests.engines.conftest import PODMAN_RLIMITS, Podman
@@ -175,9 +176,9 @@ def test_an_id_no_spec_names_is_refused(podman):
 def test_podman_runs_a_container_from_the_spec_the_daemon_wrote_for_a_claim(podman):
     """The real gpushare-node prepares a claim (4Gi + 30 %) with dra.cdi_dir
     /var/run/cdi; podman, given the CDI id kubelet got back, starts the container with
-    the claim's env (quota, allocation id, MPS pipe directory) and its MPS mounts: the
-    card's client directory read-only and the shared /dev/shm; the spec is removed at
-    unprepare."""
+    the claim's env (quota, allocation id, MPS pipe directory) and its MPS mount: the
+    card's client directory read-only; its /dev/shm is podman's own (a file written there
+    does not reach the card's tmpfs); the spec is removed at unprepare."""
     from standins.dra_node import DraCluster
 
     cluster = DraCluster(driver=driver(), cdi_dir=CDI_DIR)
@@ -193,13 +194,17 @@ def test_podman_runs_a_container_from_the_spec_the_daemon_wrote_for_a_claim(podm
             cdi_id,
             "echo $GPUSHARE_ALLOCATION_ID,$CUDA_MPS_PINNED_DEVICE_MEM_LIMIT,"
             "$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE,$CUDA_MPS_PIPE_DIRECTORY;"
-            " grep -E ' (/tmp/nvidia-mps|/dev/shm) ' /proc/mounts",
+            " grep -E ' (/tmp/nvidia-mps|/dev/shm) ' /proc/mounts;"
+            " echo probe > /dev/shm/probe",
         )
         assert done.returncode == 0, done.stderr
         lines = done.stdout.splitlines()
         assert lines[0] == f"{allocation['id']},0=4096M,30,/tmp/nvidia-mps"
         mounts = {line.split()[1]: line.split()[3].split(",") for line in lines[1:]}
         assert "ro" in mounts["/tmp/nvidia-mps"] and "rw" in mounts["/dev/shm"]
+        [card] = allocation["cards"]
+        card_shm = MpsLayout(os.path.join(cluster.node.root, "run")).shm_dir(card)
+        assert os.listdir(card_shm) == []
         spec = os.path.join(CDI_DIR, f"{cluster.driver}-gpu_{pod_claim_uid(cluster)}.json")
         assert os.path.exists(spec)
         assert cluster.dra.unprepare_pod(pod).ok

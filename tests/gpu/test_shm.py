@@ -6,7 +6,8 @@ what an MPS client needs of /dev/shm, against a control daemon started by
 Each client runs as a container would: in a mount namespace of its own where the run
 directory is hidden under an empty tmpfs and only the card's client directory (the hard
 link to ``control``) is reachable, read-only, as its pipe directory. Its /dev/shm is
-either the card's tmpfs (what Allocate gives today) or a private, empty tmpfs of its own.
+either the card's tmpfs (what Allocate gave before this was measured) or a private,
+empty tmpfs of its own (what a container has now: its runtime's).
 
 Pins that the daemon and the server it starts have the card's tmpfs as /dev/shm, that a
 client sharing it computes through the server and is listed as its client, and that
@@ -194,7 +195,7 @@ def the_server(daemon: CardDaemon) -> int:
 
 
 def test_a_client_sharing_the_cards_tmpfs_runs_through_the_server(card, record_property):
-    """What Allocate gives today: the card's tmpfs as /dev/shm. The daemon and the server
+    """What Allocate gave before: the card's tmpfs as /dev/shm. The daemon and the server
     it starts both have that tmpfs as /dev/shm; the client computes and is the server's
     client. Records which files client and server made there, and whether the server
     exits within 15 s of its last client."""

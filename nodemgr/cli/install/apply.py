@@ -325,7 +325,7 @@ def _print_mps_leftovers(root: str, manifest: dict, out) -> None:
             )
         print("then unmount what gpushare-node mounted for them:", file=out)
         for card in cards:
-            print(f"  umount {layout.shm_dir(card)}    # its containers' /dev/shm tmpfs", file=out)
+            print(f"  umount {layout.shm_dir(card)}    # its MPS daemon's /dev/shm tmpfs", file=out)
             print(
                 f"  umount {layout.namespace_file(card)}    # the mount namespace of its "
                 "control daemon",

@@ -1,7 +1,8 @@
 """Pins what nodemgr.allocation.allocator gives a shared container to mount, and the lock
-the MPS supervisor empties an idle card's /dev/shm under: each card's shared containers
-get that card's client directory (read-only) and that card's own tmpfs as /dev/shm, never
-another card's nor one for the whole node, from both resources; whole cards get no mount;
+the MPS supervisor empties an idle card's /dev/shm tmpfs under: each card's shared
+containers get that card's client directory (read-only), never another card's, from both
+resources, and no /dev/shm (their runtime's own serves; the card's tmpfs is its MPS
+daemon's and server's); whole cards get no mount;
 ``while_idle`` runs only while the card holds no shared allocation, and admission waits
 for it."""
 
@@ -34,19 +35,17 @@ def world(tmp_path):
     return allocator, layout, clock
 
 
-def test_a_shared_container_mounts_its_own_cards_tmpfs_as_dev_shm(world):
-    """Card 0's and card 1's containers each get their own card's tmpfs, from memory and
-    from share alike; nothing names <run_dir>/mps/shm."""
+def test_a_shared_container_mounts_only_its_own_cards_client_directory(world):
+    """Card 0's and card 1's containers each get their own card's client directory,
+    read-only, from memory and from share alike, and nothing at /dev/shm: neither their
+    card's tmpfs (its MPS daemon's and server's) nor <run_dir>/mps/shm."""
     allocator, layout, _ = world
     for card in (GPU0, GPU1):
-        expected = (
-            Mount("/tmp/nvidia-mps", layout.client_dir(card), read_only=True),
-            Mount("/dev/shm", layout.shm_dir(card)),
-        )
+        expected = (Mount("/tmp/nvidia-mps", layout.client_dir(card), read_only=True),)
         memory = allocator.allocate(MEM, card_device_ids(MEM, card, 15)[:2])
         core = allocator.allocate(CORE, card_device_ids(CORE, card, 15)[:10])
         assert memory.mounts == core.mounts == expected
-        assert layout.retired_shm_dir not in {m.host_path for m in memory.mounts}
+        assert "/dev/shm" not in {m.container_path for m in memory.mounts}
 
 
 def test_a_whole_card_gets_no_mount(world):
@@ -55,14 +54,13 @@ def test_a_whole_card_gets_no_mount(world):
 
 
 def test_without_mps_there_is_no_mount():
-    """MPS off (no layout): no client directory and no card tmpfs."""
+    """MPS off (no layout): no client directory."""
     assert shared_mounts(None, GPU0) == ()
 
 
 def test_while_idle_runs_only_while_the_card_holds_no_shared_allocation(world):
     """Idle: the action runs and its result comes back. Holding shared work: None, not run;
-    the other card is idle still; a whole card counts as idle (its containers get no
-    /dev/shm of ours)."""
+    the other card is idle still; a whole card counts as idle (its containers use no MPS)."""
     allocator, _, clock = world
     assert allocator.while_idle(GPU0, lambda: "ran") == "ran"
     allocator.allocate(MEM, card_device_ids(MEM, GPU0, 15)[:2])

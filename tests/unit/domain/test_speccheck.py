@@ -1,12 +1,13 @@
 """Pins nodemgr.domain.speccheck: a container's spec may show only its own cards' device nodes
 (by minor number, whatever a node is called), the control nodes, its own card's MPS client
-directory and its own card's /dev/shm tmpfs (shared allocations; never another card's, nor
-the node-wide one of earlier versions), and device-list entries naming
-its own cards, never the control daemon's own pipe directory; a container without an
-allocation may show none of them, and one whose env asks for no GPU none either. Paths are
-judged after ``..``, ``//`` and trailing slashes, and a parent directory shows everything below
-it; a rule allowing another card's minor, c 195:*, every char device or a number outside
-Linux's range is refused. Each refusal names the mount, node or rule and the card."""
+directory (shared allocations; never another card's), and device-list entries naming its own
+cards, never a card's /dev/shm tmpfs (its MPS control daemon's and server's) nor the
+node-wide one of earlier versions, never the control daemon's own pipe directory; a
+container without an allocation may show none of them, and one whose env asks for no GPU
+none either. Paths are judged after ``..``, ``//`` and trailing slashes, and a parent
+directory shows everything below it; a rule allowing another card's minor, c 195:*, every
+char device or a number outside Linux's range is refused. Each refusal names the mount, node
+or rule and the card."""
 
 import dataclasses
 
@@ -69,12 +70,11 @@ def test_a_spec_without_gpu_things_passes_with_or_without_an_allocation():
     assert spec_problem(spec, SHARED0, NODE) is None
 
 
-def test_a_shared_container_may_show_its_client_directory_shm_nodes_and_rules():
+def test_a_shared_container_may_show_its_client_directory_nodes_and_rules():
     """What gpushare-node and the NVIDIA runtime give a shared container on card 0 passes."""
     spec = SpecFacts(
         mounts=(
             MountFact("/tmp/nvidia-mps", (f"{MPS}/{GPU0}/client",)),
-            MountFact("/dev/shm", (f"{MPS}/{GPU0}/shm",)),
             MountFact("/dev/nvidia0", ("/dev/nvidia0",), ((195, 0),)),
             MountFact("/dev/nvidiactl", ("/dev/nvidiactl",), ((195, 255),)),
             MountFact("/dev/nvidia-uvm", ("/dev/nvidia-uvm",), ((510, 0),)),
@@ -147,11 +147,9 @@ def test_a_parent_of_the_mps_root_shows_every_card(source):
 
 
 def test_mps_directories_are_only_for_shared_allocations():
-    """A whole-card container may not mount its card's client directory or its /dev/shm."""
+    """A whole-card container may not mount its card's client directory."""
     client = spec_problem(mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client")), WHOLE0, NODE)
     assert client is not None and f"GPU 0 ({GPU0})'s MPS directory" in client
-    shm = spec_problem(mounts(("/dev/shm", f"{MPS}/{GPU0}/shm")), WHOLE0, NODE)
-    assert shm is not None and f"GPU 0 ({GPU0})'s /dev/shm tmpfs" in shm
 
 
 @pytest.mark.parametrize("source", [f"{MPS}/{GPU1}/shm", f"{MPS}/{GPU1}/shm/sub", f"{MPS}/{GPU1}"])
@@ -163,10 +161,20 @@ def test_another_cards_shm_is_refused(source):
     assert "beyond allocation ga-1" in problem
 
 
-def test_its_own_cards_shm_passes_anywhere_below():
-    """Card 0's tmpfs, or a directory in it, may be mounted by card 0's shared container."""
-    for source in (f"{MPS}/{GPU0}/shm", f"{MPS}/{GPU0}/shm/", f"{MPS}/{GPU0}/shm/a/../b"):
-        assert spec_problem(mounts(("/dev/shm", source)), SHARED0, NODE) is None
+@pytest.mark.parametrize("grant", [SHARED0, WHOLE0])
+@pytest.mark.parametrize(
+    "source", [f"{MPS}/{GPU0}/shm", f"{MPS}/{GPU0}/shm/", f"{MPS}/{GPU0}/shm/a/../b"]
+)
+def test_its_own_cards_shm_is_refused(grant, source):
+    """Card 0's tmpfs, or a directory in it, is the /dev/shm of card 0's MPS control daemon
+    and server alone: even card 0's own shared container mounting it is refused, told what
+    it is and what to do (a kubelet restarting a container of a pod admitted before the
+    upgrade still names it)."""
+    problem = spec_problem(mounts(("/dev/shm", source)), grant, NODE)
+    assert problem is not None, source
+    assert f"GPU 0 ({GPU0})'s /dev/shm tmpfs" in problem, problem
+    assert "its MPS control daemon's and server's alone" in problem, problem
+    assert "recreate the pod" in problem, problem
 
 
 @pytest.mark.parametrize("grant", [SHARED0, WHOLE0, None])
@@ -431,8 +439,8 @@ def test_the_dra_doors_paths_are_refused_when_it_is_on(source, fragment):
 
 
 def test_what_an_allocation_is_given_in_run_dir_still_passes():
-    """The shared allocation's own client directory and its card's /dev/shm, under run_dir."""
-    spec = mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client"), ("/dev/shm", f"{MPS}/{GPU0}/shm"))
+    """The shared allocation's own client directory, under run_dir."""
+    spec = mounts(("/tmp/nvidia-mps", f"{MPS}/{GPU0}/client"))
     assert spec_problem(spec, SHARED0, GUARDED) is None
 
 

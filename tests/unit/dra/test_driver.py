@@ -1,7 +1,7 @@
 """Pins nodemgr.dra.driver: NodePrepareResources as admission into the real allocation
 state (a claim read, judged, recorded, its CDI spec written, its devices answered),
 refusals per claim that record nothing, idempotence, the deadline, unprepare, and the
-clean-up of CDI specs at start."""
+clean-up of CDI specs at start (a spec of an earlier version written again as today's)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import os
 
 import pytest
 
+from mps.layout import MpsLayout
 from nodemgr.allocation.allocator import Allocator
 from nodemgr.allocation.ledger import Ledger
 from nodemgr.domain import cdi
@@ -204,3 +205,28 @@ def test_restore_writes_held_claims_specs_and_removes_stale_ones(env):
         f.write("{}")
     driver.restore()
     assert env.cdi_dir.claim_uids() == [key.uid] and os.path.exists(other)
+
+
+def test_restore_rewrites_a_spec_that_gave_the_cards_tmpfs_at_dev_shm(env, settings):
+    """A claim prepared by an earlier version, whose spec mounts the card's tmpfs at
+    /dev/shm: at start its spec is written again with the client directory alone, so a
+    container of that claim started after the upgrade is not refused for it."""
+    layout = MpsLayout(settings.run_dir)
+    env.allocator = Allocator(settings, open_inventory(settings.gpus).cards(),
+                              Ledger(settings.state_dir), clock=env.clock, monotonic=env.clock,
+                              mps_layout=layout)  # fmt: skip
+    key = env.claims.add(claim_obj())
+    driver = env.driver()
+    driver.prepare([key])
+    spec = env.cdi_dir.read(key.uid)
+    edits = spec["devices"][0]["containerEdits"]
+    edits["mounts"].append(
+        {"hostPath": layout.shm_dir(GPU0), "containerPath": "/dev/shm", "options": ["rbind"]}
+    )
+    env.cdi_dir.write(key.uid, spec)
+    driver.restore()
+    [mount] = env.cdi_dir.read(key.uid)["devices"][0]["containerEdits"]["mounts"]
+    assert (mount["containerPath"], mount["hostPath"]) == (
+        "/tmp/nvidia-mps",
+        layout.client_dir(GPU0),
+    )

@@ -411,7 +411,6 @@ def test_a_spec_showing_its_own_card_passes(node, child):
         create("c1", child.pid, env_of(allocation), POD_A),
         mounts=[
             mount(PIPE, node.layout.client_dir(GPU0)),
-            mount("/dev/shm", node.layout.shm_dir(GPU0)),
             mount("/dev/nvidia0", "/dev/nvidia0", nodes=[(195, 0)]),
         ],
         devices=[{"path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255}],
