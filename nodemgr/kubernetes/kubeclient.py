@@ -6,9 +6,15 @@ generated ``ApiClient`` with pydantic (the supported way to load it): ~15 MiB in
 daemon.
 
 Used, all public: ``Configuration`` (credentials renewed through its
-``refresh_api_key_hook`` before a request), ``kubernetes.config``'s loaders,
-``ApiClient.param_serialize`` and ``call_api`` (what the library's own ``DynamicClient``
-requests with), ``ApiException``, ``kubernetes.utils.parse_quantity``.
+``refresh_api_key_hook``), ``kubernetes.config``'s loaders, ``ApiClient.param_serialize``
+(with ``_request_auth``, the generated methods' per-request credentials) and ``call_api``
+(what the library's own ``DynamicClient`` requests with), ``ApiException``,
+``kubernetes.utils.parse_quantity``.
+
+Credentials are asked of the Configuration at most once per ``CREDENTIALS_SECONDS`` and
+again at once after a 401, not at every request: the kubeconfig loader's hook sets the
+whole configuration again at each call (~50 us, on every claim read of a
+NodePrepareResources).
 
 Not the generated API classes: they cost ~25 MiB at import, and from release 37 they
 validate a body against the client's model with unknown fields forbidden, so a
@@ -29,7 +35,8 @@ is the client).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
@@ -40,6 +47,8 @@ JSON = "application/json"
 JSON_PATCH = "application/json-patch+json"
 STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 AUTH_SETTINGS = ["BearerToken"]  # the one scheme the generated methods name
+# How long the credentials the Configuration gave are sent before it is asked again.
+CREDENTIALS_SECONDS = 1.0
 
 # The query parameters of a LIST or WATCH: the generated methods' argument -> the API's name.
 LIST_QUERY = {
@@ -102,12 +111,15 @@ class KubeClient:
     """The official ``ApiClient`` on ``configuration``, making one request at a time per
     thread and handing back its raw response."""
 
-    def __init__(self, configuration: Configuration):
+    def __init__(self, configuration: Configuration, clock: Callable[[], float] = time.monotonic):
         from kubernetes.client import ApiClient
 
         self.configuration = configuration
         self.api_client = ApiClient(configuration)
         self.user_agent = "gpushare-node"
+        self._clock = clock
+        # (until when, the bearer token setting or None): what the Configuration said last.
+        self._credentials: tuple[float, dict | None] | None = None
 
     @property
     def user_agent(self) -> str:
@@ -128,11 +140,12 @@ class KubeClient:
         timeout: float | tuple[float, float] | None = None,
     ) -> Any:
         """The urllib3 response, its body unread; ``ApiException`` for anything but 2xx.
-        Credentials are read from the Configuration at each request, so a renewed token
-        is used at once."""
+        A token renewed in the Configuration is sent within ``CREDENTIALS_SECONDS``, and
+        at the next request after a 401."""
         headers = {"Accept": JSON}
         if body is not None:
             headers["Content-Type"] = content_type or JSON
+        token = self.credentials()
         request = self.api_client.param_serialize(
             method,
             path,
@@ -140,13 +153,28 @@ class KubeClient:
             query_params=list((query or {}).items()),
             header_params=headers,
             body=body,
-            auth_settings=AUTH_SETTINGS,
+            auth_settings=AUTH_SETTINGS if token is not None else [],
+            _request_auth=token,
         )
         response = self.api_client.call_api(*request, _request_timeout=timeout)
         if not 200 <= response.status <= 299:
+            if response.status == 401:
+                self._credentials = None  # renewed, maybe: asked again at the next request
             response.read()
             raise api_exception().from_response(http_resp=response, body=None, data=None)
         return response.response
+
+    def credentials(self) -> dict | None:
+        """The bearer token setting to send (None: the Configuration has none, as with
+        client certificates), asked of the Configuration, and so of its refresh hook, when
+        the last answer is older than ``CREDENTIALS_SECONDS`` or was refused."""
+        now = self._clock()
+        cached = self._credentials
+        if cached is None or now >= cached[0]:
+            setting = self.configuration.auth_settings().get("BearerToken")
+            cached = (now + CREDENTIALS_SECONDS, None if setting is None else dict(setting))
+            self._credentials = cached
+        return cached[1]
 
     def close(self) -> None:
         self.api_client.close()

@@ -21,6 +21,7 @@ import pytest
 
 from nodemgr.kubernetes.client import CommandClient, find_credentials, new_api_client
 from nodemgr.kubernetes.kubeclient import (
+    CREDENTIALS_SECONDS,
     JSON,
     CoreV1,
     KubeClient,
@@ -28,6 +29,7 @@ from nodemgr.kubernetes.kubeclient import (
     api_exception,
     new_configuration,
 )
+from standins.clock import Clock
 from standins.paths import REPO
 from tests.unit.kubernetes.support import NODE
 
@@ -103,10 +105,12 @@ api.stop()
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    """Answers every request with {} (201) and keeps (method, path, Content-Type, body)."""
+    """Answers every request with {} (201) and keeps (method, path, Content-Type, body),
+    and each request's header names."""
 
     def _record(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.server.headers.append({name.lower() for name in self.headers})  # type: ignore[attr-defined]
         self.server.requests.append(  # type: ignore[attr-defined]
             (self.command, self.path, self.headers.get("Content-Type"), body)
         )
@@ -126,6 +130,7 @@ class _Recorder(BaseHTTPRequestHandler):
 def recorder():
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Recorder)
     server.requests = []  # type: ignore[attr-defined]
+    server.headers = []  # type: ignore[attr-defined]
     server.url = f"http://127.0.0.1:{server.server_port}"  # type: ignore[attr-defined]
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
@@ -291,10 +296,11 @@ def test_names_are_quoted_as_one_path_segment(recorder):
     ]
 
 
-def test_each_request_asks_the_configuration_for_the_token(api):
+def test_a_refused_token_is_asked_for_again_at_the_next_request(api):
     """A token renewed between two requests (what exec plugins and the in-cluster loader do
-    through refresh_api_key_hook) is the one the next request sends: the first request with
-    a wrong one is refused (401), the next one, after the renewal, is answered."""
+    through refresh_api_key_hook) is the one the next request sends once the API server
+    refused the old one: the first request with a wrong one is refused (401), the next
+    one, within the same second, asks the hook again and is answered."""
     configuration = new_configuration()
     configuration.host = api.url
     configuration.api_key = {"BearerToken": "wrong"}
@@ -307,6 +313,48 @@ def test_each_request_asks_the_configuration_for_the_token(api):
     configuration.refresh_api_key_hook = lambda c: c.api_key.update(BearerToken=api.token)
     response = core.read_node(NODE)
     assert json.loads(response.data)["metadata"]["name"] == NODE
+    client.close()
+
+
+def test_the_credentials_hook_is_asked_at_most_once_a_second(api):
+    """The refresh hook (the kubeconfig loader's sets the whole configuration again at each
+    call: tens of microseconds a request) is asked at the first request and then once per
+    CREDENTIALS_SECONDS, not at every request: ten requests within one second ask it once;
+    the first one after that asks again and sends what it renewed."""
+    clock = Clock()
+    calls = []
+
+    def hook(c):
+        calls.append(clock())
+        c.api_key["BearerToken"] = api.token if len(calls) == 1 else "renewed"
+
+    configuration = new_configuration()
+    configuration.host = api.url
+    configuration.api_key = {"BearerToken": "unset"}
+    configuration.api_key_prefix = {"BearerToken": "Bearer"}
+    configuration.refresh_api_key_hook = hook
+    client = KubeClient(configuration, clock=clock)
+    core = CoreV1(client)
+    for _ in range(10):
+        core.read_node(NODE).release_conn()
+        clock.now += CREDENTIALS_SECONDS / 20
+    assert calls == [1000.0]
+    clock.now = 1000.0 + CREDENTIALS_SECONDS
+    with pytest.raises(api_exception()) as refused:  # the renewed token is sent at once
+        core.read_node(NODE)
+    assert refused.value.status == 401 and len(calls) == 2
+    client.close()
+
+
+def test_a_configuration_without_a_token_sends_none(recorder):
+    """Client certificates only (no BearerToken in the Configuration): no Authorization
+    header is sent."""
+    configuration = new_configuration()
+    configuration.host = recorder.url
+    client = KubeClient(configuration)
+    CoreV1(client).read_node(NODE).release_conn()
+    assert client.credentials() is None
+    assert recorder.headers and all("authorization" not in h for h in recorder.headers)
     client.close()
 
 
