@@ -50,7 +50,6 @@ from standins import real_parts
 from standins.daemon_proc import GPU0, MEMORY, WHOLE
 from standins.dra_enforcement import DraEnforcementNode
 from standins.kubelet_sim import ContainerSpec
-from standins.mps_tenant import MpsNode
 from standins.outcome_table import OutcomeTable
 from tests.hostile import floods, tenant
 from tests.hostile.tenant import killed_within
@@ -107,19 +106,8 @@ TABLE = OutcomeTable(
 
 
 @pytest.fixture(scope="module")
-def shared():
-    cluster = MpsNode(real_parts.require().mps_control, nofile=NOFILE)
-    try:
-        yield tenant.Site(cluster)
-    finally:
-        cluster.close()
-
-
-@pytest.fixture
-def site(shared):
-    """The shared node, emptied: no container, GPU process, pod or allocation."""
-    shared.reset()
-    return shared
+def node_options() -> dict:
+    return {"nofile": NOFILE}
 
 
 @pytest.fixture(scope="module")

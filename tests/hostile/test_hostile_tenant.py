@@ -28,11 +28,10 @@ import pytest
 
 from mps.layout import MpsLayout
 from nodemgr.enforcement import hookserver
-from standins import real_parts, runc_env
+from standins import runc_env
 from standins.daemon_proc import GPU0, GPU1
 from standins.mps_tenant import (
     NO_PRIVILEGE,
-    MpsNode,
     children,
     host_network,
 )
@@ -83,22 +82,6 @@ TABLE = OutcomeTable(
 )  # fmt: skip
 
 NOTHING_STARTED = "nothing: the container did not start"
-
-
-@pytest.fixture(scope="module")
-def shared():
-    cluster = MpsNode(real_parts.require().mps_control)
-    try:
-        yield tenant.Site(cluster)
-    finally:
-        cluster.close()  # containers first: impostors in them would look like daemons
-
-
-@pytest.fixture
-def site(shared):
-    """The shared node, emptied: no container, GPU process, pod or allocation."""
-    shared.reset()
-    return shared
 
 
 # --- MPS (items 1, 2) ---------------------------------------------------------------------

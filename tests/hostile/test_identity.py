@@ -19,10 +19,9 @@ import pytest
 
 from nodemgr.config.loading import load_settings
 from nodemgr.config.schema import PLUGIN_SOCKETS
-from standins import crio, real_parts, runc_env
+from standins import crio, runc_env
 from standins.daemon_proc import GPU0, GPU1, WHOLE
 from standins.kubelet_sim import ContainerSpec
-from standins.mps_tenant import MpsNode
 from standins.outcome_table import OutcomeTable
 from tests.engines import conftest as engines
 from tests.hostile import tenant
@@ -84,22 +83,6 @@ TABLE = OutcomeTable(
 
 NOTHING_STARTED = "nothing: the container did not start"
 MADE_UP_ID = "ga-0000000000000000"
-
-
-@pytest.fixture(scope="module")
-def shared():
-    cluster = MpsNode(real_parts.require().mps_control)
-    try:
-        yield tenant.Site(cluster)
-    finally:
-        cluster.close()
-
-
-@pytest.fixture
-def site(shared):
-    """The shared node, emptied: no container, GPU process, pod or allocation."""
-    shared.reset()
-    return shared
 
 
 def crio_hooks(cluster):

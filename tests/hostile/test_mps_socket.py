@@ -31,10 +31,10 @@ from urllib.request import urlopen
 
 import pytest
 
-from standins import real_parts, runc_env
+from standins import runc_env
 from standins.daemon_proc import GPU0, GPU1, WHOLE
 from standins.kubelet_sim import ContainerSpec
-from standins.mps_tenant import MpsNode, bind
+from standins.mps_tenant import bind
 from standins.outcome_table import OutcomeTable
 from tests.hostile import tenant
 from tests.hostile.tenant import SCANS_SECONDS, killed_within, wait_gone
@@ -82,15 +82,6 @@ SILENT_CLIENT = (
 )
 PYTHON = os.path.realpath(sys.executable)
 PYTHON_HOME = os.path.realpath(sys.base_prefix)
-
-
-@pytest.fixture(scope="module")
-def shared():
-    cluster = MpsNode(real_parts.require().mps_control)
-    try:
-        yield tenant.Site(cluster)
-    finally:
-        cluster.close()
 
 
 @pytest.fixture

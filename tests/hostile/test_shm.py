@@ -25,9 +25,7 @@ import os
 import pytest
 
 from mps.layout import MpsLayout
-from standins import real_parts
 from standins.daemon_proc import GPU0, GPU1
-from standins.mps_tenant import MpsNode
 from standins.outcome_table import OutcomeTable
 from tests.hostile import tenant
 from tests.hostile.tenant import refusal
@@ -66,22 +64,6 @@ SECRET = "secret-of-a"
 FILE = "/dev/shm/torch_1_secret"
 NOTHING_STARTED = "nothing: the container did not start"
 BIG_GIB = 12  # a first pod this big takes GPU0; a QUOTA_GIB pod after it only fits GPU1
-
-
-@pytest.fixture(scope="module")
-def shared():
-    cluster = MpsNode(real_parts.require().mps_control)
-    try:
-        yield tenant.Site(cluster)
-    finally:
-        cluster.close()
-
-
-@pytest.fixture
-def site(shared):
-    """The shared node, emptied: no container, GPU process, pod or allocation."""
-    shared.reset()
-    return shared
 
 
 class AttackSucceeded(AssertionError):
