@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
+from dataclasses import replace
 from typing import Any
 
 import grpc
@@ -54,11 +55,12 @@ from nodemgr.common.connbudget import ListenerStats
 from nodemgr.common.workers import ThreadWorker
 from nodemgr.config.schema import DraSettings
 from nodemgr.dra.driver import ClaimKey, DraDriver, Prepared
+from nodemgr.kubelet import servicer as device_plugins
 from nodemgr.kubelet.api import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from nodemgr.kubelet.api import pluginregistration_v1_pb2 as reg
 from nodemgr.kubelet.api import pluginregistration_v1_pb2_grpc as reg_grpc
 from nodemgr.kubelet.pluginloop import PLUGIN_LOOP
-from nodemgr.kubelet.rootsocket import GrpcBudget, serve_root_only
+from nodemgr.kubelet.rootsocket import serve_root_only
 
 log = logging.getLogger(__name__)
 
@@ -72,25 +74,18 @@ MAX_RESULTS = 32
 # One Claim of a request, framed: namespace (a DNS label, 63), UID (36), name (a DNS
 # subdomain, 253), with room to spare.
 CLAIM_BYTES = 512
-# The budget of both servers. kubelet holds one connection to the service socket (two
-# for a moment when it restarts), dials the registration socket for GetInfo and
-# NotifyRegistrationStatus, and makes one call per pod it starts.
-MAX_CONNECTIONS = 8
-HANDSHAKE_SECONDS = 5.0
-IDLE_SECONDS = 30.0
-MAX_STREAMS = 16
-MAX_CALLS = 32
+# The budget of both servers: the device plugin servers' (kubelet dials them the same way:
+# one connection to the service socket, two for a moment when it restarts, the
+# registration socket for GetInfo and NotifyRegistrationStatus, one call per pod it
+# starts), but for what a request may hold: MAX_CLAIMS claims.
+MAX_CONNECTIONS = device_plugins.MAX_CONNECTIONS
+HANDSHAKE_SECONDS = device_plugins.HANDSHAKE_SECONDS
+IDLE_SECONDS = device_plugins.IDLE_SECONDS
+MAX_STREAMS = device_plugins.MAX_STREAMS
+MAX_CALLS = device_plugins.MAX_CALLS
+MAX_METADATA_BYTES = device_plugins.MAX_METADATA_BYTES
 MAX_RECEIVE_BYTES = MAX_CLAIMS * CLAIM_BYTES
-MAX_METADATA_BYTES = 16 * 1024
-BUDGET = GrpcBudget(
-    max_connections=MAX_CONNECTIONS,
-    handshake_seconds=HANDSHAKE_SECONDS,
-    idle_seconds=IDLE_SECONDS,
-    max_streams=MAX_STREAMS,
-    max_calls=MAX_CALLS,
-    max_receive_bytes=MAX_RECEIVE_BYTES,
-    max_metadata_bytes=MAX_METADATA_BYTES,
-)
+BUDGET = replace(device_plugins.BUDGET, max_receive_bytes=MAX_RECEIVE_BYTES)
 # Kept from kubelet's deadline for the answer to travel back: claims still waiting then
 # are left out of it (kubelet asks again) rather than the whole call timing out.
 DEADLINE_MARGIN_SECONDS = 2.0
