@@ -10,8 +10,7 @@ over ``<run_dir>/hook.sock`` (see :mod:`hooks.protocol`).
   ``nodemgr install`` writes; ``oci-hooks.d`` and ``containerd`` hold the runtime
   configurations);
 - ``protocol``: the hook socket protocol;
-- ``wirejson``: JSON without the ``json`` package (whose import, with ``re``, ``enum``
-  and ``functools``, would cost every creation about 6.5 ms);
+- ``wirejson``: JSON as Go and Python both read it (a key twice in one object refused);
 - ``gpuenv``, ``specfacts``: what a container's env and OCI spec ask of the GPUs
   (shared with the daemon);
 - ``podidentity``: which pod a container belongs to, from its runtime's annotations;
@@ -20,8 +19,8 @@ over ``<run_dir>/hook.sock`` (see :mod:`hooks.protocol`).
 What it must not do: import anything outside the standard library (not even
 ``nodemgr``), decide about a GPU container itself, or ever block a creation
 longer than a couple of seconds. Its start-up is most of its cost: nodemgr
-install runs it in Python's isolated mode without site, and it imports no module
-whose import costs more than its work (``json``, ``re``, ``socket``, ``enum``,
-``argparse``, not even ``__future__``: its modules do without ``from __future__
-import annotations``).
+install runs it in Python's isolated mode without site, and it imports only the
+standard modules it uses (``json``, ``os``; ``socket`` only to call the daemon; not
+``argparse`` or even ``__future__``: its modules do without ``from __future__ import
+annotations``).
 """

@@ -28,9 +28,9 @@ Exit codes: 0 allowed; 1 refused; 2 bad invocation or unreadable input (also a
 refusal: the runtime stops the container either way).
 
 It runs at every container creation, so start-up is kept short: the launcher
-``nodemgr install`` writes starts Python with ``-I -S``; it imports no ``json``, ``re``,
-``socket``, ``argparse`` or ``__future__`` (see :mod:`hooks.wirejson`), and the socket
-code only to call the daemon. Run as a file it finds its package next to this file.
+``nodemgr install`` writes starts Python with ``-I -S``; it imports no ``argparse`` or
+``__future__``, and the socket code only to call the daemon. Run as a file it finds its
+package next to this file.
 """
 
 import os

@@ -38,12 +38,11 @@ Answer: ``{"allowed": true|false, "message": "..."}``; when not allowed,
 ``message`` is the one line the runtime shows the user.
 
 Timeouts are deadlines for the whole exchange, never per read, so a peer sending a
-byte at a time cannot stretch them. It uses ``_socket`` and ``_json``
-(:mod:`hooks.wirejson`): importing ``socket`` and ``json`` would cost the hook more than
-the call itself.
+byte at a time cannot stretch them. Messages are JSON as :mod:`hooks.wirejson` reads
+and writes it.
 """
 
-import _socket
+import socket
 import time
 
 from hooks import wirejson
@@ -83,7 +82,7 @@ def decode(data: bytes, max_bytes: int = MAX_MESSAGE_BYTES) -> dict:
 
 
 def read_message(
-    sock: _socket.socket, max_bytes: int = MAX_MESSAGE_BYTES, deadline: float | None = None
+    sock: socket.socket, max_bytes: int = MAX_MESSAGE_BYTES, deadline: float | None = None
 ) -> dict:
     """One newline-terminated message from ``sock``.
 
@@ -142,7 +141,7 @@ def call(socket_path: str, message: dict | bytes, timeout_seconds: float) -> dic
 
 
 def _call_once(socket_path: str, data: bytes, deadline: float) -> dict:
-    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         left = deadline - time.monotonic()
         if left <= 0:
