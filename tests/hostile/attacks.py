@@ -19,19 +19,21 @@ MOVE_TO_0XFF = (
     "for r in /sys/fs/cgroup/pids /sys/fs/cgroup; do [ -e $r/cgroup.procs ] && break; done; "
     "d=$r/$(printf 'gs-\\377'); mkdir $d && echo $$ > $d/cgroup.procs && exec sleep 1000"
 )
-# Three seconds after its start (its exec-time environ is read meanwhile, on a loaded
-# machine too), rewrites the
-# thread percentage in its own environ memory (what the kernel shows as /proc/PID/environ)
-# from 99 to 30 through /proc/self/mem, then stays.
-REWRITE_ENVIRON_99_TO_30 = (
-    "sleep 3; set -- $(sed 's/.*) //' /proc/$$/stat); shift 47; start=$1; "  # field 50: env_start
+# What a script waits with until the test says go (SIGUSR1, see tenant.go): the test reads
+# what it needs of the process first, however slowly a loaded machine lets it. A timer in
+# its place raced the test when `runc exec` took seconds to return.
+AWAIT_GO = "trap 'go=1' USR1; while [ -z \"$go\" ]; do sleep 1; done; "
+# On go, rewrites the thread percentage in its own environ memory (what the kernel shows as
+# /proc/PID/environ) from 99 to 30 through /proc/self/mem, then stays.
+REWRITE_ENVIRON_99_TO_30 = AWAIT_GO + (
+    "set -- $(sed 's/.*) //' /proc/$$/stat); shift 47; start=$1; "  # field 50: env_start
     "rel=$(tr '\\0' '\\n' < /proc/$$/environ | "
     "awk '/^CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=/{print o+34; exit} {o+=length($0)+1}'); "
     "exec 3<>/proc/$$/mem; printf 30 | dd bs=1 seek=$((start + rel)) conv=notrunc 1>&3 "
     "2>/dev/null; exec 3>&-; sleep 1000 & wait"
 )
-# Re-execs itself (same PID) three seconds after it started, with ``env`` raised.
-REEXEC_RAISED = "sleep 3; exec env {raised} sleep 1000"
+# On go, re-execs itself (same PID) with ``env`` raised.
+REEXEC_RAISED = AWAIT_GO + "exec env {raised} sleep 1000"
 # Starts ``n`` processes at once, then waits for them.
 FORK_STORM = "i=0; while [ $i -lt {n} ]; do sleep 1000 & i=$((i+1)); done; wait"
 # ``n`` processes that exec and exit at once, one after the other; then it execs a sleep

@@ -179,6 +179,26 @@ def wait_env_or_gone(pid: int, name: str, value: str, timeout: float = 10.0) -> 
         time.sleep(0.01)
 
 
+def go(pid: int, timeout: float = 10.0) -> None:
+    """Says go to a process waiting with attacks.AWAIT_GO: SIGUSR1, once /proc/PID/status
+    shows its shell catches it (sent earlier, SIGUSR1 would kill it)."""
+    usr1 = 1 << (signal.SIGUSR1 - 1)
+    deadline = time.monotonic() + timeout
+    while not int(_status_field(pid, "SigCgt") or "0", 16) & usr1:
+        assert time.monotonic() < deadline, f"process {pid} never set its trap on SIGUSR1"
+        time.sleep(0.01)
+    os.kill(pid, signal.SIGUSR1)
+
+
+def _status_field(pid: int, name: str) -> str | None:
+    """A field of /proc/PID/status; None once the process is gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next((line.split()[1] for line in f if line.startswith(f"{name}:")), None)
+    except OSError:
+        return None
+
+
 def nspids(pid: int) -> list[int]:
     """The process's PID in each PID namespace it is in, the host's first."""
     with open(f"/proc/{pid}/status") as f:

@@ -473,6 +473,7 @@ def test_env_raised_after_exec_is_killed(site):
     assert all(tenant.environ(pid).get(n) != raised[n] for n, pid in pids.items())
     assert all(runc_env.running(pid) for pid in pids.values())
     for name, pid in pids.items():
+        tenant.go(pid)
         tenant.wait_env_or_gone(pid, name, raised[name])
         killed = killed_within(pid, f"a process re-exec'd with {name} raised")
         site.wait_log(f"killed process {pid} (env violation")
@@ -503,10 +504,11 @@ def test_env_rewritten_in_place_after_exec_is_not_seen(site):
         "hider", "env", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE=99", "sh", "-c",
         attacks.REWRITE_ENVIRON_99_TO_30,
     )  # fmt: skip
-    exec_env = cluster.node.wait_for(  # once env exec'd sh, three seconds before the rewrite
+    exec_env = cluster.node.wait_for(  # once env exec'd sh, which rewrites only on go
         lambda: tenant.environ(hider).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"), 5, "sh"
     )
     assert exec_env == "99"
+    tenant.go(hider)
     shown = cluster.node.wait_for(
         lambda: (v := tenant.environ(hider).get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")) != "99" and v,
         5,
