@@ -17,6 +17,13 @@ there reaches the host. The kernel refuses to bind a namespace file on a mount t
 propagates into that namespace, so ``<run_dir>/mps/ns`` is a private mount
 (``prepare_directory``), made first.
 
+The kernel also binds a mount namespace's file only from a namespace with a lower id.
+Since Linux 6.18 ids come from batches each CPU holds, so a namespace made later on
+another CPU can have a lower id than the caller's: the bind fails (EINVAL) where the
+caller's namespace is not the host's first one (a container's, a sandboxed unit's). The
+CPU that made the caller's namespace hands out higher ids from then on, so a refused bind
+is tried again with the helper pinned to each CPU in turn (``taskset``).
+
 Only root in the host's mount namespace can bind there, never a container, so
 mps.identity trusts a daemon in that namespace as one in the host's. Each start binds a
 new namespace in place of the last, so one never outlives its daemon by more than one
@@ -37,7 +44,7 @@ from mps.control import MpsUnavailable
 from mps.identity import FileId
 from mps.mounts import MountError
 
-TOOLS = ("unshare", "nsenter", "mount")
+TOOLS = ("unshare", "nsenter", "mount", "taskset")
 READY = "ready"
 # /dev/shm becomes the card's tmpfs, then the helper waits until its stdin closes.
 HELPER = 'mount --bind -- "$0" /dev/shm && echo ' + READY + " && exec cat >/dev/null"
@@ -63,6 +70,10 @@ def prepare_directory(directory: str) -> None:
 
 def missing_tools() -> list[str]:
     return [tool for tool in TOOLS if shutil.which(tool) is None]
+
+
+class _BindRefused(MountError):
+    """mount(8) refused to bind the helper's namespace file (another CPU's may do)."""
 
 
 class CardNamespace:
@@ -117,8 +128,27 @@ class CardNamespace:
         return True
 
     def _bind_new(self) -> FileId:
+        """Unpinned first, then pinned to each CPU while the kernel refuses the bind."""
+        refused: list[str] = []
+        for cpu in (None, *range(os.cpu_count() or 1)):
+            try:
+                return self._bind_new_on(cpu)
+            except _BindRefused as e:
+                refused.append(f"unpinned: {e}" if cpu is None else f"CPU {cpu}: {e}")
+            except MountError as e:
+                if cpu is None:
+                    raise  # the helper itself failed: not a matter of CPUs
+                refused.append(f"CPU {cpu}: {e}")  # one outside this daemon's cpuset
+        raise MountError(
+            f"the kernel refused to bind every new namespace at {self.path} "
+            f"({len(refused)} tries; the last {refused[-1]})"
+        )
+
+    def _bind_new_on(self, cpu: int | None) -> FileId:
+        pinned = [] if cpu is None else ["taskset", "--cpu-list", str(cpu)]
         helper = subprocess.Popen(
             [
+                *pinned,
                 "unshare",
                 "--mount",
                 "--propagation",
@@ -141,7 +171,10 @@ class CardNamespace:
             with open(self.path, "a"):
                 pass
             os.chmod(self.path, 0o600)
-            mounts.run(["mount", "--bind", source, self.path])
+            try:
+                mounts.run(["mount", "--bind", source, self.path])
+            except MountError as e:
+                raise _BindRefused(str(e)) from e
             kept = self.bound()
             if kept is None or (kept.dev, kept.ino) != (made.st_dev, made.st_ino):
                 raise MountError(f"{self.path} does not hold the new namespace after the bind")

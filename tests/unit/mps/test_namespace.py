@@ -1,7 +1,8 @@
 """Pins mps.namespace with real mount namespaces (root): a card's namespace is the host's
 with the card's tmpfs at /dev/shm, kept by a bind of its namespace file in a private
 directory (which works where the run directory is a shared mount, as under systemd);
-a new one replaces the last; a plain file is no namespace; what fails says why. And
+a new one replaces the last; a plain file is no namespace; what fails says why; a caller
+in a namespace whose id is above the helper's (ids are handed out per CPU) still binds. And
 mps.CardDaemon started with one: the stand-in control daemon runs there, with the card's
 tmpfs as /dev/shm, and is verified in it; one run in another namespace is not."""
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 
 import pytest
@@ -159,3 +161,57 @@ def test_a_daemon_in_the_hosts_namespace_is_verified_but_not_on_the_cards_tmpfs(
     assert with_ns.on_card_shm(identity) is False
     assert plain.on_card_shm(identity) is None  # no namespace: nothing to compare
     plain.stop()
+
+
+# --- namespace ids handed out per CPU --------------------------------------------------------
+
+NS_GET_MNTNS_ID = 0x8008B705  # _IOR(0xb7, 5, __u64), Linux 6.8 on
+
+# Run in a mount namespace of its own made on one CPU, pinned to another: makes the card's
+# namespace there and prints the id of the namespace it bound.
+IN_A_NAMESPACE_OF_ITS_OWN = """
+import sys
+from mps import namespace
+ns = namespace.CardNamespace(sys.argv[1], sys.argv[2], 5)
+print(ns.create())
+"""
+
+
+def mount_ns_id_made_on(cpu: int) -> int:
+    """The id the kernel gives a mount namespace made on ``cpu`` now."""
+    script = (
+        "import fcntl, os, struct; fd = os.open('/proc/self/ns/mnt', os.O_RDONLY); "
+        f"print(struct.unpack('Q', fcntl.ioctl(fd, {NS_GET_MNTNS_ID}, bytes(8)))[0])"
+    )
+    done = subprocess.run(
+        ["taskset", "--cpu-list", str(cpu), "unshare", "--mount", "python3", "-c", script],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return int(done.stdout)
+
+
+def test_a_caller_whose_namespace_id_is_above_the_next_cpus_still_binds(layout):
+    """Since Linux 6.18 a namespace's id comes from a batch held by the CPU that made it, so
+    ids are not in the order namespaces were made; and the kernel binds a mount namespace's
+    file only from a namespace with a lower id. gpushare-node run in a namespace made on the
+    CPU whose batch is highest (a container's, a sandboxed unit's), its helper made on
+    another CPU: the card's namespace is still made and bound (tried on each CPU in turn)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: namespace ids are in order")
+    try:
+        ids = {cpu: mount_ns_id_made_on(cpu) for cpu in cpus}
+    except subprocess.CalledProcessError as e:
+        pytest.skip(f"no mount namespace ids here (NS_GET_MNTNS_ID, Linux 6.8): {e.stderr}")
+    high, low = max(ids, key=ids.get), min(ids, key=ids.get)
+    if ids[high] - ids[low] < 2:
+        pytest.skip(f"namespace ids are handed out in order here: {ids}")
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    done = subprocess.run(
+        ["taskset", "--cpu-list", str(high), "unshare", "--mount", "--propagation", "private",
+         "taskset", "--cpu-list", str(low), sys.executable, "-c", IN_A_NAMESPACE_OF_ITS_OWN,
+         layout.namespace_file(CARD), layout.shm_dir(CARD)],
+        capture_output=True, text=True, env=env, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "FileId" in done.stdout
