@@ -184,7 +184,7 @@ def mount_ns_id_made_on(cpu: int) -> int:
         f"print(struct.unpack('Q', fcntl.ioctl(fd, {NS_GET_MNTNS_ID}, bytes(8)))[0])"
     )
     done = subprocess.run(
-        ["taskset", "--cpu-list", str(cpu), "unshare", "--mount", "python3", "-c", script],
+        ["taskset", "--cpu-list", str(cpu), "unshare", "--mount", sys.executable, "-c", script],
         capture_output=True, text=True, check=True,
     )  # fmt: skip
     return int(done.stdout)
@@ -206,7 +206,7 @@ def test_a_caller_whose_namespace_id_is_above_the_next_cpus_still_binds(layout):
     high, low = max(ids, key=ids.get), min(ids, key=ids.get)
     if ids[high] - ids[low] < 2:
         pytest.skip(f"namespace ids are handed out in order here: {ids}")
-    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    env = {**os.environ, "PYTHONPATH": os.path.dirname(os.path.dirname(namespace.__file__))}
     done = subprocess.run(
         ["taskset", "--cpu-list", str(high), "unshare", "--mount", "--propagation", "private",
          "taskset", "--cpu-list", str(low), sys.executable, "-c", IN_A_NAMESPACE_OF_ITS_OWN,
