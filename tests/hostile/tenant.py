@@ -184,26 +184,26 @@ def go(pid: int, timeout: float = 10.0) -> None:
     shows its shell catches it (sent earlier, SIGUSR1 would kill it)."""
     usr1 = 1 << (signal.SIGUSR1 - 1)
     deadline = time.monotonic() + timeout
-    while not int(_status_field(pid, "SigCgt") or "0", 16) & usr1:
+    while not int((_status_field(pid, "SigCgt") or ["0"])[0], 16) & usr1:
         assert time.monotonic() < deadline, f"process {pid} never set its trap on SIGUSR1"
         time.sleep(0.01)
     os.kill(pid, signal.SIGUSR1)
 
 
-def _status_field(pid: int, name: str) -> str | None:
-    """A field of /proc/PID/status; None once the process is gone."""
+def _status_field(pid: int, name: str) -> list[str] | None:
+    """The words of a field of /proc/PID/status; None once the process is gone."""
     try:
         with open(f"/proc/{pid}/status") as f:
-            return next((line.split()[1] for line in f if line.startswith(f"{name}:")), None)
+            return next((line.split()[1:] for line in f if line.startswith(f"{name}:")), None)
     except OSError:
         return None
 
 
 def nspids(pid: int) -> list[int]:
     """The process's PID in each PID namespace it is in, the host's first."""
-    with open(f"/proc/{pid}/status") as f:
-        line = next(line for line in f if line.startswith("NSpid:"))
-    return [int(p) for p in line.split()[1:]]
+    words = _status_field(pid, "NSpid")
+    assert words is not None, f"process {pid} is gone"
+    return [int(p) for p in words]
 
 
 def start_ticks_and_pid(pid: int) -> tuple[int, int]:
